@@ -1,0 +1,37 @@
+// Host memory for the Cpu backend: 64-byte aligned allocations, counted so tests can prove
+// that nothing is allocated after load.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "flowedge/tensor.hpp"
+
+namespace flowedge {
+
+template <>
+struct Memory<Cpu> {
+    /// Host memory is directly addressable: mapped file data can be used in place.
+    static constexpr bool host_accessible = true;
+    /// Number of allocate() calls so far in this process (for allocation-discipline tests).
+    static std::atomic<std::size_t>& allocation_count() {
+        static std::atomic<std::size_t> n{0};
+        return n;
+    }
+    static void* allocate(std::size_t bytes) {
+        allocation_count().fetch_add(1, std::memory_order_relaxed);
+        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p) fail("cpu", "out of host memory allocating " + std::to_string(bytes) + " bytes");
+        return p;
+    }
+    static void deallocate(void* p) noexcept { std::free(p); }
+    static void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memcpy(dst, src, bytes); }
+    static void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memcpy(dst, src, bytes); }
+    static void copy(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memmove(dst, src, bytes); }
+    static void fill_zero(void* dst, std::size_t bytes, Stream = {}) { std::memset(dst, 0, bytes); }
+    static void synchronize(Stream = {}) {}
+};
+
+}  // namespace flowedge

@@ -1,0 +1,203 @@
+// Plain-old-data parameter structs for every primitive: shared verbatim by Ops<Cpu> and the CUDA launchers.
+//
+// All pointers point into memory of the backend executing the op. Activations are float32, row-major.
+// Large weight matrices keep their storage dtype (WeightRef) and are widened on the fly; small vectors
+// (biases, norm weights, A, D, min/max) are float32, converted once at load.
+#pragma once
+#include <cstdint>
+
+#include "flowedge/dtype.hpp"
+
+namespace flowedge {
+
+/// A weight tensor in its storage dtype.
+struct WeightRef {
+    const void* data = nullptr;
+    DType dtype = DType::F32;
+};
+
+/// Pointwise activation applied inside an op (or on its own by Ops::activation).
+enum class Activation : std::uint8_t {
+    None = 0,
+    Silu,      ///< x * sigmoid(x)                       (torch.nn.SiLU)
+    Mish,      ///< x * tanh(softplus(x))                (torch.nn.Mish)
+    Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
+};
+
+/// Dense layer, torch.nn.Linear: y[r, o] = (accumulate ? y[r, o] : 0) + act(sum_i x[r, i] * w[o, i] + bias[o]).
+/// x: [rows, in] with row stride ld_x (0 = in); w: [out, in]; bias: [out] or null; y: [rows, out], stride ld_y (0 = out).
+struct LinearParams {
+    const float* x = nullptr;
+    WeightRef w{};
+    const float* bias = nullptr;
+    float* y = nullptr;
+    int rows = 0, in = 0, out = 0;
+    int ld_x = 0, ld_y = 0;
+    Activation act = Activation::None;
+    bool accumulate = false;
+};
+
+/// torch.nn.Conv1d (groups 1, dilation 1): y[b, o, t] = bias[o] + sum_{i,k} w[o, i, k] * x[b, i, t*stride + k - pad],
+/// x outside [0, in_length) reads as zero. x: [batch, in_channels, in_length]; w: [out, in, kernel]; y: [batch, out, out_length].
+struct Conv1dParams {
+    const float* x = nullptr;
+    WeightRef w{};
+    const float* bias = nullptr;
+    float* y = nullptr;
+    int batch = 1, in_channels = 0, out_channels = 0, in_length = 0, out_length = 0;
+    int kernel = 1, stride = 1, pad = 0;
+};
+
+/// torch.nn.ConvTranspose1d (groups 1, dilation 1, output_padding folded into out_length):
+/// y[b, o, t] = bias[o] + sum over (i, s, k) with s*stride - pad + k == t of w[i, o, k] * x[b, i, s].
+/// x: [batch, in_channels, in_length]; w: [in, out, kernel]; y: [batch, out, out_length].
+struct ConvTranspose1dParams {
+    const float* x = nullptr;
+    WeightRef w{};
+    const float* bias = nullptr;
+    float* y = nullptr;
+    int batch = 1, in_channels = 0, out_channels = 0, in_length = 0, out_length = 0;
+    int kernel = 4, stride = 2, pad = 1;
+};
+
+/// torch.nn.GroupNorm(groups, channels, eps, affine) followed by optional fused epilogues, in this order:
+///   a = act(groupnorm(x) * gamma[c] + beta[c]);
+///   if film:     a = film[b, c] * a + film[b, channels + c]      (FiLM scale|bias, plain scale)
+///   if residual: a = a + residual[b, c, t]
+///   y = a.
+/// x, y, residual: [batch, channels, length]; film: [batch, 2*channels] with row stride film_stride (0 = 2*channels).
+/// Statistics over (channels/groups) x length elements per group, biased variance.
+struct GroupNormParams {
+    const float* x = nullptr;
+    const float* gamma = nullptr;
+    const float* beta = nullptr;
+    float* y = nullptr;
+    int batch = 1, channels = 0, length = 0, groups = 1;
+    float eps = 1e-5f;
+    Activation act = Activation::None;
+    const float* film = nullptr;
+    int film_stride = 0;
+    const float* residual = nullptr;
+};
+
+/// RMSNorm as in Mamba: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. x, y: [rows, dim].
+struct RmsNormParams {
+    const float* x = nullptr;
+    const float* weight = nullptr;
+    float* y = nullptr;
+    int rows = 0, dim = 0;
+    float eps = 1e-5f;
+};
+
+/// Elementwise y[i] = act(x[i]) for n elements (x may equal y).
+struct ActivationParams {
+    const float* x = nullptr;
+    float* y = nullptr;
+    std::int64_t n = 0;
+    Activation act = Activation::None;
+};
+
+/// Elementwise out[i] = a*x[i] + b*y[i] (out may alias x or y; y may be null when b == 0).
+struct AxpbyParams {
+    const float* x = nullptr;
+    const float* y = nullptr;
+    float* out = nullptr;
+    std::int64_t n = 0;
+    float a = 1.f, b = 0.f;
+};
+
+/// Channel concatenation, torch.cat([a, b], dim=1): y[b] = [a[b] ; b[b]].
+/// a: [batch, ca, length]; b: [batch, cb, length]; y: [batch, ca + cb, length].
+struct ConcatParams {
+    const float* a = nullptr;
+    const float* b = nullptr;
+    float* y = nullptr;
+    int batch = 1, ca = 0, cb = 0, length = 1;
+};
+
+/// Sinusoidal features of a scalar time t, written to each of `rows` rows:
+/// out[r, i] = sin(t * f_i), out[r, half + i] = cos(t * f_i), f_i = exp(-i * log_base / denom), i < half.
+/// Float32 arithmetic in this order (matches LeRobot's SinusoidalPosEmb with denom = half - 1, log_base = ln 10000).
+struct SinusoidParams {
+    float t = 0.f;
+    float* out = nullptr;
+    int rows = 1, half = 0;
+    float log_base = 9.210340371976184f;  // ln(10000)
+    float denom = 1.f;
+};
+
+/// Embedding lookup, torch.nn.Embedding: y[r, :] = table[ids[r], :]. ids are validated by the caller.
+/// ids: [rows] (int32, on the executing backend); table: [vocab, dim]; y: [rows, dim].
+struct EmbeddingParams {
+    const std::int32_t* ids = nullptr;
+    WeightRef table{};
+    float* y = nullptr;
+    int rows = 0, dim = 0;
+};
+
+/// Mamba causal depthwise conv + SiLU over `length` new tokens with a rolling history:
+/// with xx = [state (K-1 rows, oldest first) ; x], u[t, c] = silu(bias[c] + sum_k w[c, k] * xx[t + k, c]);
+/// afterwards state holds the last K-1 rows of xx. Prefill starts from a zeroed state.
+/// x: [length, channels] with row stride ld_x (0 = channels); w: [channels, 1, kernel]; state: [kernel-1, channels];
+/// u: [length, channels].
+struct CausalConvParams {
+    const float* x = nullptr;
+    int ld_x = 0;
+    WeightRef w{};
+    const float* bias = nullptr;
+    float* state = nullptr;
+    float* u = nullptr;
+    int length = 0, channels = 0, kernel = 4;
+};
+
+/// Mamba-1 selective scan with D skip and SiLU(z) gate, continuing from `state`:
+///   s[c, n] = exp(dt[t, c] * A[c, n]) * s[c, n] + dt[t, c] * B[t, n] * u[t, c]
+///   y[t, c] = (sum_n s[c, n] * C[t, n] + D[c] * u[t, c]) * silu(z[t, c])
+/// u, dt, y: [length, channels]; A: [channels, d_state] (already -exp(A_log)); D: [channels];
+/// B, C: [length, d_state] with row stride ld_bc; z: [length, channels] with row stride ld_z; state: [channels, d_state].
+struct SelectiveScanParams {
+    const float* u = nullptr;
+    const float* dt = nullptr;
+    const float* A = nullptr;
+    const float* B = nullptr;
+    const float* C = nullptr;
+    int ld_bc = 0;
+    const float* D = nullptr;
+    const float* z = nullptr;
+    int ld_z = 0;
+    float* state = nullptr;
+    float* y = nullptr;
+    int length = 0, channels = 0, d_state = 0;
+};
+
+/// Which reverse-diffusion update DiffusionStepParams performs.
+enum class StepKind : std::uint8_t { Ddim = 0, Ddpm = 1 };
+
+/// One scheduler update over x: [batch, per_sample] given eps of the same shape (SPEC 1.4):
+///   x0 = (x - sqrt_one_minus_abar * eps) / sqrt_abar, clamped to +-clip_range when clip;
+///   Ddim: x = c_x0 * x0 + c_other * eps;
+///   Ddpm: x = c_x0 * x0 + c_other * x + noise_std * z, z the standard normal with global draw index
+///         draw_offset + i from the SplitMix64/Box-Muller stream seeded with seed + b (no noise when noise_std == 0).
+struct DiffusionStepParams {
+    float* x = nullptr;
+    const float* eps = nullptr;
+    int batch = 1, per_sample = 0;
+    StepKind kind = StepKind::Ddim;
+    float sqrt_abar = 1.f, sqrt_one_minus_abar = 0.f;
+    bool clip = false;
+    float clip_range = 1.f;
+    float c_x0 = 0.f, c_other = 0.f, noise_std = 0.f;
+    std::uint64_t seed = 0;
+    std::uint64_t draw_offset = 0;
+};
+
+/// MIN_MAX un-normalisation: y[r, d] = (x[r, d] + 1) / 2 * (max[d] - min[d]) + min[d]. x, y: [rows, dim].
+struct UnnormalizeParams {
+    const float* x = nullptr;
+    float* y = nullptr;
+    const float* min = nullptr;
+    const float* max = nullptr;
+    int rows = 0, dim = 0;
+};
+
+}  // namespace flowedge

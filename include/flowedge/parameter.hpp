@@ -1,0 +1,129 @@
+// Model parameters on a backend, bound by name from a safetensors file: one place that checks
+// names, shapes and dtypes, converts small vectors to F32 and uploads (or maps) the big matrices.
+#pragma once
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flowedge/dtype.hpp"
+#include "flowedge/io/safetensors.hpp"
+#include "flowedge/op_params.hpp"
+#include "flowedge/tensor.hpp"
+
+namespace flowedge {
+
+/// How a parameter is stored after load.
+enum class Storage : std::uint8_t {
+    Matrix,  ///< keeps the file's dtype (or LoadOptions::weight_dtype); widened on the fly by the ops
+    Vector,  ///< always converted to F32 (biases, norm weights, A_log, D, ...)
+};
+
+/// Load-time choices shared by every model.
+struct LoadOptions {
+    /// Store Storage::Matrix parameters in this dtype regardless of the file's (e.g. BF16 from an F32 file).
+    std::optional<DType> weight_dtype{};
+};
+
+/// One tensor of a model, resident on backend B.
+template <Backend B>
+class Parameter {
+public:
+    DType dtype() const { return m_dtype; }
+    const Shape& shape() const { return m_shape; }
+    std::int64_t numel() const { return m_shape.numel(); }
+    std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(m_dtype); }
+    bool loaded() const { return m_data != nullptr; }
+    WeightRef ref() const { return {m_data, m_dtype}; }
+    /// F32 view of a Storage::Vector parameter (or an F32 matrix).
+    const float* f32() const {
+        if (m_dtype != DType::F32) fail("parameter", "F32 access to a " + std::string(dtype_name(m_dtype)) + " tensor");
+        return static_cast<const float*>(m_data);
+    }
+
+    /// Binds tensor `t` (checked against `expected`), converting as `storage`/`opts` ask.
+    /// `keeper` keeps the source mapping alive when the data is referenced in place (host-accessible backends).
+    void load(const io::TensorInfo& t, const Shape& expected, Storage storage, const LoadOptions& opts,
+              std::shared_ptr<const void> keeper, std::string_view component) {
+        if (!(t.shape == expected))
+            fail(component, "tensor '" + t.name + "' has the wrong shape" + expected_got(expected.str(), t.shape.str()));
+        m_shape = expected;
+        DType want = storage == Storage::Vector ? DType::F32 : opts.weight_dtype.value_or(t.dtype);
+        m_dtype = want;
+        const std::size_t n = static_cast<std::size_t>(expected.numel());
+        const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 4 == 0;
+        if (want == t.dtype && Memory<B>::host_accessible && aligned) {
+            m_keeper = std::move(keeper);  // zero-copy: reference the mapped file
+            m_data = t.data;
+            return;
+        }
+        std::vector<std::byte> converted;
+        const void* src = t.data;
+        if (want != t.dtype || !aligned) {
+            converted.resize(n * dtype_size(want));
+            convert(t.data, t.dtype, converted.data(), want, n);
+            src = converted.data();
+        }
+        m_owned = Buffer<std::byte, B>(n * dtype_size(want));
+        Memory<B>::copy_from_host(m_owned.data(), src, m_owned.bytes());
+        Memory<B>::synchronize();
+        m_data = m_owned.data();
+    }
+
+    /// Sets an F32 vector computed at load (e.g. A = -exp(A_log)); uploads to B.
+    void assign_f32(const std::vector<float>& values, const Shape& shape) {
+        m_shape = shape;
+        m_dtype = DType::F32;
+        m_owned = Buffer<std::byte, B>(values.size() * sizeof(float));
+        Memory<B>::copy_from_host(m_owned.data(), values.data(), m_owned.bytes());
+        Memory<B>::synchronize();
+        m_data = m_owned.data();
+    }
+
+    /// Element-wise dtype conversion on the host (exact widening, round-to-nearest-even narrowing).
+    static void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) {
+            float v;
+            if (from == DType::F32) std::memcpy(&v, static_cast<const std::byte*>(src) + 4 * i, 4);
+            else {
+                std::uint16_t h;
+                std::memcpy(&h, static_cast<const std::byte*>(src) + 2 * i, 2);
+                v = from == DType::BF16 ? to_float(bf16{h}) : to_float(f16{h});
+            }
+            if (to == DType::F32) std::memcpy(static_cast<std::byte*>(dst) + 4 * i, &v, 4);
+            else {
+                const std::uint16_t h = to == DType::BF16 ? to_bf16(v).bits : to_f16(v).bits;
+                std::memcpy(static_cast<std::byte*>(dst) + 2 * i, &h, 2);
+            }
+        }
+    }
+
+private:
+    DType m_dtype = DType::F32;
+    Shape m_shape{};
+    const void* m_data = nullptr;
+    Buffer<std::byte, B> m_owned;
+    std::shared_ptr<const void> m_keeper;
+};
+
+/// Signature of the visitor every layer/model accepts in visit_parameters:
+/// f(name relative to the visited object, parameter, expected shape, storage kind).
+template <Backend B>
+using ParameterVisitor = std::function<void(const std::string&, Parameter<B>&, const Shape&, Storage)>;
+
+/// Binds every parameter a module lists (via visit_parameters) from `file`, names prefixed by `prefix`.
+/// A missing key is an error naming it; so is a wrong shape.
+template <Backend B, class Module>
+void bind_parameters(Module& module, const std::shared_ptr<const io::SafeTensors>& file, const std::string& prefix,
+                     const LoadOptions& opts, std::string_view component) {
+    module.visit_parameters([&](const std::string& name, Parameter<B>& p, const Shape& shape, Storage storage) {
+        const std::string key = prefix + name;
+        const io::TensorInfo* t = file->find(key);
+        if (!t) fail(component, file->path().string() + ": missing tensor '" + key + "'");
+        p.load(*t, shape, storage, opts, file, component);
+    });
+}
+
+}  // namespace flowedge

@@ -1,0 +1,65 @@
+// Bump arena for scratch activations: sized once at load so forward passes never allocate.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "flowedge/tensor.hpp"
+
+namespace flowedge {
+
+/// Fixed-capacity scratch arena on backend B. `take` hands out 256-byte aligned slices;
+/// `reset` (or a Mark) returns them. Exceeding the capacity is an error, never a reallocation.
+template <Backend B>
+class Workspace {
+public:
+    static constexpr std::size_t kAlign = 256;
+
+    Workspace() = default;
+    explicit Workspace(std::size_t bytes) : m_storage(bytes) {}
+
+    /// Bytes a request of n elements of T occupies, including alignment padding.
+    template <class T>
+    static constexpr std::size_t bytes_for(std::size_t n) { return (n * sizeof(T) + kAlign - 1) / kAlign * kAlign; }
+
+    /// Next n elements of T as a view with the given shape.
+    template <class T>
+    View<T, B> take(Shape s) {
+        const std::size_t n = static_cast<std::size_t>(s.numel());
+        const std::size_t need = bytes_for<T>(n);
+        if (m_used + need > m_storage.size()) [[unlikely]]
+            fail("workspace", "scratch exhausted" + expected_got(std::to_string(m_used + need) + " bytes",
+                                                                  std::to_string(m_storage.size()) + " bytes capacity"));
+        T* p = reinterpret_cast<T*>(m_storage.data() + m_used);
+        m_used += need;
+        return {p, s};
+    }
+
+    std::size_t used() const { return m_used; }
+    std::size_t capacity() const { return m_storage.size(); }
+    void reset() { m_used = 0; }
+
+    /// Scoped mark: everything taken after construction is returned on destruction.
+    class Mark {
+    public:
+        explicit Mark(Workspace& ws) : m_ws(ws), m_at(ws.m_used) {}
+        ~Mark() { m_ws.m_used = m_at; }
+        Mark(const Mark&) = delete;
+        Mark& operator=(const Mark&) = delete;
+    private:
+        Workspace& m_ws;
+        std::size_t m_at;
+    };
+
+private:
+    Buffer<std::byte, B> m_storage;
+    std::size_t m_used = 0;
+};
+
+/// Everything an op needs besides its tensors: the stream and the scratch arena.
+template <Backend B>
+struct Context {
+    Stream stream{};
+    Workspace<B>* workspace = nullptr;
+};
+
+}  // namespace flowedge
