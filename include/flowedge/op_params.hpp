@@ -188,6 +188,9 @@ struct DiffusionStepParams {
     float clip_range = 1.f;
     float c_x0 = 0.f, c_other = 0.f, noise_std = 0.f;
     std::uint64_t seed = 0;
+    /// When set, the seed is read from this backend pointer instead (a captured CUDA graph can then be
+    /// replayed with a new seed without re-capture).
+    const std::uint64_t* seed_ptr = nullptr;
     std::uint64_t draw_offset = 0;
 };
 

@@ -1,0 +1,60 @@
+// torch.nn.Linear on any backend: the weight keeps its storage dtype and is widened on the fly.
+#pragma once
+#include <string>
+
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+
+namespace flowedge {
+
+/// torch.nn.Linear(in, out, bias): y = act(x @ weight^T + bias).
+/// x: [rows, in] (row stride ld_x), y: [rows, out] (row stride ld_y); weight: [out, in]; bias: [out].
+template <Backend B>
+class Linear {
+public:
+    struct Config {
+        int in = 0;
+        int out = 0;
+        bool bias = true;
+    };
+
+    Linear() = default;
+    explicit Linear(Config cfg) : m_cfg(cfg) {}
+
+    const Config& config() const { return m_cfg; }
+
+    /// Lists ("weight", [out, in]) and ("bias", [out]) as in the PyTorch state dict.
+    template <class F>
+    void visit_parameters(F&& f) {
+        f("weight", m_weight, Shape{m_cfg.out, m_cfg.in}, Storage::Matrix);
+        if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
+    }
+
+    /// y[r, :] = act(x[r, :] @ weight^T + bias) (+ y[r, :] when accumulate) for `rows` rows.
+    void forward(Context<B>& ctx, const float* x, float* y, int rows, Activation act = Activation::None,
+                 bool accumulate = false, int ld_x = 0, int ld_y = 0) const {
+        LinearParams p;
+        p.x = x;
+        p.w = m_weight.ref();
+        p.bias = m_cfg.bias ? m_bias.f32() : nullptr;
+        p.y = y;
+        p.rows = rows;
+        p.in = m_cfg.in;
+        p.out = m_cfg.out;
+        p.ld_x = ld_x;
+        p.ld_y = ld_y;
+        p.act = act;
+        p.accumulate = accumulate;
+        Ops<B>::linear(p, ctx.stream);
+    }
+
+    const Parameter<B>& weight() const { return m_weight; }
+    std::int64_t n_parameters() const { return std::int64_t(m_cfg.in) * m_cfg.out + (m_cfg.bias ? m_cfg.out : 0); }
+
+private:
+    Config m_cfg{};
+    Parameter<B> m_weight;
+    Parameter<B> m_bias;
+};
+
+}  // namespace flowedge
