@@ -1,0 +1,129 @@
+// Weight-streaming matrix kernels for the CPU ops: every weight element is read once per call, widened in
+// registers, and multiplied against a handful of activation columns held in L1 (conv/linear at batch 1 are
+// memory-bound, so this is the whole game).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+
+#include "flowedge/cpu/simd.hpp"
+
+namespace flowedge::cpu {
+
+/// Largest number of activation columns one micro-kernel call multiplies against a weight row block.
+inline constexpr int kMaxCols = 8;
+
+/// Output rows per micro-kernel for `nc` columns: as many as fit the register file
+/// (rows*nc accumulators + rows weight vectors + one activation vector), at most 8.
+constexpr int rows_for_cols(int nc) {
+    const int r = (kRegisters - 2) / (nc + 1);
+    return r < 1 ? 1 : (r > 8 ? 8 : r);
+}
+
+/// res[r][c] = sum_{j < len} w[r*ldw + j] * x[c*ldx + j] for RO weight rows and NC columns.
+/// Vectorised along j; each weight vector is widened once and used for all NC columns.
+template <int RO, int NC, class WT>
+inline void dot_block(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, float (&res)[RO][NC]) {
+    VecF acc[RO][NC];
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = vzero();
+    int j = 0;
+    for (; j + kLanes <= len; j += kLanes) {
+        VecF wv[RO];
+        for (int r = 0; r < RO; ++r) wv[r] = vload(w + std::size_t(r) * ldw + j);
+        for (int c = 0; c < NC; ++c) {
+            const VecF xv = vload(x + std::size_t(c) * ldx + j);
+            for (int r = 0; r < RO; ++r) acc[r][c] = vfma(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) res[r][c] = vsum(acc[r][c]);
+    for (; j < len; ++j) {
+        for (int r = 0; r < RO; ++r) {
+            const float wf = widen(w[std::size_t(r) * ldw + j]);
+            for (int c = 0; c < NC; ++c) res[r][c] += wf * x[std::size_t(c) * ldx + j];
+        }
+    }
+}
+
+/// For weight rows o in [o0, o1) and NC columns: f(o, c, dot(w row o, x column c)).
+template <int NC, class WT, class F>
+inline void dot_rows_fixed(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    constexpr int RO = rows_for_cols(NC);
+    int o = o0;
+    for (; o + RO <= o1; o += RO) {
+        float res[RO][NC];
+        dot_block<RO, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int r = 0; r < RO; ++r)
+            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
+    }
+    for (; o < o1; ++o) {
+        float res[1][NC];
+        dot_block<1, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
+    }
+}
+
+/// Runtime-nc front end of dot_rows_fixed (1 <= nc <= kMaxCols).
+template <class WT, class F>
+inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    switch (nc) {
+        case 1: dot_rows_fixed<1>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 2: dot_rows_fixed<2>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 3: dot_rows_fixed<3>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 4: dot_rows_fixed<4>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 5: dot_rows_fixed<5>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 6: dot_rows_fixed<6>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 7: dot_rows_fixed<7>(w, ldw, x, ldx, len, o0, o1, f); break;
+        default: dot_rows_fixed<8>(w, ldw, x, ldx, len, o0, o1, f); break;
+    }
+}
+
+/// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and columns [0, ncols): with more than kMaxCols
+/// columns the rows are walked in blocks small enough to stay in L2 while every column block uses them,
+/// so the weights still come from memory once.
+template <class WT, class F>
+inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1,
+                      int ncols, F& f) {
+    if (ncols <= kMaxCols) {
+        dot_rows(ncols, w, ldw, x, ldx, len, o0, o1, f);
+        return;
+    }
+    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
+    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
+    for (int ob = o0; ob < o1; ob += block) {
+        const int oe = std::min(o1, ob + block);
+        for (int cb = 0; cb < ncols; cb += kMaxCols) {
+            auto g = [&](int o, int c, float v) { f(o, cb + c, v); };
+            dot_rows(std::min(kMaxCols, ncols - cb), w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
+        }
+    }
+}
+
+/// Transposed-conv accumulation for G (1..4) consecutive weight rows:
+/// Z[c*ldz + j] += sum_g w[g*ldw + j] * xs[c*4 + g] for j in [j0, j1) and columns c < nc.
+/// Each weight vector is widened once and applied to every column.
+template <int G, class WT>
+inline void axpy_rows(const WT* w, std::size_t ldw, const float* xs, int nc, float* z, std::size_t ldz, int j0, int j1) {
+    int j = j0;
+    for (; j + kLanes <= j1; j += kLanes) {
+        VecF wv[G];
+        for (int g = 0; g < G; ++g) wv[g] = vload(w + std::size_t(g) * ldw + j);
+        for (int c = 0; c < nc; ++c) {
+            float* zp = z + std::size_t(c) * ldz + j;
+            VecF acc = vload(zp);
+            for (int g = 0; g < G; ++g) acc = vfma(wv[g], vset1(xs[c * 4 + g]), acc);
+            vstore(zp, acc);
+        }
+    }
+    for (; j < j1; ++j) {
+        float wf[G];
+        for (int g = 0; g < G; ++g) wf[g] = widen(w[std::size_t(g) * ldw + j]);
+        for (int c = 0; c < nc; ++c) {
+            float acc = z[std::size_t(c) * ldz + j];
+            for (int g = 0; g < G; ++g) acc += wf[g] * xs[c * 4 + g];
+            z[std::size_t(c) * ldz + j] = acc;
+        }
+    }
+}
+
+}  // namespace flowedge::cpu

@@ -1,0 +1,45 @@
+// Scalar activation functions for the CPU ops, written once with PyTorch's float32 semantics.
+#pragma once
+#include <cmath>
+
+#include "flowedge/op_params.hpp"
+
+namespace flowedge::cpu {
+
+/// torch.nn.SiLU: x * sigmoid(x), as x / (1 + exp(-x)) (exp overflow gives -0 for very negative x).
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+/// torch.nn.functional.softplus with beta 1, threshold 20: x when x > 20, else log1p(exp(x)).
+inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+/// torch.nn.Mish: x * tanh(softplus(x)).
+inline float mish(float x) { return x * std::tanh(softplus(x)); }
+
+/// Applies `act` to one value.
+inline float activate(Activation act, float x) {
+    switch (act) {
+        case Activation::None: return x;
+        case Activation::Silu: return silu(x);
+        case Activation::Mish: return mish(x);
+        case Activation::Softplus: return softplus(x);
+    }
+    return x;
+}
+
+/// Applies `act` in place to n contiguous values (the switch hoisted out of the loop).
+inline void activate_inplace(Activation act, float* v, long long n) {
+    switch (act) {
+        case Activation::None: return;
+        case Activation::Silu:
+            for (long long i = 0; i < n; ++i) v[i] = silu(v[i]);
+            return;
+        case Activation::Mish:
+            for (long long i = 0; i < n; ++i) v[i] = mish(v[i]);
+            return;
+        case Activation::Softplus:
+            for (long long i = 0; i < n; ++i) v[i] = softplus(v[i]);
+            return;
+    }
+}
+
+}  // namespace flowedge::cpu

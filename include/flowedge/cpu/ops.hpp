@@ -1,0 +1,512 @@
+// Ops<Cpu>: every primitive of op_params.hpp on the host, header-only, synchronous and allocation-free.
+//
+// Large matrix ops (linear, conv1d, conv_transpose1d) stream each weight exactly once per call, widening
+// BF16/F16 in registers (cpu/kernels_gemm.hpp), and split output channels over OpenMP threads when the
+// problem is big enough to pay for the fork (FLOWEDGE_OPENMP). Scratch (im2col panels, transposed-conv
+// partial sums) lives in a fixed array on the calling thread's stack; nothing touches the heap.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "flowedge/cpu/kernels_gemm.hpp"
+#include "flowedge/cpu/math.hpp"
+#include "flowedge/cpu/memory.hpp"
+#include "flowedge/cpu/simd.hpp"
+#include "flowedge/error.hpp"
+#include "flowedge/noise.hpp"
+#include "flowedge/op_params.hpp"
+#include "flowedge/ops.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/// Throws flowedge::Error("flowedge: cpu <op>: <msg>") unless cond; the message is only built on failure.
+#define FLOWEDGE_CPU_REQUIRE(cond, op, msg)                                     \
+    do {                                                                        \
+        if (!(cond)) [[unlikely]] ::flowedge::fail(std::string("cpu ") + (op), (msg)); \
+    } while (0)
+
+namespace flowedge {
+namespace cpu {
+
+/// Floats of stack scratch one conv call may use (256 KiB).
+inline constexpr std::size_t kScratchFloats = 64 * 1024;
+/// Multiply-adds below which a call stays on the calling thread (an OpenMP fork costs microseconds).
+inline constexpr double kParallelMacs = double(1 << 18);
+
+/// This thread's index and the team size inside an (optional) OpenMP parallel region.
+inline int thread_index() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+inline int thread_count() {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+/// Calls f(typed pointer) with the weight pointer cast to its storage type.
+template <class F>
+inline void with_weights(const WeightRef& w, F&& f) {
+    switch (w.dtype) {
+        case DType::F32: f(static_cast<const float*>(w.data)); return;
+        case DType::BF16: f(static_cast<const bf16*>(w.data)); return;
+        case DType::F16: f(static_cast<const f16*>(w.data)); return;
+    }
+    fail("cpu ops", "unknown weight dtype " + std::to_string(int(w.dtype)));
+}
+
+#if defined(__AVX512F__)
+/// exp(x) for 16 floats: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2]
+/// (Cephes expf coefficients), scaled by 2^n with vscalefps. About 1 ulp; underflows to 0 below -104.
+inline __m512 vexp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+template <class WT>
+inline void linear_impl(const LinearParams& p, const WT* w) {
+    const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in);
+    const std::size_t ldy = p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out);
+    const bool par = double(p.rows) * p.in * p.out >= kParallelMacs;
+    auto epilogue = [&](int o, int r, float v) {
+        if (p.bias) v += p.bias[o];
+        v = activate(p.act, v);
+        float& dst = p.y[std::size_t(r) * ldy + std::size_t(o)];
+        dst = p.accumulate ? dst + v : v;
+    };
+#pragma omp parallel if (par)
+    {
+        const int tid = thread_index(), nth = thread_count();
+        const int o0 = int(std::int64_t(p.out) * tid / nth), o1 = int(std::int64_t(p.out) * (tid + 1) / nth);
+        gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+    }
+}
+
+template <class WT>
+inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int N = p.batch * Lout;
+    const std::size_t R = std::size_t(Cin) * std::size_t(K);
+    // Columns per pass (weights are streamed once per pass) and input channels per im2col panel.
+    const int ns = std::min(N, 64);
+    const std::size_t per_col = (kScratchFloats / std::size_t(ns)) / 16 * 16;
+    const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), per_col / std::size_t(K)));
+    alignas(64) float panel[kScratchFloats];
+    const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+#pragma omp parallel if (par)
+    {
+        const int tid = thread_index(), nth = thread_count();
+        const int o0 = int(std::int64_t(Cout) * tid / nth), o1 = int(std::int64_t(Cout) * (tid + 1) / nth);
+        for (int n0 = 0; n0 < N; n0 += ns) {
+            const int nn = std::min(ns, N - n0);
+            for (int i0 = 0; i0 < Cin; i0 += chunk_in) {
+                const int ni = std::min(chunk_in, Cin - i0);
+                const int len = ni * K;
+                const std::size_t ldp = round_up16(std::size_t(len));
+                // Implicit im2col: panel column c holds x[b, i0 + i, t*stride + k - pad] at i*K + k (zero padded).
+#pragma omp for schedule(static)
+                for (int c = 0; c < nn; ++c) {
+                    const int n = n0 + c, b = n / Lout, t = n % Lout;
+                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
+                    float* dst = panel + std::size_t(c) * ldp;
+                    const int start = t * p.stride - p.pad;
+                    for (int i = 0; i < ni; ++i) {
+                        const float* xr = xb + std::size_t(i) * Lin;
+                        for (int k = 0; k < K; ++k) {
+                            const int s = start + k;
+                            dst[i * K + k] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
+                        }
+                    }
+                }
+                const bool first = i0 == 0;
+                auto epilogue = [&](int o, int c, float v) {
+                    const int n = n0 + c, b = n / Lout, t = n % Lout;
+                    float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
+                    if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
+                    else dst += v;
+                };
+                gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+template <class WT>
+inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const std::size_t J = std::size_t(Cout) * std::size_t(K);
+    // Passes cover whole batch elements (so every output is written in exactly one pass); the partial sums
+    // Z[(b, s), (o, k)] = sum_i w[i, o, k] x[b, i, s] of an output-channel chunk live in the stack scratch.
+    const int nb = std::max(1, std::min(p.batch, 64 / std::max(1, Lin)));
+    const int ns = nb * Lin;
+    const std::size_t per_col = (kScratchFloats / std::size_t(ns)) / 16 * 16;
+    const int chunk_o = int(std::min<std::size_t>(std::size_t(Cout), per_col / std::size_t(K)));
+    alignas(64) float z[kScratchFloats];
+    const bool par = double(p.batch) * Lin * double(J) * Cin >= kParallelMacs;
+#pragma omp parallel if (par)
+    {
+        const int tid = thread_index(), nth = thread_count();
+        float xs[64 * 4];
+        for (int b0 = 0; b0 < p.batch; b0 += nb) {
+            const int nbb = std::min(nb, p.batch - b0);
+            const int nn = nbb * Lin;
+            for (int oA = 0; oA < Cout; oA += chunk_o) {
+                const int no = std::min(chunk_o, Cout - oA);
+                const int jlen = no * K;
+                const std::size_t ldz = round_up16(std::size_t(jlen));
+                const int units = (jlen + 15) / 16;
+                const int j0 = std::min(jlen, 16 * int(std::int64_t(units) * tid / nth));
+                const int j1 = std::min(jlen, 16 * int(std::int64_t(units) * (tid + 1) / nth));
+                for (int c = 0; c < nn; ++c) std::fill(z + std::size_t(c) * ldz + j0, z + std::size_t(c) * ldz + j1, 0.f);
+                if (j0 < j1) {
+                    for (int i = 0; i < Cin; i += 4) {
+                        const int g = std::min(4, Cin - i);
+                        for (int c = 0; c < nn; ++c) {
+                            const int b = b0 + c / Lin, s = c % Lin;
+                            for (int gg = 0; gg < 4; ++gg)
+                                xs[c * 4 + gg] = gg < g ? p.x[(std::size_t(b) * Cin + std::size_t(i + gg)) * Lin + s] : 0.f;
+                        }
+                        const WT* wr = w + std::size_t(i) * J + std::size_t(oA) * K;
+                        switch (g) {
+                            case 4: axpy_rows<4>(wr, J, xs, nn, z, ldz, j0, j1); break;
+                            case 3: axpy_rows<3>(wr, J, xs, nn, z, ldz, j0, j1); break;
+                            case 2: axpy_rows<2>(wr, J, xs, nn, z, ldz, j0, j1); break;
+                            default: axpy_rows<1>(wr, J, xs, nn, z, ldz, j0, j1); break;
+                        }
+                    }
+                }
+#pragma omp barrier
+                // col2im: y[b, o, t] = bias[o] + sum over k with t + pad - k = s*stride, 0 <= s < Lin.
+#pragma omp for schedule(static)
+                for (int o = oA; o < oA + no; ++o) {
+                    const float bias = p.bias ? p.bias[o] : 0.f;
+                    for (int bb = 0; bb < nbb; ++bb) {
+                        float* yr = p.y + (std::size_t(b0 + bb) * Cout + std::size_t(o)) * Lout;
+                        for (int t = 0; t < Lout; ++t) {
+                            float acc = bias;
+                            for (int k = 0; k < K; ++k) {
+                                const int num = t + p.pad - k;
+                                if (num < 0 || num % p.stride != 0) continue;
+                                const int s = num / p.stride;
+                                if (s >= Lin) continue;
+                                acc += z[std::size_t(bb * Lin + s) * ldz + std::size_t(o - oA) * K + k];
+                            }
+                            yr[t] = acc;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace cpu
+
+/// Host backend: header-only, runs synchronously on the calling thread (plus OpenMP workers for the
+/// large weight-streaming ops), never allocates. Stream arguments are ignored.
+template <>
+struct Ops<Cpu> {
+    /// torch.nn.Linear with fused bias, activation and optional accumulate (see LinearParams).
+    static void linear(const LinearParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.in > 0 && p.out > 0, "linear",
+                             "bad sizes (expected rows >= 0, in > 0, out > 0, got rows " + std::to_string(p.rows) +
+                                 ", in " + std::to_string(p.in) + ", out " + std::to_string(p.out) + ")");
+        FLOWEDGE_CPU_REQUIRE((p.ld_x == 0 || p.ld_x >= p.in) && (p.ld_y == 0 || p.ld_y >= p.out), "linear",
+                             "row stride shorter than the row" + expected_got("ld_x >= in and ld_y >= out",
+                                                                              std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y)));
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "linear", "null tensor pointer");
+        cpu::with_weights(p.w, [&](auto w) { cpu::linear_impl(p, w); });
+    }
+
+    /// torch.nn.Conv1d (groups 1, dilation 1, zero padding). x: [batch, in, in_length] -> y: [batch, out, out_length].
+    static void conv1d(const Conv1dParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 &&
+                                 p.kernel > 0 && p.stride > 0 && p.pad >= 0,
+                             "conv1d", "bad sizes (expected all positive, pad >= 0)");
+        FLOWEDGE_CPU_REQUIRE(p.kernel <= 1024, "conv1d", "kernel too long" + expected_got("<= 1024", p.kernel));
+        const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
+        FLOWEDGE_CPU_REQUIRE(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, "conv1d",
+                             "out_length" + expected_got(want, p.out_length));
+        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "conv1d", "null tensor pointer");
+        cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_impl(p, w); });
+    }
+
+    /// torch.nn.ConvTranspose1d (groups 1, dilation 1), weight [in, out, k]; output_padding = out_length - minimum.
+    static void conv_transpose1d(const ConvTranspose1dParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 &&
+                                 p.kernel > 0 && p.stride > 0 && p.pad >= 0,
+                             "conv_transpose1d", "bad sizes (expected all positive, pad >= 0)");
+        const int lo = (p.in_length - 1) * p.stride - 2 * p.pad + p.kernel;
+        FLOWEDGE_CPU_REQUIRE(lo > 0 && p.out_length >= lo && p.out_length < lo + p.stride, "conv_transpose1d",
+                             "out_length" + expected_got("in [" + std::to_string(lo) + ", " + std::to_string(lo + p.stride - 1) + "]",
+                                                         p.out_length));
+        FLOWEDGE_CPU_REQUIRE(p.in_length * cpu::round_up16(std::size_t(p.kernel)) <= cpu::kScratchFloats,
+                             "conv_transpose1d", "in_length * kernel too large for the stack scratch" +
+                                                     expected_got("<= 65536 floats", p.in_length * p.kernel));
+        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "conv_transpose1d", "null tensor pointer");
+        cpu::with_weights(p.w, [&](auto w) { cpu::conv_transpose1d_impl(p, w); });
+    }
+
+    /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual epilogue. Statistics in double.
+    static void group_norm(const GroupNormParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.channels > 0 && p.length > 0 && p.groups > 0, "group_norm",
+                             "bad sizes (expected all positive)");
+        FLOWEDGE_CPU_REQUIRE(p.channels % p.groups == 0, "group_norm",
+                             "channels not divisible by groups" + expected_got("multiple of " + std::to_string(p.groups), p.channels));
+        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "group_norm", "null tensor pointer");
+        const int cpg = p.channels / p.groups, L = p.length;
+        const std::size_t fstride = p.film_stride ? std::size_t(p.film_stride) : 2 * std::size_t(p.channels);
+        const double count = double(cpg) * L;
+        for (int b = 0; b < p.batch; ++b) {
+            for (int g = 0; g < p.groups; ++g) {
+                const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * L;
+                const float* xg = p.x + base;
+                const std::size_t n = std::size_t(cpg) * L;
+                double sum = 0;
+                for (std::size_t i = 0; i < n; ++i) sum += xg[i];
+                const double mean = sum / count;
+                double ss = 0;
+                for (std::size_t i = 0; i < n; ++i) {
+                    const double d = xg[i] - mean;
+                    ss += d * d;
+                }
+                const float rstd = float(1.0 / std::sqrt(ss / count + double(p.eps)));
+                const float meanf = float(mean);
+                for (int cc = 0; cc < cpg; ++cc) {
+                    const int c = g * cpg + cc;
+                    const float scale = p.gamma ? p.gamma[c] * rstd : rstd;
+                    const float shift = p.beta ? p.beta[c] : 0.f;
+                    float fs = 1.f, fb = 0.f;
+                    if (p.film) {
+                        fs = p.film[std::size_t(b) * fstride + std::size_t(c)];
+                        fb = p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)];
+                    }
+                    const std::size_t off = base + std::size_t(cc) * L;
+                    for (int t = 0; t < L; ++t) {
+                        float a = cpu::activate(p.act, (p.x[off + t] - meanf) * scale + shift);
+                        if (p.film) a = fs * a + fb;
+                        if (p.residual) a += p.residual[off + t];
+                        p.y[off + t] = a;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Mamba RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, per row. x, y: [rows, dim].
+    static void rms_norm(const RmsNormParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "rms_norm", "bad sizes" + expected_got("dim > 0", p.dim));
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "rms_norm", "null tensor pointer");
+        for (int r = 0; r < p.rows; ++r) {
+            const float* x = p.x + std::size_t(r) * p.dim;
+            float* y = p.y + std::size_t(r) * p.dim;
+            double ss = 0;
+            for (int i = 0; i < p.dim; ++i) ss += double(x[i]) * x[i];
+            const float inv = float(1.0 / std::sqrt(ss / p.dim + double(p.eps)));
+            for (int i = 0; i < p.dim; ++i) y[i] = x[i] * inv * (p.weight ? p.weight[i] : 1.f);
+        }
+    }
+
+    /// Elementwise y = act(x) (x may equal y).
+    static void activation(const ActivationParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.n >= 0, "activation", "negative count" + expected_got(">= 0", p.n));
+        if (p.n == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "activation", "null tensor pointer");
+        if (p.x != p.y) std::memmove(p.y, p.x, std::size_t(p.n) * sizeof(float));
+        cpu::activate_inplace(p.act, p.y, p.n);
+    }
+
+    /// Elementwise out = a*x + b*y (out may alias x or y; y may be null when b == 0).
+    static void axpby(const AxpbyParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.n >= 0, "axpby", "negative count" + expected_got(">= 0", p.n));
+        if (p.n == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.out && (p.y || p.b == 0.f), "axpby", "null tensor pointer");
+        if (p.b == 0.f || !p.y) {
+            for (std::int64_t i = 0; i < p.n; ++i) p.out[i] = p.a * p.x[i];
+        } else {
+            for (std::int64_t i = 0; i < p.n; ++i) p.out[i] = p.a * p.x[i] + p.b * p.y[i];
+        }
+    }
+
+    /// torch.cat([a, b], dim=1) for [batch, c, length] tensors.
+    static void concat_channels(const ConcatParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.ca >= 0 && p.cb >= 0 && p.length > 0, "concat_channels", "bad sizes");
+        FLOWEDGE_CPU_REQUIRE(p.y && (p.a || p.ca == 0) && (p.b || p.cb == 0), "concat_channels", "null tensor pointer");
+        const std::size_t na = std::size_t(p.ca) * p.length, nb = std::size_t(p.cb) * p.length;
+        for (int b = 0; b < p.batch; ++b) {
+            float* y = p.y + std::size_t(b) * (na + nb);
+            if (na) std::memmove(y, p.a + std::size_t(b) * na, na * sizeof(float));
+            if (nb) std::memmove(y + na, p.b + std::size_t(b) * nb, nb * sizeof(float));
+        }
+    }
+
+    /// Sinusoidal time features: out[r] = [sin(t*f_i) | cos(t*f_i)], f_i = exp(-(i * (log_base / denom))) in float32.
+    static void sinusoid(const SinusoidParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.half > 0, "sinusoid", "bad sizes" + expected_got("half > 0", p.half));
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.out != nullptr, "sinusoid", "null tensor pointer");
+        const float step = p.log_base / p.denom;
+        for (int i = 0; i < p.half; ++i) {
+            const float f = std::exp(float(i) * -step);
+            const float arg = p.t * f;
+            p.out[i] = std::sin(arg);
+            p.out[p.half + i] = std::cos(arg);
+        }
+        for (int r = 1; r < p.rows; ++r)
+            std::memcpy(p.out + std::size_t(r) * 2 * p.half, p.out, std::size_t(2 * p.half) * sizeof(float));
+    }
+
+    /// torch.nn.Embedding: y[r, :] = table[ids[r], :] widened to float (ids validated by the caller).
+    static void embedding(const EmbeddingParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "embedding", "bad sizes" + expected_got("dim > 0", p.dim));
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.ids && p.table.data && p.y, "embedding", "null tensor pointer");
+        cpu::with_weights(p.table, [&](auto table) {
+            for (int r = 0; r < p.rows; ++r) {
+                const auto* row = table + std::size_t(p.ids[r]) * p.dim;
+                float* y = p.y + std::size_t(r) * p.dim;
+                for (int i = 0; i < p.dim; ++i) y[i] = cpu::widen(row[i]);
+            }
+        });
+    }
+
+    /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`.
+    static void causal_conv(const CausalConvParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.length >= 0 && p.channels > 0 && p.kernel > 0, "causal_conv", "bad sizes");
+        FLOWEDGE_CPU_REQUIRE(p.ld_x == 0 || p.ld_x >= p.channels, "causal_conv",
+                             "row stride" + expected_got(">= channels", p.ld_x));
+        if (p.length == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.u && (p.state || p.kernel == 1), "causal_conv", "null tensor pointer");
+        const int K = p.kernel, C = p.channels, L = p.length, H = K - 1;
+        const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(C);
+        cpu::with_weights(p.w, [&](auto w) {
+            for (int t = 0; t < L; ++t) {
+                float* u = p.u + std::size_t(t) * C;
+                for (int c = 0; c < C; ++c) {
+                    float acc = p.bias ? p.bias[c] : 0.f;
+                    for (int k = 0; k < K; ++k) {
+                        const int row = t + k;  // row of xx = [state ; x]
+                        const float v = row < H ? p.state[std::size_t(row) * C + c] : p.x[std::size_t(row - H) * ldx + c];
+                        acc += cpu::widen(w[std::size_t(c) * K + k]) * v;
+                    }
+                    u[c] = cpu::silu(acc);
+                }
+            }
+        });
+        // New history: the last H rows of xx (shift the old state forward when fewer than H new rows came in).
+        for (int j = 0; j < H; ++j) {
+            const int row = L + j;  // row of xx
+            float* dst = p.state + std::size_t(j) * C;
+            if (row < H) std::memmove(dst, p.state + std::size_t(row) * C, std::size_t(C) * sizeof(float));
+            else std::memcpy(dst, p.x + std::size_t(row - H) * ldx, std::size_t(C) * sizeof(float));
+        }
+    }
+
+    /// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state.
+    static void selective_scan(const SelectiveScanParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.length >= 0 && p.channels > 0 && p.d_state > 0, "selective_scan", "bad sizes");
+        if (p.length == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.u && p.dt && p.A && p.B && p.C && p.z && p.state && p.y, "selective_scan",
+                             "null tensor pointer");
+        const int C = p.channels, S = p.d_state;
+        const std::size_t ldbc = p.ld_bc ? std::size_t(p.ld_bc) : std::size_t(S);
+        const std::size_t ldz = p.ld_z ? std::size_t(p.ld_z) : std::size_t(C);
+        for (int t = 0; t < p.length; ++t) {
+            const float* Bt = p.B + std::size_t(t) * ldbc;
+            const float* Ct = p.C + std::size_t(t) * ldbc;
+            for (int c = 0; c < C; ++c) {
+                const std::size_t tc = std::size_t(t) * C + c;
+                const float dtv = p.dt[tc], uv = p.u[tc];
+                const float du = dtv * uv;
+                float* s = p.state + std::size_t(c) * S;
+                const float* a = p.A + std::size_t(c) * S;
+                float acc = 0.f;
+                int n = 0;
+#if defined(__AVX512F__)
+                __m512 vacc = _mm512_setzero_ps();
+                const __m512 vdt = _mm512_set1_ps(dtv), vdu = _mm512_set1_ps(du);
+                for (; n + 16 <= S; n += 16) {
+                    const __m512 decay = cpu::vexp(_mm512_mul_ps(vdt, _mm512_loadu_ps(a + n)));
+                    const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(s + n), _mm512_mul_ps(vdu, _mm512_loadu_ps(Bt + n)));
+                    _mm512_storeu_ps(s + n, sn);
+                    vacc = _mm512_fmadd_ps(sn, _mm512_loadu_ps(Ct + n), vacc);
+                }
+                acc = _mm512_reduce_add_ps(vacc);
+#endif
+                for (; n < S; ++n) {
+                    const float sn = std::exp(dtv * a[n]) * s[n] + du * Bt[n];
+                    s[n] = sn;
+                    acc += sn * Ct[n];
+                }
+                const float d = p.D ? p.D[c] : 0.f;
+                p.y[tc] = (acc + d * uv) * cpu::silu(p.z[std::size_t(t) * ldz + c]);
+            }
+        }
+    }
+
+    /// One DDIM/DDPM update of x: [batch, per_sample] given eps (SPEC 1.4); DDPM noise by global draw index.
+    static void diffusion_step(const DiffusionStepParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.per_sample >= 0, "diffusion_step", "bad sizes");
+        FLOWEDGE_CPU_REQUIRE(p.x && p.eps, "diffusion_step", "null tensor pointer");
+        const std::uint64_t seed0 = p.seed_ptr ? *p.seed_ptr : p.seed;
+        const bool noise = p.kind == StepKind::Ddpm && p.noise_std != 0.f;
+        for (int b = 0; b < p.batch; ++b) {
+            float* x = p.x + std::size_t(b) * p.per_sample;
+            const float* e = p.eps + std::size_t(b) * p.per_sample;
+            for (int i = 0; i < p.per_sample; ++i) {
+                float x0 = (x[i] - p.sqrt_one_minus_abar * e[i]) / p.sqrt_abar;
+                if (p.clip) x0 = std::min(std::max(x0, -p.clip_range), p.clip_range);
+                if (p.kind == StepKind::Ddim) {
+                    x[i] = p.c_x0 * x0 + p.c_other * e[i];
+                } else {
+                    float v = p.c_x0 * x0 + p.c_other * x[i];
+                    if (noise) v += p.noise_std * normal_at(seed0 + std::uint64_t(b), p.draw_offset + std::uint64_t(i));
+                    x[i] = v;
+                }
+            }
+        }
+    }
+
+    /// MIN_MAX un-normalisation y = (x + 1) / 2 * (max - min) + min per column. x, y: [rows, dim].
+    static void unnormalize(const UnnormalizeParams& p, Stream = {}) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "unnormalize", "bad sizes");
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_REQUIRE(p.x && p.y && p.min && p.max, "unnormalize", "null tensor pointer");
+        for (int r = 0; r < p.rows; ++r)
+            for (int d = 0; d < p.dim; ++d) {
+                const std::size_t i = std::size_t(r) * p.dim + d;
+                p.y[i] = (p.x[i] + 1.f) / 2.f * (p.max[d] - p.min[d]) + p.min[d];
+            }
+    }
+};
+
+}  // namespace flowedge
