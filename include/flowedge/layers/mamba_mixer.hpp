@@ -1,0 +1,143 @@
+// One Mamba-1 mixer (in_proj -> causal conv -> x_proj/dt_proj -> selective scan -> gate -> out_proj),
+// written once over Ops<B>; prefill and streaming decode are the same code with a different length.
+#pragma once
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "flowedge/workspace.hpp"  // before linear.hpp, which uses Context<B>
+#include "flowedge/layers/linear.hpp"
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+
+namespace flowedge {
+
+/// transformers MambaMixer (the slow path, identical math): for n: [L, d_model] and a running state,
+/// h += out_proj((scan(u, dt, B, C) + D*u) * silu(z)), with xz = in_proj(n), u = silu(conv(x)), SPEC 1.1.
+/// Per-sequence state: conv [d_conv-1, d_inner] (last raw x rows, oldest first) and ssm [d_inner, d_state].
+template <Backend B>
+class MambaMixer {
+public:
+    struct Config {
+        int d_model = 0;
+        int d_inner = 0;
+        int d_state = 0;
+        int d_conv = 4;
+        int dt_rank = 0;
+    };
+
+    MambaMixer() = default;
+    explicit MambaMixer(Config cfg)
+        : m_cfg(cfg),
+          m_in_proj({.in = cfg.d_model, .out = 2 * cfg.d_inner, .bias = false}),
+          m_x_proj({.in = cfg.d_inner, .out = cfg.dt_rank + 2 * cfg.d_state, .bias = false}),
+          m_dt_proj({.in = cfg.dt_rank, .out = cfg.d_inner, .bias = true}),
+          m_out_proj({.in = cfg.d_inner, .out = cfg.d_model, .bias = false}) {}
+
+    const Config& config() const { return m_cfg; }
+
+    /// Floats of per-sequence state: conv rows then the ssm matrix.
+    std::size_t state_floats() const { return conv_state_floats() + ssm_state_floats(); }
+    std::size_t conv_state_floats() const { return std::size_t(m_cfg.d_conv - 1) * m_cfg.d_inner; }
+    std::size_t ssm_state_floats() const { return std::size_t(m_cfg.d_inner) * m_cfg.d_state; }
+
+    /// Scratch bytes forward() takes from the workspace for up to `max_tokens` tokens.
+    std::size_t workspace_bytes(int max_tokens) const {
+        const std::size_t L = std::size_t(max_tokens);
+        const int di = m_cfg.d_inner;
+        return Workspace<B>::template bytes_for<float>(L * 2 * di)                                   // xz
+               + Workspace<B>::template bytes_for<float>(L * di)                                     // u
+               + Workspace<B>::template bytes_for<float>(L * (m_cfg.dt_rank + 2 * m_cfg.d_state))  // dt_low|B|C
+               + Workspace<B>::template bytes_for<float>(L * di)                                     // dt
+               + Workspace<B>::template bytes_for<float>(L * di);                                    // y
+    }
+
+    /// Lists the PyTorch state-dict names: in_proj.weight [2*di, dm], conv1d.weight [di, 1, K], conv1d.bias [di],
+    /// x_proj.weight [R+2S, di], dt_proj.weight [di, R], dt_proj.bias [di], A_log [di, S], D [di], out_proj.weight [dm, di].
+    template <class F>
+    void visit_parameters(F&& f) {
+        auto sub = [&](const char* prefix) {
+            return [&f, prefix](const std::string& n, Parameter<B>& p, const Shape& s, Storage st) {
+                f(std::string(prefix) + n, p, s, st);
+            };
+        };
+        m_in_proj.visit_parameters(sub("in_proj."));
+        f("conv1d.weight", m_conv_w, Shape{m_cfg.d_inner, 1, m_cfg.d_conv}, Storage::Vector);
+        f("conv1d.bias", m_conv_b, Shape{m_cfg.d_inner}, Storage::Vector);
+        m_x_proj.visit_parameters(sub("x_proj."));
+        m_dt_proj.visit_parameters(sub("dt_proj."));
+        f("A_log", m_A_log, Shape{m_cfg.d_inner, m_cfg.d_state}, Storage::Vector);
+        f("D", m_D, Shape{m_cfg.d_inner}, Storage::Vector);
+        m_out_proj.visit_parameters(sub("out_proj."));
+    }
+
+    /// Binds every tensor under `prefix` (e.g. "backbone.layers.0.mixer.") and precomputes A = -exp(A_log).
+    void load(const std::shared_ptr<const io::SafeTensors>& file, const std::string& prefix, const LoadOptions& opts) {
+        bind_parameters<B>(*this, file, prefix, opts, "mamba");
+        const io::TensorInfo* t = file->find(prefix + "A_log");
+        const std::size_t n = ssm_state_floats();
+        std::vector<float> a(n);
+        Parameter<B>::convert(t->data, t->dtype, a.data(), DType::F32, n);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!std::isfinite(a[i]))
+                fail("mamba", "tensor '" + prefix + "A_log' has a non-finite value at index " + std::to_string(i));
+            a[i] = -std::exp(a[i]);
+        }
+        m_A.assign_f32(a, Shape{m_cfg.d_inner, m_cfg.d_state});
+    }
+
+    /// h[t, :] += mixer(n)[t, :] for `length` tokens, continuing from conv_state/ssm_state (zero them for a
+    /// fresh sequence). n, h: [length, d_model] on B; conv_state: [d_conv-1, d_inner]; ssm_state: [d_inner, d_state].
+    void forward(Context<B>& ctx, const float* n, float* h, int length, float* conv_state, float* ssm_state) const {
+        typename Workspace<B>::Mark mark(*ctx.workspace);
+        const int di = m_cfg.d_inner, S = m_cfg.d_state, R = m_cfg.dt_rank, ld_dbl = R + 2 * S;
+        float* xz = ctx.workspace->template take<float>(Shape{length, 2 * di}).data;
+        float* u = ctx.workspace->template take<float>(Shape{length, di}).data;
+        float* dbl = ctx.workspace->template take<float>(Shape{length, ld_dbl}).data;
+        float* dt = ctx.workspace->template take<float>(Shape{length, di}).data;
+        float* y = ctx.workspace->template take<float>(Shape{length, di}).data;
+
+        m_in_proj.forward(ctx, n, xz, length);  // [L, 2*di]: x | z
+
+        CausalConvParams cp;
+        cp.x = xz;
+        cp.ld_x = 2 * di;
+        cp.w = m_conv_w.ref();
+        cp.bias = m_conv_b.f32();
+        cp.state = conv_state;
+        cp.u = u;
+        cp.length = length;
+        cp.channels = di;
+        cp.kernel = m_cfg.d_conv;
+        Ops<B>::causal_conv(cp, ctx.stream);
+
+        m_x_proj.forward(ctx, u, dbl, length);                                    // [L, R | S | S]
+        m_dt_proj.forward(ctx, dbl, dt, length, Activation::Softplus, false, ld_dbl);  // softplus(dt_low W^T + b)
+
+        SelectiveScanParams sp;
+        sp.u = u;
+        sp.dt = dt;
+        sp.A = m_A.f32();
+        sp.B = dbl + R;
+        sp.C = dbl + R + S;
+        sp.ld_bc = ld_dbl;
+        sp.D = m_D.f32();
+        sp.z = xz + di;
+        sp.ld_z = 2 * di;
+        sp.state = ssm_state;
+        sp.y = y;
+        sp.length = length;
+        sp.channels = di;
+        sp.d_state = S;
+        Ops<B>::selective_scan(sp, ctx.stream);
+
+        m_out_proj.forward(ctx, y, h, length, Activation::None, /*accumulate=*/true);  // residual add
+    }
+
+private:
+    Config m_cfg{};
+    Linear<B> m_in_proj, m_x_proj, m_dt_proj, m_out_proj;
+    Parameter<B> m_conv_w, m_conv_b, m_A_log, m_D, m_A;
+};
+
+}  // namespace flowedge

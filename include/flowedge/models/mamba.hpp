@@ -1,0 +1,389 @@
+// Mamba-1 backbone (token ids -> hidden states) over any backend: prefill, streaming decode and
+// portable decode state, with every buffer allocated at load.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "flowedge/graph.hpp"
+#include "flowedge/io/safetensors.hpp"
+#include "flowedge/layers/embedding.hpp"
+#include "flowedge/layers/mamba_mixer.hpp"
+#include "flowedge/layers/rms_norm.hpp"
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+#include "flowedge/workspace.hpp"
+
+namespace flowedge {
+
+namespace detail {
+/// 64-bit FNV-1a, continuing from `h` (start with kFnvOffset).
+inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvOffset) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+}  // namespace detail
+
+/// Mamba-1 backbone, transformers MambaModel (embeddings -> n_layers x MambaBlock -> norm_f), SPEC 1.1.
+/// Tensors `backbone.embeddings.weight [vocab, d_model]`, `backbone.layers.{i}.norm.weight`,
+/// `backbone.layers.{i}.mixer.*`, `backbone.norm_f.weight` (a file without the `backbone.` prefix, as saved
+/// from MambaModel itself, is accepted too). The configuration is read from the tensor shapes.
+template <Backend B>
+class Mamba {
+public:
+    /// Shapes read from the checkpoint.
+    struct Config {
+        int n_layers = 0;
+        int d_model = 0;
+        int d_inner = 0;
+        int d_state = 0;
+        int d_conv = 0;
+        int dt_rank = 0;
+        int vocab = 0;
+        float eps = 1e-5f;
+    };
+
+    /// Version written into export_state() headers; import_state() accepts only this one.
+    static constexpr std::uint32_t kStateVersion = 1;
+    /// Bytes of the export_state() header that precedes the float payload.
+    static constexpr std::size_t kStateHeaderBytes = 80;
+
+    Mamba(Mamba&&) noexcept = default;
+    Mamba& operator=(Mamba&&) noexcept = default;
+
+    /// The tensor-name prefix of the backbone in `file` ("backbone." or ""), or nullopt when there is none.
+    static std::optional<std::string> find_prefix(const io::SafeTensors& file) {
+        if (file.find("backbone.embeddings.weight")) return std::string("backbone.");
+        if (file.find("embeddings.weight") && file.find("norm_f.weight")) return std::string();
+        return std::nullopt;
+    }
+
+    /// Reads the configuration from tensor shapes under `prefix`, checking every shape for consistency.
+    static Config read_config(const io::SafeTensors& file, const std::string& prefix) {
+        auto need = [&](const std::string& key, int rank) -> const io::TensorInfo& {
+            const io::TensorInfo* t = file.find(prefix + key);
+            if (!t) fail("mamba", file.path().string() + ": missing tensor '" + prefix + key + "'");
+            if (t->shape.rank != rank)
+                fail("mamba", "tensor '" + prefix + key + "' has the wrong rank" + expected_got(rank, t->shape.rank));
+            return *t;
+        };
+        Config c;
+        const auto& emb = need("embeddings.weight", 2);
+        c.vocab = int(emb.shape[0]);
+        c.d_model = int(emb.shape[1]);
+        while (file.find(prefix + "layers." + std::to_string(c.n_layers) + ".mixer.in_proj.weight")) ++c.n_layers;
+        if (c.n_layers == 0) fail("mamba", file.path().string() + ": no layers (expected '" + prefix + "layers.0.mixer.in_proj.weight')");
+        const std::string l0 = "layers.0.mixer.";
+        const auto& in_proj = need(l0 + "in_proj.weight", 2);
+        if (in_proj.shape[0] % 2 != 0) fail("mamba", "in_proj rows must be even (2*d_inner)" + expected_got("even", in_proj.shape[0]));
+        c.d_inner = int(in_proj.shape[0] / 2);
+        c.d_conv = int(need(l0 + "conv1d.weight", 3).shape[2]);
+        c.d_state = int(need(l0 + "A_log", 2).shape[1]);
+        c.dt_rank = int(need(l0 + "dt_proj.weight", 2).shape[1]);
+        if (c.vocab <= 0 || c.d_model <= 0 || c.d_inner <= 0 || c.d_state <= 0 || c.d_conv < 1 || c.dt_rank <= 0)
+            fail("mamba", "degenerate shapes in " + file.path().string());
+        return c;
+    }
+
+    /// Loads the backbone from a safetensors file. `max_tokens` bounds one prefill (all scratch is sized for it).
+    static Mamba load(const std::filesystem::path& path, const LoadOptions& opts = {}, int max_tokens = 512) {
+        return load(io::SafeTensors::open(path), opts, max_tokens);
+    }
+
+    /// Loads the backbone from an opened file (shared with other heads loading from the same file).
+    static Mamba load(std::shared_ptr<const io::SafeTensors> file, const LoadOptions& opts = {}, int max_tokens = 512) {
+        auto prefix = find_prefix(*file);
+        if (!prefix) fail("mamba", file->path().string() + ": no backbone (expected tensor 'backbone.embeddings.weight')");
+        return Mamba(file, *prefix, opts, max_tokens);
+    }
+
+    const Config& config() const { return m_cfg; }
+    int max_tokens() const { return m_max_tokens; }
+    /// Identifier of the loaded weights (hash of tensor names, shapes and sampled bytes); part of exported state.
+    std::uint64_t model_id() const { return m_model_id; }
+    /// Stream every op is enqueued on (default stream unless set).
+    void set_stream(Stream s) {
+        m_stream = s;
+        m_prefill_graph.reset();
+        m_step_graph.reset();
+    }
+
+    /// Scratch bytes for a prefill of up to `max_tokens` tokens (the workspace allocated at load).
+    std::size_t workspace_bytes(int max_tokens) const {
+        return Workspace<B>::template bytes_for<float>(std::size_t(max_tokens) * m_cfg.d_model) +
+               (m_layers.empty() ? 0 : m_layers[0].mixer.workspace_bytes(max_tokens));
+    }
+
+    /// Runs the whole sequence from a fresh state (the state is reset first); afterwards the state holds the
+    /// sequence, so step() continues it. tokens: [L], 1 <= L <= max_tokens; hidden: [L, d_model] (host).
+    /// Matches MambaModel(input_ids).last_hidden_state[0].
+    void prefill(std::span<const std::int32_t> tokens, std::span<float> hidden) {
+        check_length(tokens.size());
+        if (!(hidden.size() >= tokens.size() * std::size_t(m_cfg.d_model))) [[unlikely]]
+            fail("mamba", "prefill output too small" + expected_got(tokens.size() * std::size_t(m_cfg.d_model), hidden.size()));
+        const float* out = prefill_device(tokens);
+        Memory<B>::copy_to_host(hidden.data(), out, tokens.size() * std::size_t(m_cfg.d_model) * sizeof(float), m_stream);
+        Memory<B>::synchronize(m_stream);
+    }
+
+    /// Decodes one more token: hidden: [d_model] (host), the final-norm hidden state of that token.
+    void step(std::int32_t token, std::span<float> hidden) {
+        if (!(hidden.size() >= std::size_t(m_cfg.d_model))) [[unlikely]]
+            fail("mamba", "step output too small" + expected_got(m_cfg.d_model, hidden.size()));
+        const float* out = step_device(token);
+        Memory<B>::copy_to_host(hidden.data(), out, std::size_t(m_cfg.d_model) * sizeof(float), m_stream);
+        Memory<B>::synchronize(m_stream);
+    }
+
+    /// prefill() leaving the result on the backend: returns hidden [L, d_model] in backend memory, valid
+    /// until the next call. Enqueued on the model's stream (not synchronized).
+    const float* prefill_device(std::span<const std::int32_t> tokens) {
+        check_length(tokens.size());
+        const int L = int(tokens.size());
+        validate_tokens(tokens);
+        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_stream);
+        m_prefill_graph.run(m_stream, std::uint64_t(L), [this, L] {
+            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
+            forward(L);
+        });
+        return m_out.data();
+    }
+
+    /// step() leaving the result on the backend: returns hidden [d_model] in backend memory.
+    const float* step_device(std::int32_t token) {
+        validate_tokens(std::span<const std::int32_t>(&token, 1));
+        Memory<B>::copy_from_host(m_ids.data(), &token, sizeof(std::int32_t), m_stream);
+        m_step_graph.run(m_stream, 1, [this] { forward(1); });
+        return m_out.data();
+    }
+
+    /// Forgets the sequence: zero conv and ssm state (the next step() starts a new sequence).
+    void reset() {
+        Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
+        Memory<B>::synchronize(m_stream);
+    }
+
+    /// Bytes export_state() writes: header plus n_layers x (conv [d_conv-1, d_inner] + ssm [d_inner, d_state]) floats.
+    std::size_t state_bytes() const { return kStateHeaderBytes + m_state.bytes(); }
+
+    /// Serialises the decode state (versioned header, shape fingerprint, model id, FNV-1a checksum). Allocates
+    /// the returned vector; use the span overload to stay allocation-free.
+    std::vector<std::byte> export_state() const {
+        std::vector<std::byte> out(state_bytes());
+        export_state(std::span<std::byte>(out));
+        return out;
+    }
+
+    /// Serialises the decode state into `out` (at least state_bytes() bytes); returns the bytes written.
+    std::size_t export_state(std::span<std::byte> out) const {
+        if (!(out.size() >= state_bytes())) [[unlikely]]
+            fail("mamba", "export_state buffer too small" + expected_got(state_bytes(), out.size()));
+        std::byte* payload = out.data() + kStateHeaderBytes;
+        Memory<B>::copy_to_host(payload, m_state.data(), m_state.bytes(), m_stream);
+        Memory<B>::synchronize(m_stream);
+        Header h = make_header();
+        h.checksum = detail::fnv1a(payload, m_state.bytes());
+        write_header(h, out.data());
+        return state_bytes();
+    }
+
+    /// Restores a state written by export_state() of the same model. Rejects (flowedge::Error, state unchanged)
+    /// bad magic, another version, another shape or model, a wrong size or a checksum mismatch.
+    void import_state(std::span<const std::byte> in) {
+        if (in.size() < kStateHeaderBytes)
+            fail("mamba", "import_state: truncated state" + expected_got(state_bytes(), in.size()));
+        const Header got = read_header(in.data());
+        const Header want = make_header();
+        if (std::memcmp(got.magic, want.magic, sizeof got.magic) != 0)
+            fail("mamba", "import_state: not a flowedge Mamba state (bad magic)");
+        if (got.version != kStateVersion)
+            fail("mamba", "import_state: unsupported state version" + expected_got(kStateVersion, got.version));
+        auto shape_str = [](const Header& h) {
+            return "n_layers " + std::to_string(h.n_layers) + ", d_model " + std::to_string(h.d_model) + ", d_inner " +
+                   std::to_string(h.d_inner) + ", d_state " + std::to_string(h.d_state) + ", d_conv " +
+                   std::to_string(h.d_conv) + ", dt_rank " + std::to_string(h.dt_rank);
+        };
+        if (got.n_layers != want.n_layers || got.d_model != want.d_model || got.d_inner != want.d_inner ||
+            got.d_state != want.d_state || got.d_conv != want.d_conv || got.dt_rank != want.dt_rank)
+            fail("mamba", "import_state: state of a model with another shape" + expected_got(shape_str(want), shape_str(got)));
+        if (got.model_id != want.model_id)
+            fail("mamba", "import_state: state of another model (same shape, other weights)" +
+                              expected_got(std::to_string(want.model_id), std::to_string(got.model_id)));
+        if (got.payload_bytes != want.payload_bytes || in.size() != kStateHeaderBytes + m_state.bytes())
+            fail("mamba", "import_state: wrong state size" + expected_got(state_bytes(), in.size()));
+        const std::byte* payload = in.data() + kStateHeaderBytes;
+        const std::uint64_t sum = detail::fnv1a(payload, m_state.bytes());
+        if (sum != got.checksum)
+            fail("mamba", "import_state: checksum mismatch, the state is corrupted" +
+                              expected_got(std::to_string(got.checksum), std::to_string(sum)));
+        Memory<B>::copy_from_host(m_state.data(), payload, m_state.bytes(), m_stream);
+        Memory<B>::synchronize(m_stream);
+    }
+
+    /// Lists every parameter with its PyTorch state-dict name relative to the backbone prefix.
+    template <class F>
+    void visit_parameters(F&& f) {
+        auto sub = [&f](std::string prefix) {
+            return [&f, prefix](const std::string& n, Parameter<B>& p, const Shape& s, Storage st) { f(prefix + n, p, s, st); };
+        };
+        m_embedding.visit_parameters(sub("embeddings."));
+        for (int i = 0; i < m_cfg.n_layers; ++i) {
+            const std::string l = "layers." + std::to_string(i) + ".";
+            m_layers[std::size_t(i)].norm.visit_parameters(sub(l + "norm."));
+            m_layers[std::size_t(i)].mixer.visit_parameters(sub(l + "mixer."));
+        }
+        m_norm_f.visit_parameters(sub("norm_f."));
+    }
+
+private:
+    struct Layer {
+        RmsNorm<B> norm;
+        MambaMixer<B> mixer;
+    };
+
+    struct Header {
+        char magic[8] = {'F', 'E', 'M', 'A', 'M', 'B', 'A', '1'};
+        std::uint32_t version = kStateVersion;
+        std::uint32_t header_bytes = std::uint32_t(kStateHeaderBytes);
+        std::uint32_t n_layers = 0, d_model = 0, d_inner = 0, d_state = 0, d_conv = 0, dt_rank = 0;
+        std::uint64_t model_id = 0;
+        std::uint64_t payload_bytes = 0;
+        std::uint64_t checksum = 0;
+    };
+
+    Header make_header() const {
+        Header h;
+        h.n_layers = std::uint32_t(m_cfg.n_layers);
+        h.d_model = std::uint32_t(m_cfg.d_model);
+        h.d_inner = std::uint32_t(m_cfg.d_inner);
+        h.d_state = std::uint32_t(m_cfg.d_state);
+        h.d_conv = std::uint32_t(m_cfg.d_conv);
+        h.dt_rank = std::uint32_t(m_cfg.dt_rank);
+        h.model_id = m_model_id;
+        h.payload_bytes = m_state.bytes();
+        return h;
+    }
+
+    // Fixed little-endian-host layout: magic[8] version header_bytes n_layers d_model d_inner d_state d_conv
+    // dt_rank (u32 each) model_id payload_bytes checksum (u64 each), zero padding to kStateHeaderBytes.
+    static void write_header(const Header& h, std::byte* dst) {
+        std::memset(dst, 0, kStateHeaderBytes);
+        std::size_t o = 0;
+        auto put = [&](const void* v, std::size_t n) { std::memcpy(dst + o, v, n); o += n; };
+        put(h.magic, 8);
+        for (std::uint32_t v : {h.version, h.header_bytes, h.n_layers, h.d_model, h.d_inner, h.d_state, h.d_conv, h.dt_rank})
+            put(&v, 4);
+        for (std::uint64_t v : {h.model_id, h.payload_bytes, h.checksum}) put(&v, 8);
+    }
+    static Header read_header(const std::byte* src) {
+        Header h;
+        std::size_t o = 0;
+        auto get = [&](void* v, std::size_t n) { std::memcpy(v, src + o, n); o += n; };
+        get(h.magic, 8);
+        for (std::uint32_t* v : {&h.version, &h.header_bytes, &h.n_layers, &h.d_model, &h.d_inner, &h.d_state, &h.d_conv, &h.dt_rank})
+            get(v, 4);
+        for (std::uint64_t* v : {&h.model_id, &h.payload_bytes, &h.checksum}) get(v, 8);
+        return h;
+    }
+
+    Mamba(const std::shared_ptr<const io::SafeTensors>& file, const std::string& prefix, const LoadOptions& opts,
+          int max_tokens)
+        : m_cfg(read_config(*file, prefix)), m_max_tokens(max_tokens) {
+        if (max_tokens < 1) fail("mamba", "max_tokens must be positive" + expected_got(">= 1", max_tokens));
+        m_embedding = Embedding<B>({.vocab = m_cfg.vocab, .dim = m_cfg.d_model});
+        m_norm_f = RmsNorm<B>({.dim = m_cfg.d_model, .eps = m_cfg.eps});
+        m_layers.reserve(std::size_t(m_cfg.n_layers));
+        const typename MambaMixer<B>::Config mc{.d_model = m_cfg.d_model, .d_inner = m_cfg.d_inner,
+                                                .d_state = m_cfg.d_state, .d_conv = m_cfg.d_conv, .dt_rank = m_cfg.dt_rank};
+        for (int i = 0; i < m_cfg.n_layers; ++i)
+            m_layers.push_back(Layer{RmsNorm<B>({.dim = m_cfg.d_model, .eps = m_cfg.eps}), MambaMixer<B>(mc)});
+
+        bind_parameters<B>(m_embedding, file, prefix + "embeddings.", opts, "mamba");
+        for (int i = 0; i < m_cfg.n_layers; ++i) {
+            const std::string l = prefix + "layers." + std::to_string(i) + ".";
+            bind_parameters<B>(m_layers[std::size_t(i)].norm, file, l + "norm.", opts, "mamba");
+            m_layers[std::size_t(i)].mixer.load(file, l + "mixer.", opts);
+        }
+        bind_parameters<B>(m_norm_f, file, prefix + "norm_f.", opts, "mamba");
+        m_model_id = compute_model_id(*file, prefix);
+
+        const std::size_t rows = std::size_t(max_tokens), dm = std::size_t(m_cfg.d_model);
+        m_ids = Buffer<std::int32_t, B>(rows);
+        m_h = Buffer<float, B>(rows * dm);
+        m_out = Buffer<float, B>(rows * dm);
+        m_state = Buffer<float, B>(std::size_t(m_cfg.n_layers) * m_layers[0].mixer.state_floats());
+        m_ws = Workspace<B>(workspace_bytes(max_tokens));
+        reset();
+    }
+
+    /// Hash of the backbone tensors' names, dtypes, shapes and (up to) the first and last 4 KiB of each.
+    std::uint64_t compute_model_id(const io::SafeTensors& file, const std::string& prefix) {
+        std::uint64_t h = detail::kFnvOffset;
+        visit_parameters([&](const std::string& name, Parameter<B>&, const Shape&, Storage) {
+            const io::TensorInfo* t = file.find(prefix + name);
+            h = detail::fnv1a(name.data(), name.size(), h);
+            h = detail::fnv1a(&t->shape.dims, sizeof t->shape.dims, h);
+            const std::size_t bytes = std::size_t(t->shape.numel()) * dtype_size(t->dtype);
+            const auto* p = static_cast<const std::byte*>(t->data);
+            const std::size_t head = std::min<std::size_t>(bytes, 4096);
+            h = detail::fnv1a(p, head, h);
+            if (bytes > head) h = detail::fnv1a(p + bytes - std::min<std::size_t>(bytes - head, 4096), std::min<std::size_t>(bytes - head, 4096), h);
+        });
+        return h;
+    }
+
+    void check_length(std::size_t n) const {
+        if (n == 0 || n > std::size_t(m_max_tokens))
+            fail("mamba", "prefill length out of range" + expected_got("1.." + std::to_string(m_max_tokens), std::to_string(n)));
+    }
+
+    void validate_tokens(std::span<const std::int32_t> tokens) const {
+        for (std::size_t i = 0; i < tokens.size(); ++i) {
+            if (tokens[i] < 0 || tokens[i] >= m_cfg.vocab) [[unlikely]]
+                fail("mamba", "token id out of range at position " + std::to_string(i) +
+                                  expected_got("0 <= id < " + std::to_string(m_cfg.vocab), tokens[i]));
+        }
+    }
+
+    /// Embedding -> layers (continuing from m_state) -> norm_f for L tokens already in m_ids; result in m_out.
+    void forward(int L) {
+        Context<B> ctx{m_stream, &m_ws};
+        m_ws.reset();
+        float* n = m_ws.template take<float>(Shape{L, m_cfg.d_model}).data;
+        m_embedding.forward(ctx, m_ids.data(), m_h.data(), L);
+        const std::size_t per_layer = m_layers[0].mixer.state_floats();
+        for (int i = 0; i < m_cfg.n_layers; ++i) {
+            const Layer& layer = m_layers[std::size_t(i)];
+            float* conv_state = m_state.data() + std::size_t(i) * per_layer;
+            float* ssm_state = conv_state + layer.mixer.conv_state_floats();
+            layer.norm.forward(ctx, m_h.data(), n, L);
+            layer.mixer.forward(ctx, n, m_h.data(), L, conv_state, ssm_state);
+        }
+        m_norm_f.forward(ctx, m_h.data(), m_out.data(), L);
+    }
+
+    Config m_cfg{};
+    int m_max_tokens = 0;
+    std::uint64_t m_model_id = 0;
+    Stream m_stream{};
+    Embedding<B> m_embedding;
+    std::vector<Layer> m_layers;
+    RmsNorm<B> m_norm_f;
+    Buffer<std::int32_t, B> m_ids;
+    Buffer<float, B> m_h, m_out, m_state;
+    Workspace<B> m_ws;
+    Graph<B> m_prefill_graph, m_step_graph;
+};
+
+}  // namespace flowedge

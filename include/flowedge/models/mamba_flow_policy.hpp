@@ -1,0 +1,82 @@
+// The Mamba + flow-matching policy: token prefix -> backbone prefill -> last hidden row -> flow solve,
+// loaded from one mamba_flow.safetensors where either part may be absent.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "flowedge/models/flow_head.hpp"
+#include "flowedge/models/mamba.hpp"
+
+namespace flowedge {
+
+/// Mamba backbone + flow head from one checkpoint (SPEC 2, mamba_flow.safetensors). A backbone-only file
+/// gives hidden states, a head-only file samples from an external condition; act() needs both, and then
+/// the head's condition width Cd must equal the backbone's d_model (checked at load).
+template <Backend B>
+class MambaFlowPolicy {
+public:
+    MambaFlowPolicy(MambaFlowPolicy&&) noexcept = default;
+    MambaFlowPolicy& operator=(MambaFlowPolicy&&) noexcept = default;
+
+    /// Loads whatever parts `path` holds (at least one). max_tokens bounds a prefill, max_batch a flow solve.
+    static MambaFlowPolicy load(const std::filesystem::path& path, const LoadOptions& opts = {}, int max_tokens = 512,
+                                int max_batch = 1) {
+        return load(io::SafeTensors::open(path), opts, max_tokens, max_batch);
+    }
+    static MambaFlowPolicy load(std::shared_ptr<const io::SafeTensors> file, const LoadOptions& opts = {},
+                                int max_tokens = 512, int max_batch = 1) {
+        MambaFlowPolicy p;
+        if (Mamba<B>::find_prefix(*file)) p.m_backbone.emplace(Mamba<B>::load(file, opts, max_tokens));
+        if (FlowHead<B>::present(*file)) p.m_head.emplace(FlowHead<B>::load(file, opts, max_batch));
+        if (!p.m_backbone && !p.m_head)
+            fail("mamba_flow", file->path().string() +
+                                   ": neither a backbone nor a flow head (expected 'backbone.embeddings.weight' or 'flow.in_proj.weight')");
+        if (p.m_backbone && p.m_head && p.m_head->config().cond_dim != p.m_backbone->config().d_model)
+            fail("mamba_flow", "flow head condition width must equal the backbone width" +
+                                   expected_got(p.m_backbone->config().d_model, p.m_head->config().cond_dim));
+        return p;
+    }
+
+    bool has_backbone() const { return m_backbone.has_value(); }
+    bool has_head() const { return m_head.has_value(); }
+
+    /// The backbone; an Error for a head-only file.
+    Mamba<B>& backbone() {
+        if (!m_backbone) fail("mamba_flow", "this checkpoint has no backbone (head-only file)");
+        return *m_backbone;
+    }
+    /// The flow head; an Error for a backbone-only file.
+    FlowHead<B>& head() {
+        if (!m_head) fail("mamba_flow", "this checkpoint has no flow head (backbone-only file)");
+        return *m_head;
+    }
+
+    /// Action width A of the head.
+    int action_dim() { return head().config().action_dim; }
+
+    /// One action chunk per noise row: prefill(tokens) (state reset first), condition = last hidden row,
+    /// then a flow solve. tokens: [L]; noise, out: [batch, A] (host), batch <= max_batch; every row shares the condition.
+    void act(std::span<const std::int32_t> tokens, std::span<const float> noise, std::span<float> out, Solver solver,
+             int steps) {
+        Mamba<B>& m = backbone();
+        FlowHead<B>& h = head();
+        const int A = h.config().action_dim;
+        if (!(!noise.empty() && noise.size() % std::size_t(A) == 0)) [[unlikely]]
+            fail("mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
+        const int batch = int(noise.size() / std::size_t(A));
+        const float* hidden = m.prefill_device(tokens);
+        const float* last = hidden + (tokens.size() - 1) * std::size_t(m.config().d_model);
+        h.begin_device(last, noise, solver, steps, batch, /*cond_stride=*/0);  // every row reads the same condition
+        h.advance(steps);
+        h.result(out);
+    }
+
+private:
+    MambaFlowPolicy() = default;
+    std::optional<Mamba<B>> m_backbone;
+    std::optional<FlowHead<B>> m_head;
+};
+
+}  // namespace flowedge
