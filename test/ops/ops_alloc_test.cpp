@@ -1,0 +1,92 @@
+// Proves the CPU ops never touch the heap: a replaced global operator new counts every allocation while a
+// batch of every op (including the large, parallel and chunked conv paths) runs.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "flowedge/cpu/memory.hpp"
+#include "flowedge/ops.hpp"
+
+namespace {
+std::atomic<std::size_t> g_news{0};
+}
+
+void* operator new(std::size_t n) {
+    g_news.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace flowedge;
+
+TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
+    // All buffers are allocated up front (this is the 'load').
+    std::vector<float> x(4096 * 16, 0.25f), y(4096 * 16), w(2048 * 2048 * 5 / 4, 0.01f), small(4096, 0.5f);
+    std::vector<std::uint16_t> w16(1024 * 1024 * 5, 0x3c00);
+    std::vector<std::int32_t> ids{0, 1, 2};
+    std::vector<float> state(4096), z(4096, 1.f);
+    const std::size_t before_new = g_news.load();
+    const std::size_t before_mem = Memory<Cpu>::allocation_count().load();
+
+    for (int rep = 0; rep < 2; ++rep) {
+        Conv1dParams c;
+        c.x = x.data(); c.w = {w.data(), DType::F32}; c.bias = small.data(); c.y = y.data();
+        c.in_channels = 1024; c.out_channels = 1024; c.in_length = 4; c.out_length = 4; c.kernel = 5; c.pad = 2;
+        Ops<Cpu>::conv1d(c);  // parallel path
+        c.in_channels = 4096; c.out_channels = 64;
+        Ops<Cpu>::conv1d(c);  // im2col panel split over input channels
+        c.w = {w16.data(), DType::BF16}; c.in_channels = 512; c.out_channels = 512; c.in_length = 16; c.out_length = 16;
+        Ops<Cpu>::conv1d(c);
+        ConvTranspose1dParams t;
+        t.x = x.data(); t.w = {w16.data(), DType::F16}; t.bias = small.data(); t.y = y.data();
+        t.in_channels = 1024; t.out_channels = 1024; t.in_length = 4; t.out_length = 8;
+        Ops<Cpu>::conv_transpose1d(t);
+        LinearParams l;
+        l.x = x.data(); l.w = {w.data(), DType::F32}; l.bias = small.data(); l.y = y.data();
+        l.rows = 20; l.in = 260; l.out = 2048; l.act = Activation::Mish;
+        Ops<Cpu>::linear(l);
+        GroupNormParams g;
+        g.x = x.data(); g.gamma = small.data(); g.beta = small.data(); g.y = y.data();
+        g.channels = 512; g.length = 16; g.groups = 8; g.act = Activation::Mish; g.film = small.data(); g.residual = x.data();
+        Ops<Cpu>::group_norm(g);
+        RmsNormParams r;
+        r.x = x.data(); r.weight = small.data(); r.y = y.data(); r.rows = 4; r.dim = 128;
+        Ops<Cpu>::rms_norm(r);
+        Ops<Cpu>::activation({x.data(), y.data(), 1000, Activation::Silu});
+        AxpbyParams a;
+        a.x = x.data(); a.y = y.data(); a.out = y.data(); a.n = 1000; a.a = 0.5f; a.b = 0.5f;
+        Ops<Cpu>::axpby(a);
+        Ops<Cpu>::concat_channels({x.data(), x.data(), y.data(), 1, 8, 8, 4});
+        SinusoidParams s;
+        s.t = 3.f; s.out = y.data(); s.half = 64; s.denom = 63.f;
+        Ops<Cpu>::sinusoid(s);
+        EmbeddingParams e;
+        e.ids = ids.data(); e.table = {w16.data(), DType::BF16}; e.y = y.data(); e.rows = 3; e.dim = 128;
+        Ops<Cpu>::embedding(e);
+        CausalConvParams cc;
+        cc.x = x.data(); cc.w = {w.data(), DType::F32}; cc.bias = small.data(); cc.state = state.data(); cc.u = y.data();
+        cc.length = 4; cc.channels = 256; cc.kernel = 4;
+        Ops<Cpu>::causal_conv(cc);
+        SelectiveScanParams sc;
+        sc.u = x.data(); sc.dt = small.data(); sc.A = small.data(); sc.B = x.data(); sc.C = x.data(); sc.D = small.data();
+        sc.z = z.data(); sc.state = state.data(); sc.y = y.data(); sc.length = 4; sc.channels = 256; sc.d_state = 16;
+        Ops<Cpu>::selective_scan(sc);
+        DiffusionStepParams d;
+        d.x = y.data(); d.eps = x.data(); d.per_sample = 32; d.kind = StepKind::Ddpm; d.sqrt_abar = 0.5f;
+        d.sqrt_one_minus_abar = 0.8f; d.c_x0 = 0.3f; d.c_other = 0.6f; d.noise_std = 0.1f; d.seed = 5;
+        Ops<Cpu>::diffusion_step(d);
+        UnnormalizeParams u;
+        u.x = x.data(); u.y = y.data(); u.min = small.data(); u.max = z.data(); u.rows = 16; u.dim = 2;
+        Ops<Cpu>::unnormalize(u);
+    }
+    CHECK(g_news.load() == before_new);
+    CHECK(Memory<Cpu>::allocation_count().load() == before_mem);
+}

@@ -1,0 +1,227 @@
+// linear, conv1d and conv_transpose1d on every backend vs naive double-accumulating loops, over odd sizes,
+// strides, padding, all weight dtypes, fused epilogues and the sizes that take the parallel/chunked paths.
+#include "ops_test_util.hpp"
+
+using namespace optest;
+
+namespace {
+
+struct LinearCase { int rows, in, out, ld_x_pad, ld_y_pad; bool bias, accumulate; Activation act; };
+
+template <class B>
+void run_linear(const LinearCase& k, DType dt, std::uint32_t seed) {
+    const int ldx = k.in + k.ld_x_pad, ldy = k.out + k.ld_y_pad;
+    const auto x = random_vec(std::size_t(k.rows) * ldx + 1, seed);
+    const auto bias = random_vec(k.out, seed + 1);
+    const auto y0 = random_vec(std::size_t(k.rows) * ldy + 1, seed + 2);
+    const HostWeights w = make_weights(std::size_t(k.in) * k.out, dt, seed + 3, 0.5f);
+
+    std::vector<double> ref(y0.begin(), y0.end()), scale(y0.size(), 0.0);
+    for (int r = 0; r < k.rows; ++r)
+        for (int o = 0; o < k.out; ++o) {
+            double s = k.bias ? bias[o] : 0.0, mag = k.bias ? std::fabs(bias[o]) : 0.0;
+            for (int i = 0; i < k.in; ++i) {
+                const double t = w.value[std::size_t(o) * k.in + i] * x[std::size_t(r) * ldx + i];
+                s += t;
+                mag += std::fabs(t);
+            }
+            const double a = ref_act(k.act, s);
+            const std::size_t idx = std::size_t(r) * ldy + o;
+            ref[idx] = (k.accumulate ? y0[idx] : 0.0) + a;
+            scale[idx] = act_slope(k.act) * mag + std::fabs(a) + (k.accumulate ? std::fabs(y0[idx]) : 0.0);
+        }
+    // Padding columns of y must be untouched: reference keeps y0 there with zero tolerance.
+    for (std::size_t i = 0; i < scale.size(); ++i)
+        if (scale[i] == 0.0) scale[i] = 1e-30;
+
+    Dev<float, B> dx(x), db(bias), dy(y0);
+    DevWeights<B> dw(w);
+    LinearParams p;
+    p.x = dx.ptr();
+    p.w = dw.ref();
+    p.bias = k.bias ? db.ptr() : nullptr;
+    p.y = dy.ptr();
+    p.rows = k.rows;
+    p.in = k.in;
+    p.out = k.out;
+    p.ld_x = k.ld_x_pad ? ldx : 0;
+    p.ld_y = k.ld_y_pad ? ldy : 0;
+    p.act = k.act;
+    p.accumulate = k.accumulate;
+    Ops<B>::linear(p);
+    check_all(dy.host(y0.size()), ref, scale, 2e-6, "linear");
+}
+
+struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
+
+template <class B>
+void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed) {
+    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(k.cout, seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, dt, seed + 2, 0.3f);
+    const std::size_t ny = std::size_t(k.batch) * k.cout * lout;
+    std::vector<double> ref(ny), scale(ny);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                double s = k.bias ? bias[o] : 0.0, mag = std::fabs(s);
+                for (int i = 0; i < k.cin; ++i)
+                    for (int kk = 0; kk < k.kernel; ++kk) {
+                        const int src = t * k.stride + kk - k.pad;
+                        if (src < 0 || src >= k.lin) continue;
+                        const double v = w.value[(std::size_t(o) * k.cin + i) * k.kernel + kk] *
+                                         x[(std::size_t(b) * k.cin + i) * k.lin + src];
+                        s += v;
+                        mag += std::fabs(v);
+                    }
+                const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
+                ref[idx] = s;
+                scale[idx] = mag;
+            }
+    Dev<float, B> dx(x), db(bias), dy(ny);
+    DevWeights<B> dw(w);
+    Conv1dParams p;
+    p.x = dx.ptr();
+    p.w = dw.ref();
+    p.bias = k.bias ? db.ptr() : nullptr;
+    p.y = dy.ptr();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = k.kernel;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    Ops<B>::conv1d(p);
+    check_all(dy.host(ny), ref, scale, 2e-6, "conv1d");
+}
+
+template <class B>
+void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_t seed) {
+    const int lout = (k.lin - 1) * k.stride - 2 * k.pad + k.kernel + out_pad;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(k.cout, seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cin) * k.cout * k.kernel, dt, seed + 2, 0.3f);
+    const std::size_t ny = std::size_t(k.batch) * k.cout * lout;
+    std::vector<double> ref(ny, 0.0), scale(ny, 0.0);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
+                ref[idx] = k.bias ? bias[o] : 0.0;
+                scale[idx] = std::fabs(ref[idx]);
+            }
+    // Scatter form, straight from the PyTorch definition: input s contributes to output s*stride - pad + k.
+    for (int b = 0; b < k.batch; ++b)
+        for (int i = 0; i < k.cin; ++i)
+            for (int s = 0; s < k.lin; ++s)
+                for (int o = 0; o < k.cout; ++o)
+                    for (int kk = 0; kk < k.kernel; ++kk) {
+                        const int t = s * k.stride - k.pad + kk;
+                        if (t < 0 || t >= lout) continue;
+                        const double v = w.value[(std::size_t(i) * k.cout + o) * k.kernel + kk] *
+                                         x[(std::size_t(b) * k.cin + i) * k.lin + s];
+                        const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
+                        ref[idx] += v;
+                        scale[idx] += std::fabs(v);
+                    }
+    for (auto& s : scale)
+        if (s == 0.0) s = 1e-30;  // outputs with no contribution and no bias must be exactly zero
+    Dev<float, B> dx(x), db(bias), dy(random_vec(ny, seed + 9));  // garbage in y: every output must be written
+    DevWeights<B> dw(w);
+    ConvTranspose1dParams p;
+    p.x = dx.ptr();
+    p.w = dw.ref();
+    p.bias = k.bias ? db.ptr() : nullptr;
+    p.y = dy.ptr();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = k.kernel;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    Ops<B>::conv_transpose1d(p);
+    check_all(dy.host(ny), ref, scale, 2e-6, "conv_transpose1d");
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("linear matches a naive loop (sizes, strides, dtypes, act, accumulate)", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    const LinearCase cases[] = {
+        {1, 1, 1, 0, 0, true, false, Activation::None},
+        {3, 7, 5, 0, 0, false, false, Activation::Silu},
+        {7, 37, 129, 3, 0, true, true, Activation::Mish},
+        {37, 129, 3, 0, 5, true, false, Activation::Softplus},
+        {9, 33, 17, 1, 2, true, true, Activation::None},    // > 8 rows: column blocks
+        {20, 300, 70, 0, 0, true, false, Activation::Silu},
+        {4, 1024, 600, 0, 0, true, false, Activation::None},  // parallel path
+        {1, 260, 2048, 0, 0, true, false, Activation::None},  // PushT FiLM shape
+        {0, 5, 3, 0, 0, true, false, Activation::None},       // no rows: no-op
+    };
+    std::uint32_t seed = 100;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes) {
+            CAPTURE(k.rows); CAPTURE(k.in); CAPTURE(k.out); CAPTURE(dtype_name(dt));
+            run_linear<B>(k, dt, seed += 10);
+        }
+}
+
+TEST_CASE_TEMPLATE("conv1d matches a naive loop (padding, stride, dtypes, chunking)", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 0, true},
+        {2, 3, 7, 5, 3, 1, 1, true},
+        {1, 37, 129, 16, 5, 1, 2, true},
+        {3, 7, 37, 7, 3, 2, 1, false},    // stride-2 downsample, odd length
+        {1, 129, 3, 4, 1, 1, 0, true},    // 1x1 residual conv
+        {1, 16, 8, 2, 3, 2, 1, true},     // downsample of a length-2 input
+        {2, 512, 64, 16, 5, 1, 2, true},  // parallel, 32 columns (4 column blocks)
+        {1, 4096, 8, 4, 5, 1, 2, true},   // im2col panel split over input channels
+        {5, 6, 9, 16, 5, 1, 2, true},     // 80 columns: two weight passes
+        {1, 3, 4, 6, 7, 1, 3, true},      // kernel longer than the input
+    };
+    std::uint32_t seed = 1000;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes) {
+            CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
+            run_conv1d<B>(k, dt, seed += 10);
+        }
+}
+
+TEST_CASE_TEMPLATE("conv_transpose1d matches the scatter definition", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 4, 2, 1, true},
+        {2, 3, 5, 4, 4, 2, 1, true},
+        {1, 37, 129, 8, 4, 2, 1, true},
+        {3, 7, 9, 5, 3, 1, 0, false},
+        {1, 5, 3, 3, 5, 3, 2, true},
+        {1, 600, 300, 8, 4, 2, 1, true},  // parallel, output channels in chunks
+        {5, 9, 6, 16, 4, 2, 1, true},     // several batch passes
+    };
+    std::uint32_t seed = 2000;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes)
+            for (int out_pad = 0; out_pad < k.stride; ++out_pad) {
+                CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
+                CAPTURE(out_pad); CAPTURE(dtype_name(dt));
+                run_conv_transpose1d<B>(k, out_pad, dt, seed += 10);
+            }
+}
+
+TEST_CASE("cpu conv and linear reject inconsistent shapes with flowedge::Error") {
+    float buf[64] = {};
+    Conv1dParams c;
+    c.x = buf; c.w = {buf, DType::F32}; c.y = buf;
+    c.in_channels = 2; c.out_channels = 2; c.in_length = 4; c.kernel = 3; c.pad = 1; c.out_length = 5;
+    CHECK_THROWS_WITH_AS(Ops<Cpu>::conv1d(c), doctest::Contains("out_length (expected 4, got 5)"), flowedge::Error);
+    ConvTranspose1dParams t;
+    t.x = buf; t.w = {buf, DType::F32}; t.y = buf;
+    t.in_channels = 2; t.out_channels = 2; t.in_length = 4; t.out_length = 10;
+    CHECK_THROWS_AS(Ops<Cpu>::conv_transpose1d(t), flowedge::Error);
+    LinearParams l;
+    l.x = buf; l.w = {buf, DType::F32}; l.y = buf; l.rows = 1; l.in = 4; l.out = 2; l.ld_x = 3;
+    CHECK_THROWS_AS(Ops<Cpu>::linear(l), flowedge::Error);
+}

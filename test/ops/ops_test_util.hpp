@@ -1,0 +1,132 @@
+// Shared helpers for the op tests: seeded data, weights in every storage dtype with their exact widened
+// values, backend upload/download, and tolerance checks. References in the tests never call Ops.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "flowedge/cpu/memory.hpp"
+#include "flowedge/ops.hpp"
+
+/// Backends every TEST_CASE_TEMPLATE in test/ops runs on. A CUDA build can extend the list
+/// (e.g. -DFLOWEDGE_OPS_TEST_BACKENDS=flowedge::Cpu,flowedge::Cuda) once Ops<Cuda> and Memory<Cuda> exist.
+#ifndef FLOWEDGE_OPS_TEST_BACKENDS
+#define FLOWEDGE_OPS_TEST_BACKENDS flowedge::Cpu
+#endif
+
+namespace optest {
+
+using namespace flowedge;
+
+inline std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.f, float hi = 1.f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+/// A weight tensor in one storage dtype plus the exact float value of every stored element.
+struct HostWeights {
+    DType dtype = DType::F32;
+    std::vector<std::uint8_t> bytes;
+    std::vector<double> value;  // what the stored element means, widened independently
+};
+
+inline HostWeights make_weights(std::size_t n, DType dt, std::uint32_t seed, float scale = 1.f) {
+    HostWeights w;
+    w.dtype = dt;
+    const auto v = random_vec(n, seed, -scale, scale);
+    w.bytes.resize(n * dtype_size(dt));
+    w.value.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (dt == DType::F32) {
+            std::memcpy(w.bytes.data() + 4 * i, &v[i], 4);
+            w.value[i] = v[i];
+        } else if (dt == DType::BF16) {
+            const std::uint16_t b = to_bf16(v[i]).bits;
+            std::memcpy(w.bytes.data() + 2 * i, &b, 2);
+            std::uint32_t u = std::uint32_t(b) << 16;  // independent widening: bits into the high half
+            float f;
+            std::memcpy(&f, &u, 4);
+            w.value[i] = f;
+        } else {
+            const std::uint16_t h = to_f16(v[i]).bits;
+            std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+            // independent widening: sign * mantissa * 2^exp in double (inputs here are finite)
+            const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+            const double mag = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(double(1024 + m), e - 25);
+            w.value[i] = (h & 0x8000) ? -mag : mag;
+        }
+    }
+    return w;
+}
+
+/// A device copy of host data on backend B.
+template <class T, class B>
+struct Dev {
+    Buffer<T, B> buf;
+    explicit Dev(const std::vector<T>& host) : buf(host.size() ? host.size() : 1) {
+        if (!host.empty()) Memory<B>::copy_from_host(buf.data(), host.data(), host.size() * sizeof(T));
+    }
+    explicit Dev(std::size_t n) : buf(n ? n : 1) { Memory<B>::fill_zero(buf.data(), buf.bytes()); }
+    T* ptr() { return buf.data(); }
+    std::vector<T> host(std::size_t n) {
+        std::vector<T> h(n);
+        Memory<B>::synchronize();
+        Memory<B>::copy_to_host(h.data(), buf.data(), n * sizeof(T));
+        return h;
+    }
+};
+
+template <class B>
+struct DevWeights {
+    Dev<std::uint8_t, B> d;
+    DType dtype;
+    explicit DevWeights(const HostWeights& w) : d(w.bytes), dtype(w.dtype) {}
+    WeightRef ref() { return {d.ptr(), dtype}; }
+};
+
+/// |got - ref| <= tol * scale, scale the magnitude that makes the error relative (e.g. sum |terms|).
+inline bool close(double got, double ref, double scale, double tol) {
+    return std::fabs(got - ref) <= tol * std::max(scale, 1e-30);
+}
+
+/// Checks every element; reports the first failure with its index.
+inline void check_all(const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& scale,
+                      double tol, const char* what) {
+    REQUIRE(got.size() == ref.size());
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        if (!close(got[i], ref[i], scale[i], tol) || std::isnan(got[i]) != std::isnan(ref[i])) {
+            if (!bad) first = i;
+            ++bad;
+        }
+    }
+    INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; first at " << first
+              << " got " << (got.empty() ? 0.f : got[first]) << " want " << (ref.empty() ? 0. : ref[first])
+              << " scale " << (scale.empty() ? 0. : scale[first]));
+    CHECK(bad == 0);
+}
+
+inline const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// Independent double-precision activations (PyTorch definitions).
+inline double ref_softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+inline double ref_act(Activation a, double x) {
+    switch (a) {
+        case Activation::None: return x;
+        case Activation::Silu: return x / (1 + std::exp(-x));
+        case Activation::Mish: return x * std::tanh(ref_softplus(x));
+        case Activation::Softplus: return ref_softplus(x);
+    }
+    return x;
+}
+/// Bound on |d act/dx| near x, used to carry a pre-activation error bound through the activation.
+inline double act_slope(Activation a) { return a == Activation::None ? 1.0 : 1.2; }
+
+}  // namespace optest
