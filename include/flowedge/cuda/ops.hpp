@@ -1,0 +1,37 @@
+// Ops<Cuda>: the backend boundary for NVIDIA GPUs, forwarding every primitive to a precompiled launcher.
+#pragma once
+#include <cstddef>
+
+#include "flowedge/backend.hpp"
+#include "flowedge/cuda/launchers.hpp"
+#include "flowedge/cuda/memory.hpp"
+#include "flowedge/op_params.hpp"
+
+namespace flowedge {
+
+/// CUDA primitives: asynchronous on `s` (nullptr = default stream); see op_params.hpp for the math.
+template <>
+struct Ops<Cuda> {
+    static void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream s = {}) { Memory<Cuda>::copy_from_host(dst, src, bytes, s); }
+    static void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream s = {}) { Memory<Cuda>::copy_to_host(dst, src, bytes, s); }
+    static void copy(void* dst, const void* src, std::size_t bytes, Stream s = {}) { Memory<Cuda>::copy(dst, src, bytes, s); }
+    static void fill_zero(void* dst, std::size_t bytes, Stream s = {}) { Memory<Cuda>::fill_zero(dst, bytes, s); }
+    static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
+
+    static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
+    static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
+    static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { cuda::conv_transpose1d(p, s); }
+    static void group_norm(const GroupNormParams& p, Stream s = {}) { cuda::group_norm(p, s); }
+    static void rms_norm(const RmsNormParams& p, Stream s = {}) { cuda::rms_norm(p, s); }
+    static void activation(const ActivationParams& p, Stream s = {}) { cuda::activation(p, s); }
+    static void axpby(const AxpbyParams& p, Stream s = {}) { cuda::axpby(p, s); }
+    static void concat_channels(const ConcatParams& p, Stream s = {}) { cuda::concat_channels(p, s); }
+    static void sinusoid(const SinusoidParams& p, Stream s = {}) { cuda::sinusoid(p, s); }
+    static void embedding(const EmbeddingParams& p, Stream s = {}) { cuda::embedding(p, s); }
+    static void causal_conv(const CausalConvParams& p, Stream s = {}) { cuda::causal_conv(p, s); }
+    static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { cuda::selective_scan(p, s); }
+    static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { cuda::diffusion_step(p, s); }
+    static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { cuda::unnormalize(p, s); }
+};
+
+}  // namespace flowedge

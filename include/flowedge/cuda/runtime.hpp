@@ -1,0 +1,62 @@
+// Plain-C++ entry points into the CUDA runtime wrapper of flowedge::cuda (device query, counted
+// allocations, failure injection, graph capture); defined in kernels/cuda/runtime.cu.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "flowedge/backend.hpp"
+
+namespace flowedge::cuda {
+
+/// True when the CUDA runtime reports at least one usable device. Never throws: a missing driver,
+/// no device, or a broken installation all answer false.
+bool device_available() noexcept;
+
+/// Name and compute capability of the current device ("NVIDIA H200 (sm_90)"), or why none is usable.
+const char* device_description() noexcept;
+
+/// Every device allocation flowedge performs goes through these two; they count each cudaMalloc
+/// attempted and each cudaFree, so tests can prove that nothing is allocated after load.
+void* device_allocate(std::size_t bytes);
+void device_free(void* p) noexcept;
+/// Number of cudaMalloc calls flowedge has made in this process (successful or not, injected failures excluded).
+std::atomic<std::size_t>& allocation_counter() noexcept;
+/// Number of cudaFree calls flowedge has made in this process.
+std::atomic<std::size_t>& free_counter() noexcept;
+
+/// Test hook: the next `n_next` device_allocate() calls throw flowedge::Error exactly as a failed
+/// cudaMalloc would (message contains "out of memory"), without calling cudaMalloc. 0 disarms it.
+void inject_allocation_failure(int n_next) noexcept;
+
+/// Page-locked host memory (cudaMallocHost) for staging copies that may be captured in a graph.
+void* pinned_allocate(std::size_t bytes);
+void pinned_free(void* p) noexcept;
+
+/// Stream operations on the resolved stream (Stream{} = the default stream, or the internal stream
+/// of a Graph<Cuda> while it captures on behalf of the default stream).
+void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream s);
+/// Blocks until the data is on the host, so pageable `dst` is fine. Inside a graph capture it is
+/// only enqueued (then `dst` must be pinned memory and must be read after the replay synchronizes).
+void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream s);
+void copy_device(void* dst, const void* src, std::size_t bytes, Stream s);
+void fill_zero(void* dst, std::size_t bytes, Stream s);
+void synchronize(Stream s);
+
+/// Graph<Cuda> internals (opaque handles so include/ needs no CUDA header).
+/// Per-graph state: a lazily created non-blocking stream used when run() is given the default
+/// stream (which cannot be captured) plus two ordering events.
+void* graph_state_create();
+void graph_state_destroy(void* state) noexcept;
+/// Starts capturing; returns the stream being captured. With a null `s`, launches and copies that name
+/// the default stream are redirected to the state's own stream until end/abort.
+void* graph_begin_capture(void* state, Stream s);
+/// Ends the capture begun on `capture_stream` and returns an instantiated cudaGraphExec_t.
+void* graph_end_capture(void* state, void* capture_stream);
+/// Ends a capture abandoned because enqueue() threw; discards what was recorded. Never throws.
+void graph_abort_capture(void* state, void* capture_stream) noexcept;
+/// Replays `exec` ordered after prior work on `s` (and before later work on `s`).
+void graph_launch(void* state, void* exec, Stream s);
+void graph_exec_destroy(void* exec) noexcept;
+
+}  // namespace flowedge::cuda

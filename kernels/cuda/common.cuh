@@ -1,0 +1,146 @@
+// Internal helpers shared by the kernels of flowedge::cuda: error checks with file:line, stream
+// resolution, weight widening (F32/BF16/F16), activations with precise math, warp reductions.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flowedge/backend.hpp"
+#include "flowedge/dtype.hpp"
+#include "flowedge/error.hpp"
+#include "flowedge/op_params.hpp"
+
+namespace flowedge::cuda::detail {
+
+/// Throws flowedge::Error "flowedge: cuda: <what> failed: <cuda error string> (<name>) [file:line]".
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
+
+/// The stream a launch should use: `s` itself, or, for the default stream while a Graph<Cuda> captures
+/// on its behalf in this thread, that graph's stream.
+cudaStream_t resolve(Stream s) noexcept;
+
+/// Number of multiprocessors of the current device (cached per device).
+int sm_count();
+
+}  // namespace flowedge::cuda::detail
+
+#define FLOWEDGE_CUDA_CHECK(expr)                                                                  \
+    do {                                                                                           \
+        const cudaError_t flowedge_err_ = (expr);                                                  \
+        if (flowedge_err_ != cudaSuccess) [[unlikely]]                                             \
+            ::flowedge::cuda::detail::throw_cuda_error(flowedge_err_, #expr, __FILE__, __LINE__);  \
+    } while (0)
+
+/// Checks the launch just issued (configuration errors, not asynchronous faults).
+#define FLOWEDGE_CUDA_CHECK_LAUNCH(name)                                                           \
+    do {                                                                                           \
+        const cudaError_t flowedge_err_ = cudaGetLastError();                                      \
+        if (flowedge_err_ != cudaSuccess) [[unlikely]]                                             \
+            ::flowedge::cuda::detail::throw_cuda_error(flowedge_err_, "launch of " name, __FILE__, __LINE__); \
+    } while (0)
+
+namespace flowedge::cuda::detail {
+
+/// Widening of one stored weight element; exact for every dtype.
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(bf16 v) { return __uint_as_float(std::uint32_t(v.bits) << 16); }
+__device__ __forceinline__ float widen(f16 v) { return __half2float(__ushort_as_half(v.bits)); }
+
+template <class T>
+__device__ __forceinline__ float load_w(const T* p, std::size_t i) {
+    if constexpr (sizeof(T) == 4) return __ldg(reinterpret_cast<const float*>(p) + i);
+    else return widen(T{__ldg(reinterpret_cast<const unsigned short*>(p) + i)});
+}
+
+/// 16 bytes of weights widened to float: 4 (F32) or 8 (BF16/F16) elements. `p` must be 16-byte aligned.
+template <class T>
+struct Vec16 {
+    static constexpr int n = 16 / int(sizeof(T));
+};
+template <class T>
+__device__ __forceinline__ void load_w16(const T* p, float (&out)[Vec16<T>::n]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    if constexpr (sizeof(T) == 4) {
+        out[0] = __uint_as_float(raw.x);
+        out[1] = __uint_as_float(raw.y);
+        out[2] = __uint_as_float(raw.z);
+        out[3] = __uint_as_float(raw.w);
+    } else {
+        const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            out[2 * j] = widen(T{static_cast<std::uint16_t>(w[j] & 0xffffu)});
+            out[2 * j + 1] = widen(T{static_cast<std::uint16_t>(w[j] >> 16)});
+        }
+    }
+}
+
+/// 8 bytes of weights widened to float: 2 (F32) or 4 (BF16/F16) elements. `p` must be 8-byte aligned.
+template <class T>
+struct Vec8 {
+    static constexpr int n = 8 / int(sizeof(T));
+};
+template <class T>
+__device__ __forceinline__ void load_w8(const T* p, float (&out)[Vec8<T>::n]) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+    if constexpr (sizeof(T) == 4) {
+        out[0] = __uint_as_float(raw.x);
+        out[1] = __uint_as_float(raw.y);
+    } else {
+        out[0] = widen(T{static_cast<std::uint16_t>(raw.x & 0xffffu)});
+        out[1] = widen(T{static_cast<std::uint16_t>(raw.x >> 16)});
+        out[2] = widen(T{static_cast<std::uint16_t>(raw.y & 0xffffu)});
+        out[3] = widen(T{static_cast<std::uint16_t>(raw.y >> 16)});
+    }
+}
+
+/// Stable softplus with PyTorch's threshold 20 (beta 1): x > 20 ? x : log1p(exp(x)).
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float mish(float x) { return x * tanhf(softplus(x)); }
+
+/// Pointwise activation with precise (non-intrinsic) math, so results track the CPU within 2e-6.
+__device__ __forceinline__ float apply_act(Activation a, float x) {
+    switch (a) {
+        case Activation::None: return x;
+        case Activation::Silu: return silu(x);
+        case Activation::Mish: return mish(x);
+        case Activation::Softplus: return softplus(x);
+    }
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/// Calls f.template operator()<T>() with T the C++ storage type of `d` (float, bf16 or f16).
+template <class F>
+void dispatch_dtype(DType d, F&& f) {
+    switch (d) {
+        case DType::F32: f.template operator()<float>(); return;
+        case DType::BF16: f.template operator()<bf16>(); return;
+        case DType::F16: f.template operator()<f16>(); return;
+    }
+    fail("cuda", "unknown weight dtype " + std::to_string(int(d)));
+}
+
+inline bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+inline unsigned blocks_for(std::int64_t n, int threads, std::int64_t cap = 65535LL * 32) {
+    std::int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > cap) b = cap;
+    return static_cast<unsigned>(b);
+}
+
+}  // namespace flowedge::cuda::detail

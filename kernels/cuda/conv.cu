@@ -1,0 +1,351 @@
+// torch.nn.Conv1d and ConvTranspose1d as GEMV-like weight streams for short sequences (the Diffusion
+// Policy U-Net: 512..4096 channels, lengths 2..16), plus exact generic fallbacks for any other shape.
+//
+// conv1d fast path (kernel/stride in {5/1, 3/1, 3/2, 1/1}, in_channels % 4 == 0, aligned weights):
+//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}, smaller when
+//   that is needed to put >= 2 blocks on every SM) for one batch element and one tile of LT output
+//   positions (LT in {2,4,8,16}); the 8/OB warps of one output split in_channels. Input channels are
+//   walked in chunks of 128*(8/OB): each lane owns 4 consecutive channels of the chunk and loads their
+//   4*K weights with K 16-byte (F32) or 8-byte (BF16/F16) loads (the warp reads one contiguous stretch of
+//   the weight row), prefetched one chunk ahead; the matching input window (LT-1)*stride+K wide is staged
+//   in shared memory as float4 (4 channels) per position, padded to an odd row length (conflict-free),
+//   and each lane does 4*K*LT FMAs from registers. Lane partials are reduced by a warp butterfly and the
+//   warps of one output in a fixed order through shared memory: deterministic, float accumulation.
+// conv_transpose1d fast path (kernel 4, stride 2, pad 1, out_length = 2*in_length <= 32):
+//   weights [in, out, 4] are streamed along i: in a warp, lanes form (32/OT) x OT (i, o) pairs so each
+//   load instruction reads whole 32-byte sectors (OT consecutive o of 4 taps per i); 8 warps split i;
+//   the input row of length L_in (<= 16) is read as float4; reduction over lanes then warps in a fixed
+//   order. grid = ceil(out/OT) x batch, OT in {2,4,8} chosen to fill the SMs.
+// Generic paths: one thread per output element, float accumulation in (i, k) order.
+#include "common.cuh"
+#include "flowedge/cuda/launchers.hpp"
+
+namespace flowedge::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxDynSmem = 48 * 1024;
+
+/// 4 consecutive weights widened to float: one 16-byte load (F32) or one 8-byte load (BF16/F16).
+template <class T>
+__device__ __forceinline__ void load4(const T* p, float* out) {
+    if constexpr (sizeof(T) == 4) {
+        float v[4];
+        detail::load_w16<T>(p, v);
+        out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+    } else {
+        float v[4];
+        detail::load_w8<T>(p, v);
+        out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+    }
+}
+
+template <class T, int KS, int S, int LT>
+__global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, int ob_per_block) {
+    constexpr int XW = (LT - 1) * S + KS;
+    constexpr int XWP = XW | 1;
+    extern __shared__ float4 xs[];  // [32 * wpo groups][XWP] float4 = 4 channels at one input position
+    __shared__ float red[kWarps][LT];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wpo = kWarps / ob_per_block;
+    const int ob = warp / wpo, ws = warp % wpo;
+    const int o = blockIdx.x * ob_per_block + ob;
+    const bool o_ok = o < p.out_channels;
+    const int b = blockIdx.z;
+    const int t0 = blockIdx.y * LT;
+    const int in = p.in_channels;
+    const int ch_chunk = 128 * wpo;
+    const int g_local = ws * 32 + lane;
+    const int x_start = t0 * S - p.pad;
+    const float* xb = p.x + std::size_t(b) * in * p.in_length;
+    const T* wrow = static_cast<const T*>(p.w.data) + std::size_t(o_ok ? o : 0) * in * KS;
+
+    float acc[LT];
+#pragma unroll
+    for (int t = 0; t < LT; ++t) acc[t] = 0.f;
+
+    float wn[4 * KS];
+    auto load_weights = [&](int c0, float* dst) {
+        const int c = c0 + 4 * g_local;
+        if (o_ok && c < in) {
+            const T* src = wrow + std::size_t(c) * KS;
+#pragma unroll
+            for (int q = 0; q < KS; ++q) load4<T>(src + 4 * q, dst + 4 * q);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4 * KS; ++q) dst[q] = 0.f;
+        }
+    };
+    load_weights(0, wn);
+
+    float* xsf = reinterpret_cast<float*>(xs);
+    for (int c0 = 0; c0 < in; c0 += ch_chunk) {
+        float wc[4 * KS];
+#pragma unroll
+        for (int q = 0; q < 4 * KS; ++q) wc[q] = wn[q];
+        if (c0 + ch_chunk < in) load_weights(c0 + ch_chunk, wn);  // in flight during this chunk
+
+        __syncthreads();  // previous chunk's readers are done with xs
+        const int n_stage = ch_chunk * XW;
+        for (int idx = threadIdx.x; idx < n_stage; idx += kThreads) {
+            const int cl = idx / XW;
+            const int j = idx - cl * XW;
+            const int c = c0 + cl;
+            const int pos = x_start + j;
+            float v = 0.f;
+            if (c < in && pos >= 0 && pos < p.in_length) v = __ldg(xb + std::size_t(c) * p.in_length + pos);
+            xsf[((cl >> 2) * XWP + j) * 4 + (cl & 3)] = v;
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int j = 0; j < XW; ++j) {
+            const float4 xv = xs[g_local * XWP + j];
+            const float xa[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+#pragma unroll
+                for (int t = 0; t < LT; ++t) {
+                    const int k = j - t * S;
+                    if (k >= 0 && k < KS) acc[t] += wc[cc * KS + k] * xa[cc];
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int t = 0; t < LT; ++t) {
+        const float s = detail::warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < ob_per_block * LT) {
+        const int obi = threadIdx.x / LT;
+        const int t = threadIdx.x % LT;
+        const int o2 = blockIdx.x * ob_per_block + obi;
+        if (o2 < p.out_channels && t0 + t < p.out_length) {
+            float sum = 0.f;
+            for (int w2 = 0; w2 < wpo; ++w2) sum += red[obi * wpo + w2][t];
+            if (p.bias) sum += p.bias[o2];
+            p.y[(std::size_t(b) * p.out_channels + o2) * p.out_length + t0 + t] = sum;
+        }
+    }
+}
+
+template <class T>
+__global__ void conv1d_generic_kernel(Conv1dParams p) {
+    const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+    const T* w = static_cast<const T*>(p.w.data);
+    for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+         idx += std::int64_t(gridDim.x) * blockDim.x) {
+        const int t = int(idx % p.out_length);
+        const int o = int((idx / p.out_length) % p.out_channels);
+        const int b = int(idx / (std::int64_t(p.out_length) * p.out_channels));
+        const float* xb = p.x + std::size_t(b) * p.in_channels * p.in_length;
+        float acc = 0.f;
+        for (int i = 0; i < p.in_channels; ++i) {
+            const std::size_t wbase = (std::size_t(o) * p.in_channels + i) * p.kernel;
+            for (int k = 0; k < p.kernel; ++k) {
+                const int pos = t * p.stride + k - p.pad;
+                if (pos >= 0 && pos < p.in_length)
+                    acc += detail::load_w<T>(w, wbase + k) * __ldg(xb + std::size_t(i) * p.in_length + pos);
+            }
+        }
+        if (p.bias) acc += p.bias[o];
+        p.y[idx] = acc;
+    }
+}
+
+template <class T, int KS, int S, int LT>
+void launch_conv1d_fast(const Conv1dParams& p, cudaStream_t st) {
+    constexpr int XW = (LT - 1) * S + KS;
+    constexpr int XWP = XW | 1;
+    const int n_tiles = (p.out_length + LT - 1) / LT;
+    auto smem_for = [](int ob) { return 128 * (kWarps / ob) / 4 * XWP * int(sizeof(float4)); };
+    const long long target = 2LL * detail::sm_count();
+    int ob = 8;
+    while (ob > 1 && (long long)((p.out_channels + ob - 1) / ob) * n_tiles * p.batch < target &&
+           smem_for(ob / 2) <= kMaxDynSmem)
+        ob /= 2;
+    const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(n_tiles), unsigned(p.batch));
+    conv1d_fast_kernel<T, KS, S, LT><<<grid, kThreads, smem_for(ob), st>>>(p, ob);
+}
+
+template <class T, int KS, int S>
+void launch_conv1d_lt(const Conv1dParams& p, cudaStream_t st) {
+    if (p.out_length <= 2) launch_conv1d_fast<T, KS, S, 2>(p, st);
+    else if (p.out_length <= 4) launch_conv1d_fast<T, KS, S, 4>(p, st);
+    else if (p.out_length <= 8) launch_conv1d_fast<T, KS, S, 8>(p, st);
+    else launch_conv1d_fast<T, KS, S, 16>(p, st);
+}
+
+template <class T>
+bool try_conv1d_fast(const Conv1dParams& p, cudaStream_t st) {
+    const std::size_t wal = sizeof(T) == 4 ? 16 : 8;
+    if (p.in_channels % 4 != 0 || !detail::aligned(p.w.data, wal)) return false;
+    if (p.kernel == 5 && p.stride == 1) launch_conv1d_lt<T, 5, 1>(p, st);
+    else if (p.kernel == 3 && p.stride == 1) launch_conv1d_lt<T, 3, 1>(p, st);
+    else if (p.kernel == 3 && p.stride == 2) launch_conv1d_lt<T, 3, 2>(p, st);
+    else if (p.kernel == 1 && p.stride == 1) launch_conv1d_lt<T, 1, 1>(p, st);
+    else return false;
+    return true;
+}
+
+// ---- ConvTranspose1d ---------------------------------------------------------------------------------
+
+template <class T, int LIN>
+__global__ void __launch_bounds__(kThreads) convt_fast_kernel(ConvTranspose1dParams p, int ot) {
+    constexpr int LOUT = 2 * LIN;
+    __shared__ float red[kWarps][8][LOUT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int isub = lane / ot, osub = lane % ot;
+    const int ipw = 32 / ot;
+    const int o = blockIdx.x * ot + osub;
+    const bool o_ok = o < p.out_channels;
+    const int b = blockIdx.y;
+    const float* xb = p.x + std::size_t(b) * p.in_channels * LIN;
+    const T* w = static_cast<const T*>(p.w.data);
+
+    float acc[LOUT];
+#pragma unroll
+    for (int t = 0; t < LOUT; ++t) acc[t] = 0.f;
+
+    if (o_ok) {
+#pragma unroll 2
+        for (int i = warp * ipw + isub; i < p.in_channels; i += kWarps * ipw) {
+            float w4[4];
+            load4<T>(w + (std::size_t(i) * p.out_channels + o) * 4, w4);
+            float xv[LIN];
+            const float* xr = xb + std::size_t(i) * LIN;
+            if constexpr (LIN % 4 == 0) {
+#pragma unroll
+                for (int s = 0; s < LIN; s += 4) {
+                    const float4 v = __ldg(reinterpret_cast<const float4*>(xr + s));
+                    xv[s] = v.x; xv[s + 1] = v.y; xv[s + 2] = v.z; xv[s + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int s = 0; s < LIN; ++s) xv[s] = __ldg(xr + s);
+            }
+#pragma unroll
+            for (int s = 0; s < LIN; ++s) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int t = 2 * s - 1 + k;
+                    if (t >= 0 && t < LOUT) acc[t] += w4[k] * xv[s];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < LOUT; ++t) {
+        float v = acc[t];
+        for (int off = 16; off >= ot; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (isub == 0) red[warp][osub][t] = v;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < ot * LOUT; idx += kThreads) {
+        const int os = idx / LOUT, t = idx % LOUT;
+        const int o2 = blockIdx.x * ot + os;
+        if (o2 < p.out_channels) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < kWarps; ++w2) sum += red[w2][os][t];
+            if (p.bias) sum += p.bias[o2];
+            p.y[(std::size_t(b) * p.out_channels + o2) * LOUT + t] = sum;
+        }
+    }
+}
+
+template <class T>
+__global__ void convt_generic_kernel(ConvTranspose1dParams p) {
+    const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+    const T* w = static_cast<const T*>(p.w.data);
+    for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+         idx += std::int64_t(gridDim.x) * blockDim.x) {
+        const int t = int(idx % p.out_length);
+        const int o = int((idx / p.out_length) % p.out_channels);
+        const int b = int(idx / (std::int64_t(p.out_length) * p.out_channels));
+        const float* xb = p.x + std::size_t(b) * p.in_channels * p.in_length;
+        float acc = 0.f;
+        for (int i = 0; i < p.in_channels; ++i) {
+            for (int k = 0; k < p.kernel; ++k) {
+                const int num = t + p.pad - k;
+                if (num < 0 || num % p.stride != 0) continue;
+                const int s = num / p.stride;
+                if (s >= p.in_length) continue;
+                acc += detail::load_w<T>(w, (std::size_t(i) * p.out_channels + o) * p.kernel + k) *
+                       __ldg(xb + std::size_t(i) * p.in_length + s);
+            }
+        }
+        if (p.bias) acc += p.bias[o];
+        p.y[idx] = acc;
+    }
+}
+
+template <class T, int LIN>
+void launch_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
+    const long long target = 2LL * detail::sm_count();
+    int ot = sizeof(T) == 4 ? 2 : 4;  // smallest OT whose per-i stretch is a whole 32-byte sector
+    while (ot < 8 && (long long)((p.out_channels + 2 * ot - 1) / (2 * ot)) * p.batch >= target) ot *= 2;
+    const dim3 grid(unsigned((p.out_channels + ot - 1) / ot), unsigned(p.batch));
+    convt_fast_kernel<T, LIN><<<grid, kThreads, 0, st>>>(p, ot);
+}
+
+template <class T>
+bool try_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
+    const std::size_t wal = sizeof(T) == 4 ? 16 : 8;
+    if (p.kernel != 4 || p.stride != 2 || p.pad != 1 || p.out_length != 2 * p.in_length) return false;
+    if (!detail::aligned(p.w.data, wal) || !detail::aligned(p.x, 16)) return false;
+    switch (p.in_length) {
+        case 1: launch_convt_fast<T, 1>(p, st); return true;
+        case 2: launch_convt_fast<T, 2>(p, st); return true;
+        case 4: launch_convt_fast<T, 4>(p, st); return true;
+        case 8: launch_convt_fast<T, 8>(p, st); return true;
+        case 16: launch_convt_fast<T, 16>(p, st); return true;
+        default: return false;
+    }
+}
+
+}  // namespace
+
+void conv1d(const Conv1dParams& p, Stream s) {
+    constexpr std::string_view comp = "cuda conv1d";
+    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
+              p.stride > 0 && p.pad >= 0,
+          comp, "sizes must be positive (pad non-negative)");
+    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
+    const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
+    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
+          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    const cudaStream_t st = detail::resolve(s);
+    detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
+        if (try_conv1d_fast<T>(p, st)) return;
+        const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+        conv1d_generic_kernel<T><<<detail::blocks_for(total, 128), 128, 0, st>>>(p);
+    });
+    FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
+}
+
+void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {
+    constexpr std::string_view comp = "cuda conv_transpose1d";
+    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
+              p.stride > 0 && p.pad >= 0,
+          comp, "sizes must be positive (pad non-negative)");
+    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
+    const int base = (p.in_length - 1) * p.stride - 2 * p.pad + p.kernel;
+    check(p.out_length >= base && p.out_length < base + p.stride && p.out_length > 0, comp,
+          "out_length inconsistent with in_length/kernel/stride/pad" +
+              expected_got(std::to_string(base) + ".." + std::to_string(base + p.stride - 1), p.out_length));
+    const cudaStream_t st = detail::resolve(s);
+    detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
+        if (try_convt_fast<T>(p, st)) return;
+        const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+        convt_generic_kernel<T><<<detail::blocks_for(total, 128), 128, 0, st>>>(p);
+    });
+    FLOWEDGE_CUDA_CHECK_LAUNCH("conv_transpose1d");
+}
+
+}  // namespace flowedge::cuda

@@ -1,0 +1,263 @@
+// The CUDA runtime wrapper of flowedge::cuda: errors with file:line, counted device allocations with a
+// failure-injection hook, stream-ordered copies, device queries and the Graph<Cuda> capture machinery.
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+#include "common.cuh"
+#include "flowedge/cuda/runtime.hpp"
+
+namespace flowedge::cuda {
+namespace detail {
+
+namespace {
+/// Stream that replaces the default stream while a Graph<Cuda> captures on its behalf (this thread only).
+thread_local cudaStream_t t_capture_override = nullptr;
+std::atomic<int> g_inject_failures{0};
+}  // namespace
+
+void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+    std::string msg = "flowedge: cuda: ";
+    msg += what;
+    msg += " failed: ";
+    msg += cudaGetErrorString(err);
+    msg += " (";
+    msg += cudaGetErrorName(err);
+    msg += ") [";
+    msg += file;
+    msg += ":";
+    msg += std::to_string(line);
+    msg += "]";
+    throw Error(msg);
+}
+
+cudaStream_t resolve(Stream s) noexcept {
+    if (s.handle) return static_cast<cudaStream_t>(s.handle);
+    return t_capture_override;
+}
+
+int sm_count() {
+    static std::atomic<int> cached_device{-1};
+    static std::atomic<int> cached_count{0};
+    int dev = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+    if (cached_device.load(std::memory_order_acquire) == dev) return cached_count.load(std::memory_order_relaxed);
+    int n = 0;
+    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached_count.store(n, std::memory_order_relaxed);
+    cached_device.store(dev, std::memory_order_release);
+    return n;
+}
+
+std::atomic<int>& inject_failures() noexcept { return g_inject_failures; }
+cudaStream_t& capture_override() noexcept { return t_capture_override; }
+
+}  // namespace detail
+
+bool device_available() noexcept {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the non-sticky error so later checks are not confused
+        return false;
+    }
+    return n > 0;
+}
+
+const char* device_description() noexcept {
+    static thread_local char buf[256];
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        std::snprintf(buf, sizeof buf, "no usable CUDA device: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+        return buf;
+    }
+    if (n == 0) {
+        std::snprintf(buf, sizeof buf, "no CUDA device present");
+        return buf;
+    }
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        std::snprintf(buf, sizeof buf, "CUDA device %d (properties unavailable)", dev);
+        return buf;
+    }
+    std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
+                  prop.multiProcessorCount, double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
+std::atomic<std::size_t>& allocation_counter() noexcept {
+    static std::atomic<std::size_t> n{0};
+    return n;
+}
+std::atomic<std::size_t>& free_counter() noexcept {
+    static std::atomic<std::size_t> n{0};
+    return n;
+}
+
+void inject_allocation_failure(int n_next) noexcept { detail::inject_failures().store(n_next < 0 ? 0 : n_next); }
+
+void* device_allocate(std::size_t bytes) {
+    auto& inj = detail::inject_failures();
+    int pending = inj.load();
+    while (pending > 0) {
+        if (inj.compare_exchange_weak(pending, pending - 1))
+            fail("cuda", "cudaMalloc of " + std::to_string(bytes) +
+                             " bytes failed: out of memory (cudaErrorMemoryAllocation, injected by "
+                             "flowedge::cuda::inject_allocation_failure)");
+    }
+    void* p = nullptr;
+    allocation_counter().fetch_add(1, std::memory_order_relaxed);
+    const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail("cuda", "cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(err) + " (" +
+                         cudaGetErrorName(err) + ") [" + __FILE__ + ":" + std::to_string(__LINE__) + "]");
+    }
+    return p;
+}
+
+void device_free(void* p) noexcept {
+    if (!p) return;
+    free_counter().fetch_add(1, std::memory_order_relaxed);
+    (void)cudaFree(p);
+}
+
+void* pinned_allocate(std::size_t bytes) {
+    void* p = nullptr;
+    FLOWEDGE_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
+    return p;
+}
+
+void pinned_free(void* p) noexcept {
+    if (p) (void)cudaFreeHost(p);
+}
+
+void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, detail::resolve(s)));
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    const cudaStream_t st = detail::resolve(s);
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FLOWEDGE_CUDA_CHECK(cudaStreamIsCapturing(st, &status));
+    if (status == cudaStreamCaptureStatusNone) FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void copy_device(void* dst, const void* src, std::size_t bytes, Stream s) {
+    if (bytes == 0 || dst == src) return;
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, detail::resolve(s)));
+}
+
+void fill_zero(void* dst, std::size_t bytes, Stream s) {
+    if (bytes == 0) return;
+    FLOWEDGE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, detail::resolve(s)));
+}
+
+void synchronize(Stream s) { FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(detail::resolve(s))); }
+
+// ---- Graph<Cuda> ------------------------------------------------------------------------------------
+
+namespace {
+struct GraphState {
+    cudaStream_t own = nullptr;  // created on first capture for the default stream
+    cudaEvent_t before = nullptr;
+    cudaEvent_t after = nullptr;
+    cudaStream_t saved_override = nullptr;
+};
+
+void ensure_own_stream(GraphState& g) {
+    if (g.own) return;
+    FLOWEDGE_CUDA_CHECK(cudaStreamCreateWithFlags(&g.own, cudaStreamNonBlocking));
+    FLOWEDGE_CUDA_CHECK(cudaEventCreateWithFlags(&g.before, cudaEventDisableTiming));
+    FLOWEDGE_CUDA_CHECK(cudaEventCreateWithFlags(&g.after, cudaEventDisableTiming));
+}
+}  // namespace
+
+void* graph_state_create() { return new GraphState{}; }
+
+void graph_state_destroy(void* state) noexcept {
+    auto* g = static_cast<GraphState*>(state);
+    if (!g) return;
+    if (g->own) {
+        (void)cudaStreamSynchronize(g->own);
+        (void)cudaEventDestroy(g->before);
+        (void)cudaEventDestroy(g->after);
+        (void)cudaStreamDestroy(g->own);
+    }
+    delete g;
+}
+
+void* graph_begin_capture(void* state, Stream s) {
+    auto& g = *static_cast<GraphState*>(state);
+    cudaStream_t cs = static_cast<cudaStream_t>(s.handle);
+    if (!cs) {
+        if (detail::capture_override())
+            fail("cuda", "nested Graph<Cuda>::run on the default stream (expected no capture in progress, got one)");
+        ensure_own_stream(g);
+        cs = g.own;
+    }
+    FLOWEDGE_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    if (!s.handle) {
+        g.saved_override = detail::capture_override();
+        detail::capture_override() = cs;
+    }
+    return cs;
+}
+
+void* graph_end_capture(void* state, void* capture_stream) {
+    auto& g = *static_cast<GraphState*>(state);
+    auto cs = static_cast<cudaStream_t>(capture_stream);
+    if (cs == g.own) detail::capture_override() = g.saved_override;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(cs, &graph);
+    if (err != cudaSuccess) {
+        if (graph) (void)cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        detail::throw_cuda_error(err, "cudaStreamEndCapture (something in enqueue() synchronized, allocated, "
+                                      "or used another stream)", __FILE__, __LINE__);
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ierr = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (ierr != cudaSuccess) detail::throw_cuda_error(ierr, "cudaGraphInstantiate", __FILE__, __LINE__);
+    return exec;
+}
+
+void graph_abort_capture(void* state, void* capture_stream) noexcept {
+    auto& g = *static_cast<GraphState*>(state);
+    auto cs = static_cast<cudaStream_t>(capture_stream);
+    if (cs == g.own) detail::capture_override() = g.saved_override;
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(cs, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+}
+
+void graph_launch(void* state, void* exec, Stream s) {
+    auto& g = *static_cast<GraphState*>(state);
+    auto ge = static_cast<cudaGraphExec_t>(exec);
+    if (s.handle) {
+        FLOWEDGE_CUDA_CHECK(cudaGraphLaunch(ge, static_cast<cudaStream_t>(s.handle)));
+        return;
+    }
+    // Default stream: run on the owned stream, fenced on both sides against the default stream.
+    ensure_own_stream(g);
+    FLOWEDGE_CUDA_CHECK(cudaEventRecord(g.before, nullptr));
+    FLOWEDGE_CUDA_CHECK(cudaStreamWaitEvent(g.own, g.before, 0));
+    FLOWEDGE_CUDA_CHECK(cudaGraphLaunch(ge, g.own));
+    FLOWEDGE_CUDA_CHECK(cudaEventRecord(g.after, g.own));
+    FLOWEDGE_CUDA_CHECK(cudaStreamWaitEvent(nullptr, g.after, 0));
+}
+
+void graph_exec_destroy(void* exec) noexcept {
+    if (exec) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
+
+}  // namespace flowedge::cuda

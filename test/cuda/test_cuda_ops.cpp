@@ -1,0 +1,494 @@
+// Every Ops<Cuda> primitive against Ops<Cpu> (and, for the weight-streaming ops and norms, against a
+// naive double-accumulating reference) on odd sizes and the PushT U-Net shapes, in every weight dtype.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "flowedge/noise.hpp"
+#include "flowedge/ops.hpp"
+
+using namespace flowedge;
+using namespace flowedge::test;
+
+namespace {
+
+constexpr double kTolRef = 2e-6;   // SPEC 4: kernels vs a double-accumulating loop (conv/norm/FiLM)
+constexpr double kTolCpu = 4e-6;   // CUDA vs CPU: both within kTolRef of the reference
+constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Mish, Activation::Softplus};
+
+double act_d(Activation a, double x) {
+    switch (a) {
+        case Activation::None: return x;
+        case Activation::Silu: return x / (1.0 + std::exp(-x));
+        case Activation::Mish: return x * std::tanh(x > 20 ? x : std::log1p(std::exp(x)));
+        case Activation::Softplus: return x > 20 ? x : std::log1p(std::exp(x));
+    }
+    return x;
+}
+
+// ---- linear ------------------------------------------------------------------------------------------
+
+void run_linear(int rows, int in, int out, DType dt, Activation act, bool accumulate, int ld_x_pad, int ld_y_pad) {
+    CAPTURE(rows); CAPTURE(in); CAPTURE(out); CAPTURE(int(dt)); CAPTURE(int(act)); CAPTURE(accumulate);
+    CAPTURE(ld_x_pad); CAPTURE(ld_y_pad);
+    const int ld_x = in + ld_x_pad, ld_y = out + ld_y_pad;
+    const auto x = random_vec(std::size_t(rows) * ld_x, 11u + rows);
+    const float wscale = 1.f / std::sqrt(float(in));
+    Weights w(random_vec(std::size_t(out) * in, 12u + in, -wscale, wscale), dt);
+    const auto bias = random_vec(out, 13u + out);
+    const auto y0 = random_vec(std::size_t(rows) * ld_y, 14u);
+
+    DeviceArray<float> dx(x), dbias(bias), dy(y0);
+    LinearParams p;
+    p.rows = rows; p.in = in; p.out = out; p.ld_x = ld_x; p.ld_y = ld_y; p.act = act; p.accumulate = accumulate;
+    p.x = dx.get(); p.w = w.gpu(); p.bias = dbias.get(); p.y = dy.get();
+    Ops<Cuda>::linear(p, {});
+    const auto gpu = dy.download();
+
+    std::vector<float> cpu = y0;
+    p.x = x.data(); p.w = w.cpu(); p.bias = bias.data(); p.y = cpu.data();
+    Ops<Cpu>::linear(p, {});
+
+    std::vector<double> ref(y0.begin(), y0.end());
+    for (int r = 0; r < rows; ++r)
+        for (int o = 0; o < out; ++o) {
+            double s = bias[o];
+            for (int i = 0; i < in; ++i) s += double(w.widened[std::size_t(o) * in + i]) * x[std::size_t(r) * ld_x + i];
+            const double v = act_d(act, s);
+            double& dst = ref[std::size_t(r) * ld_y + o];
+            dst = accumulate ? dst + v : v;
+        }
+    CHECK(max_norm_rel(gpu, ref) <= kTolRef);
+    CHECK(max_norm_rel(gpu, cpu) <= kTolCpu);
+    // Padding columns of y are untouched.
+    for (int r = 0; r < rows; ++r)
+        for (int o = out; o < ld_y; ++o) CHECK(gpu[std::size_t(r) * ld_y + o] == y0[std::size_t(r) * ld_y + o]);
+}
+
+// ---- conv1d ------------------------------------------------------------------------------------------
+
+void run_conv1d(int batch, int in, int out, int len, int k, int stride, int pad, DType dt, std::uint32_t seed) {
+    CAPTURE(batch); CAPTURE(in); CAPTURE(out); CAPTURE(len); CAPTURE(k); CAPTURE(stride); CAPTURE(pad); CAPTURE(int(dt));
+    const int out_len = (len + 2 * pad - k) / stride + 1;
+    const auto x = random_vec(std::size_t(batch) * in * len, seed);
+    const float wscale = 1.f / std::sqrt(float(in * k));
+    Weights w(random_vec(std::size_t(out) * in * k, seed + 1, -wscale, wscale), dt);
+    const auto bias = random_vec(out, seed + 2);
+    DeviceArray<float> dx(x), dbias(bias), dy(std::size_t(batch) * out * out_len);
+
+    Conv1dParams p;
+    p.batch = batch; p.in_channels = in; p.out_channels = out; p.in_length = len; p.out_length = out_len;
+    p.kernel = k; p.stride = stride; p.pad = pad;
+    p.x = dx.get(); p.w = w.gpu(); p.bias = dbias.get(); p.y = dy.get();
+    Ops<Cuda>::conv1d(p, {});
+    const auto gpu = dy.download();
+
+    std::vector<float> cpu(gpu.size());
+    p.x = x.data(); p.w = w.cpu(); p.bias = bias.data(); p.y = cpu.data();
+    Ops<Cpu>::conv1d(p, {});
+
+    std::vector<double> ref(gpu.size());
+    for (int b = 0; b < batch; ++b)
+        for (int o = 0; o < out; ++o)
+            for (int t = 0; t < out_len; ++t) {
+                double s = bias[o];
+                for (int i = 0; i < in; ++i)
+                    for (int kk = 0; kk < k; ++kk) {
+                        const int pos = t * stride + kk - pad;
+                        if (pos >= 0 && pos < len)
+                            s += double(w.widened[(std::size_t(o) * in + i) * k + kk]) * x[(std::size_t(b) * in + i) * len + pos];
+                    }
+                ref[(std::size_t(b) * out + o) * out_len + t] = s;
+            }
+    CHECK(max_norm_rel(gpu, ref) <= kTolRef);
+    CHECK(max_norm_rel(gpu, cpu) <= kTolCpu);
+}
+
+// ---- conv_transpose1d --------------------------------------------------------------------------------
+
+void run_convt(int batch, int in, int out, int len, int k, int stride, int pad, int out_pad, DType dt, std::uint32_t seed) {
+    CAPTURE(batch); CAPTURE(in); CAPTURE(out); CAPTURE(len); CAPTURE(k); CAPTURE(stride); CAPTURE(pad); CAPTURE(int(dt));
+    const int out_len = (len - 1) * stride - 2 * pad + k + out_pad;
+    const auto x = random_vec(std::size_t(batch) * in * len, seed);
+    const float wscale = 1.f / std::sqrt(float(in * k));
+    Weights w(random_vec(std::size_t(in) * out * k, seed + 1, -wscale, wscale), dt);
+    const auto bias = random_vec(out, seed + 2);
+    DeviceArray<float> dx(x), dbias(bias), dy(std::size_t(batch) * out * out_len);
+
+    ConvTranspose1dParams p;
+    p.batch = batch; p.in_channels = in; p.out_channels = out; p.in_length = len; p.out_length = out_len;
+    p.kernel = k; p.stride = stride; p.pad = pad;
+    p.x = dx.get(); p.w = w.gpu(); p.bias = dbias.get(); p.y = dy.get();
+    Ops<Cuda>::conv_transpose1d(p, {});
+    const auto gpu = dy.download();
+
+    std::vector<float> cpu(gpu.size());
+    p.x = x.data(); p.w = w.cpu(); p.bias = bias.data(); p.y = cpu.data();
+    Ops<Cpu>::conv_transpose1d(p, {});
+
+    std::vector<double> ref(gpu.size());
+    for (int b = 0; b < batch; ++b)
+        for (int o = 0; o < out; ++o)
+            for (int t = 0; t < out_len; ++t) ref[(std::size_t(b) * out + o) * out_len + t] = bias[o];
+    for (int b = 0; b < batch; ++b)
+        for (int i = 0; i < in; ++i)
+            for (int s = 0; s < len; ++s)
+                for (int o = 0; o < out; ++o)
+                    for (int kk = 0; kk < k; ++kk) {
+                        const int t = s * stride - pad + kk;
+                        if (t >= 0 && t < out_len)
+                            ref[(std::size_t(b) * out + o) * out_len + t] +=
+                                double(w.widened[(std::size_t(i) * out + o) * k + kk]) * x[(std::size_t(b) * in + i) * len + s];
+                    }
+    CHECK(max_norm_rel(gpu, ref) <= kTolRef);
+    CHECK(max_norm_rel(gpu, cpu) <= kTolCpu);
+}
+
+// ---- group_norm --------------------------------------------------------------------------------------
+
+void run_group_norm(int batch, int channels, int length, int groups, Activation act, bool film, int film_pad, bool residual,
+                    bool in_place) {
+    CAPTURE(batch); CAPTURE(channels); CAPTURE(length); CAPTURE(groups); CAPTURE(int(act)); CAPTURE(film);
+    CAPTURE(residual); CAPTURE(in_place);
+    const std::size_t n = std::size_t(batch) * channels * length;
+    const int fs = 2 * channels + film_pad;
+    auto x = random_vec(n, 21u + channels, -2.f, 3.f);
+    const auto gamma = random_vec(channels, 22u, 0.5f, 1.5f);
+    const auto beta = random_vec(channels, 23u);
+    const auto filmv = random_vec(std::size_t(batch) * fs, 24u);
+    const auto res = random_vec(n, 25u);
+    DeviceArray<float> dx(x), dg(gamma), db(beta), df(filmv), dr(res), dy(n);
+
+    GroupNormParams p;
+    p.batch = batch; p.channels = channels; p.length = length; p.groups = groups; p.act = act;
+    p.film_stride = film ? fs : 0;
+    p.x = dx.get(); p.gamma = dg.get(); p.beta = db.get(); p.film = film ? df.get() : nullptr;
+    p.residual = residual ? dr.get() : nullptr; p.y = in_place ? dx.get() : dy.get();
+    Ops<Cuda>::group_norm(p, {});
+    const auto gpu = in_place ? dx.download() : dy.download();
+
+    std::vector<float> cpu(n);
+    p.x = x.data(); p.gamma = gamma.data(); p.beta = beta.data(); p.film = film ? filmv.data() : nullptr;
+    p.residual = residual ? res.data() : nullptr; p.y = cpu.data();
+    Ops<Cpu>::group_norm(p, {});
+
+    std::vector<double> ref(n);
+    const int cpg = channels / groups;
+    for (int b = 0; b < batch; ++b)
+        for (int g = 0; g < groups; ++g) {
+            const std::size_t base = (std::size_t(b) * channels + std::size_t(g) * cpg) * length;
+            const std::size_t m = std::size_t(cpg) * length;
+            double s = 0, q = 0;
+            for (std::size_t i = 0; i < m; ++i) s += x[base + i];
+            const double mean = s / double(m);
+            for (std::size_t i = 0; i < m; ++i) q += (x[base + i] - mean) * (x[base + i] - mean);
+            const double rstd = 1.0 / std::sqrt(q / double(m) + 1e-5);
+            for (std::size_t i = 0; i < m; ++i) {
+                const int c = g * cpg + int(i / length);
+                double a = act_d(act, (x[base + i] - mean) * rstd * gamma[c] + beta[c]);
+                if (film) a = filmv[std::size_t(b) * fs + c] * a + filmv[std::size_t(b) * fs + channels + c];
+                if (residual) a += res[base + i];
+                ref[base + i] = a;
+            }
+        }
+    CHECK(max_norm_rel(gpu, ref) <= kTolRef);
+    CHECK(max_norm_rel(gpu, cpu) <= kTolCpu);
+}
+
+}  // namespace
+
+TEST_CASE("cuda linear matches the CPU and a double reference (odd sizes, every dtype and activation)") {
+    for (DType dt : kAllDtypes) {
+        run_linear(1, 1, 1, dt, Activation::None, false, 0, 0);
+        run_linear(3, 7, 37, dt, Activation::Silu, false, 0, 0);
+        run_linear(7, 129, 3, dt, Activation::Mish, true, 0, 0);
+        run_linear(5, 37, 129, dt, Activation::Softplus, false, 3, 2);  // strided rows, scalar path
+        run_linear(9, 256, 65, dt, Activation::None, true, 4, 1);       // > 4 rows: several row passes, vector path
+        run_linear(1, 260, 4096, dt, Activation::None, false, 0, 0);    // PushT FiLM (cond_encoder of 2048 channels)
+        run_linear(2, 128, 512, dt, Activation::Mish, false, 0, 0);     // PushT step encoder
+        run_linear(4, 1024, 128, dt, Activation::None, false, 0, 0);
+    }
+}
+
+TEST_CASE("cuda conv1d matches the CPU and a double reference: odd sizes and generic fallbacks") {
+    std::uint32_t seed = 100;
+    for (DType dt : kAllDtypes) {
+        run_conv1d(1, 3, 7, 37, 5, 1, 2, dt, seed++);    // in % 4 != 0: generic
+        run_conv1d(2, 8, 37, 7, 5, 1, 2, dt, seed++);    // fast, LT 8 with tail
+        run_conv1d(1, 4, 3, 1, 3, 2, 1, dt, seed++);     // length 1, stride 2
+        run_conv1d(3, 12, 5, 33, 3, 2, 1, dt, seed++);   // several time tiles and batches
+        run_conv1d(2, 36, 9, 40, 3, 1, 1, dt, seed++);   // k3 s1, 3 tiles
+        run_conv1d(1, 20, 129, 9, 7, 1, 3, dt, seed++);  // kernel 7: generic
+        run_conv1d(1, 16, 11, 10, 4, 3, 0, dt, seed++);  // stride 3: generic
+        run_conv1d(2, 132, 37, 5, 1, 1, 0, dt, seed++);  // 1x1
+        run_conv1d(1, 1028, 7, 3, 5, 1, 2, dt, seed++);  // several channel chunks with a tail
+    }
+}
+
+TEST_CASE("cuda conv1d matches the CPU and a double reference on the PushT U-Net shapes") {
+    std::uint32_t seed = 300;
+    for (DType dt : kAllDtypes) {
+        run_conv1d(1, 2, 512, 16, 5, 1, 2, dt, seed++);     // down0 r0 conv1 (generic: in 2)
+        run_conv1d(1, 512, 512, 16, 5, 1, 2, dt, seed++);   // down0 / final conv block
+        run_conv1d(1, 512, 512, 16, 3, 2, 1, dt, seed++);   // down0 downsample
+        run_conv1d(1, 512, 1024, 8, 5, 1, 2, dt, seed++);   // down1 r0 conv1
+        run_conv1d(1, 1024, 1024, 8, 3, 2, 1, dt, seed++);  // down1 downsample
+        run_conv1d(1, 2048, 2048, 4, 5, 1, 2, dt, seed++);  // down2 / mid
+        run_conv1d(1, 4096, 1024, 4, 5, 1, 2, dt, seed++);  // up0 r0 conv1
+        run_conv1d(1, 4096, 1024, 4, 1, 1, 0, dt, seed++);  // up0 residual 1x1
+        run_conv1d(1, 2048, 512, 8, 5, 1, 2, dt, seed++);   // up1 r0 conv1
+        run_conv1d(1, 512, 2, 16, 1, 1, 0, dt, seed++);     // final 1x1
+        run_conv1d(2, 1024, 1024, 8, 5, 1, 2, dt, seed++);  // batch 2
+    }
+}
+
+TEST_CASE("cuda conv_transpose1d matches the CPU and a double reference") {
+    std::uint32_t seed = 500;
+    for (DType dt : kAllDtypes) {
+        run_convt(1, 1024, 1024, 4, 4, 2, 1, 0, dt, seed++);  // PushT up0 upsample
+        run_convt(1, 512, 512, 8, 4, 2, 1, 0, dt, seed++);    // PushT up1 upsample
+        run_convt(3, 7, 37, 4, 4, 2, 1, 0, dt, seed++);       // fast path, odd channels, batch 3
+        run_convt(2, 37, 129, 1, 4, 2, 1, 0, dt, seed++);     // fast path, length 1
+        run_convt(2, 3, 7, 5, 4, 2, 1, 0, dt, seed++);        // length 5: generic
+        run_convt(1, 37, 129, 3, 3, 2, 0, 1, dt, seed++);     // output padding: generic
+        run_convt(1, 5, 9, 7, 5, 3, 2, 2, dt, seed++);        // stride 3: generic
+    }
+}
+
+TEST_CASE("cuda group_norm with the fused act/FiLM/residual epilogue matches the CPU and a double reference") {
+    run_group_norm(1, 512, 16, 8, Activation::Mish, false, 0, false, false);
+    run_group_norm(1, 512, 16, 8, Activation::Mish, true, 0, false, false);
+    run_group_norm(1, 2048, 4, 8, Activation::Mish, true, 0, true, false);
+    run_group_norm(2, 1024, 8, 8, Activation::Mish, false, 0, true, false);
+    run_group_norm(3, 21, 7, 3, Activation::Silu, true, 5, true, false);
+    run_group_norm(1, 37, 1, 37, Activation::None, false, 0, false, false);
+    run_group_norm(2, 64, 129, 4, Activation::Softplus, true, 0, false, true);  // in place
+}
+
+TEST_CASE("cuda rms_norm matches the CPU") {
+    for (auto [rows, dim] : {std::pair{1, 128}, std::pair{4, 37}, std::pair{7, 129}, std::pair{3, 1025}}) {
+        CAPTURE(rows); CAPTURE(dim);
+        const auto x = random_vec(std::size_t(rows) * dim, 31u + dim, -3.f, 3.f);
+        const auto w = random_vec(dim, 32u);
+        for (bool with_w : {true, false}) {
+            DeviceArray<float> dx(x), dw(w), dy(x.size());
+            RmsNormParams p;
+            p.rows = rows; p.dim = dim; p.x = dx.get(); p.weight = with_w ? dw.get() : nullptr; p.y = dy.get();
+            Ops<Cuda>::rms_norm(p, {});
+            std::vector<float> cpu(x.size());
+            p.x = x.data(); p.weight = with_w ? w.data() : nullptr; p.y = cpu.data();
+            Ops<Cpu>::rms_norm(p, {});
+            check_elementwise(dy.download(), cpu, 2e-6, 1e-7, "rms_norm");
+        }
+    }
+}
+
+TEST_CASE("cuda activation, axpby, concat_channels, unnormalize match the CPU") {
+    for (std::int64_t n : {std::int64_t(1), std::int64_t(37), std::int64_t(1029), std::int64_t(70001)}) {
+        CAPTURE(n);
+        const auto x = random_vec(std::size_t(n), 41u, -30.f, 30.f);
+        for (Activation a : kActs) {
+            CAPTURE(int(a));
+            DeviceArray<float> dx(x), dy(x.size());
+            ActivationParams p{dx.get(), dy.get(), n, a};
+            Ops<Cuda>::activation(p, {});
+            ActivationParams q{dx.get(), dx.get(), n, a};  // in place
+            Ops<Cuda>::activation(q, {});
+            std::vector<float> cpu(x.size());
+            ActivationParams pc{x.data(), cpu.data(), n, a};
+            Ops<Cpu>::activation(pc, {});
+            check_elementwise(dy.download(), cpu, 4e-6, 1e-30, "activation");
+            check_elementwise(dx.download(), cpu, 4e-6, 1e-30, "activation in place");
+        }
+        const auto y = random_vec(std::size_t(n), 42u);
+        DeviceArray<float> dx(x), dy(y), dout(x.size());
+        AxpbyParams p{dx.get(), dy.get(), dout.get(), n, 0.75f, -1.25f};
+        Ops<Cuda>::axpby(p, {});
+        std::vector<float> cpu(x.size());
+        AxpbyParams pc{x.data(), y.data(), cpu.data(), n, 0.75f, -1.25f};
+        Ops<Cpu>::axpby(pc, {});
+        check_elementwise(dout.download(), cpu, 1e-6, 1e-6, "axpby");
+        AxpbyParams p0{dx.get(), nullptr, dx.get(), n, 2.f, 0.f};  // y null, in place
+        Ops<Cuda>::axpby(p0, {});
+        std::vector<float> twice(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) twice[i] = 2.f * x[i];
+        CHECK(bitwise_equal(dx.download(), twice));
+    }
+    for (auto [batch, ca, cb, len] : {std::tuple{2, 3, 5, 7}, std::tuple{1, 2048, 2048, 4}, std::tuple{3, 1, 0, 9}}) {
+        const auto a = random_vec(std::size_t(batch) * ca * len, 43u), b = random_vec(std::size_t(batch) * cb * len + 1, 44u);
+        DeviceArray<float> da(a), db(b), dy(std::size_t(batch) * (ca + cb) * len);
+        ConcatParams p{da.get(), db.get(), dy.get(), batch, ca, cb, len};
+        Ops<Cuda>::concat_channels(p, {});
+        std::vector<float> cpu(dy.size());
+        ConcatParams pc{a.data(), b.data(), cpu.data(), batch, ca, cb, len};
+        Ops<Cpu>::concat_channels(pc, {});
+        CHECK(bitwise_equal(dy.download(), cpu));
+    }
+    {
+        const int rows = 16, dim = 2;
+        const auto x = random_vec(rows * dim, 45u);
+        const std::vector<float> lo{13.456f, -2.5f}, hi{496.14f, 7.25f};
+        DeviceArray<float> dx(x), dlo(lo), dhi(hi), dy(x.size());
+        UnnormalizeParams p{dx.get(), dy.get(), dlo.get(), dhi.get(), rows, dim};
+        Ops<Cuda>::unnormalize(p, {});
+        std::vector<float> cpu(x.size());
+        UnnormalizeParams pc{x.data(), cpu.data(), lo.data(), hi.data(), rows, dim};
+        Ops<Cpu>::unnormalize(pc, {});
+        check_elementwise(dy.download(), cpu, 1e-6, 1e-6, "unnormalize");
+    }
+}
+
+TEST_CASE("cuda sinusoid and embedding match the CPU") {
+    for (float t : {0.f, 1.f, 37.f, 99.f}) {
+        CAPTURE(t);
+        const int rows = 3, half = 64;
+        DeviceArray<float> dy(std::size_t(rows) * 2 * half);
+        SinusoidParams p;
+        p.t = t; p.rows = rows; p.half = half; p.denom = float(half - 1); p.out = dy.get();
+        Ops<Cuda>::sinusoid(p, {});
+        std::vector<float> cpu(dy.size());
+        p.out = cpu.data();
+        Ops<Cpu>::sinusoid(p, {});
+        check_elementwise(dy.download(), cpu, 0.0, 4e-6, "sinusoid");
+    }
+    for (DType dt : kAllDtypes) {
+        const int vocab = 37, dim = 129;
+        Weights table(random_vec(std::size_t(vocab) * dim, 51u), dt);
+        const std::vector<std::int32_t> ids{0, 36, 5, 5, 17, 1, 36};
+        DeviceArray<std::int32_t> dids(ids);
+        DeviceArray<float> dy(ids.size() * dim);
+        EmbeddingParams p{dids.get(), table.gpu(), dy.get(), int(ids.size()), dim};
+        Ops<Cuda>::embedding(p, {});
+        std::vector<float> cpu(dy.size());
+        EmbeddingParams pc{ids.data(), table.cpu(), cpu.data(), int(ids.size()), dim};
+        Ops<Cpu>::embedding(pc, {});
+        CHECK(bitwise_equal(dy.download(), cpu));
+    }
+}
+
+TEST_CASE("cuda causal_conv matches the CPU over prefill and streaming steps") {
+    for (DType dt : kAllDtypes) {
+        CAPTURE(int(dt));
+        const int C = 37, K = 4;
+        const int ld_x = 2 * C + 3;  // x is the first half of a wider in_proj row
+        Weights w(random_vec(std::size_t(C) * K, 61u, -0.5f, 0.5f), dt);
+        const auto bias = random_vec(C, 62u);
+        DeviceArray<float> dbias(bias), dstate(std::size_t(K - 1) * C);
+        std::vector<float> cstate(std::size_t(K - 1) * C, 0.f);
+        std::uint32_t seed = 63;
+        for (int L : {7, 1, 2, 1, 5}) {  // prefill, then steps (2 < K-1 exercises the history shift)
+            CAPTURE(L);
+            const auto x = random_vec(std::size_t(L) * ld_x, seed++);
+            DeviceArray<float> dx(x), du(std::size_t(L) * C);
+            CausalConvParams p;
+            p.x = dx.get(); p.ld_x = ld_x; p.w = w.gpu(); p.bias = dbias.get(); p.state = dstate.get(); p.u = du.get();
+            p.length = L; p.channels = C; p.kernel = K;
+            Ops<Cuda>::causal_conv(p, {});
+            std::vector<float> cu(std::size_t(L) * C);
+            p.x = x.data(); p.w = w.cpu(); p.bias = bias.data(); p.state = cstate.data(); p.u = cu.data();
+            Ops<Cpu>::causal_conv(p, {});
+            check_elementwise(du.download(), cu, 4e-6, 1e-6, "causal_conv u");
+            CHECK(bitwise_equal(dstate.download(), cstate));
+        }
+    }
+}
+
+TEST_CASE("cuda selective_scan matches the CPU, continuing from state") {
+    for (int N : {16, 40}) {
+        CAPTURE(N);
+        const int C = 37, R = 5;
+        const int ld_bc = R + 2 * N;  // [dt_low | B | C] rows of x_proj's output
+        const int ld_z = 2 * C;       // z is the second half of in_proj's output
+        auto A = random_vec(std::size_t(C) * N, 71u, -2.f, -0.1f);
+        const auto D = random_vec(C, 72u);
+        DeviceArray<float> dA(A), dD(D), dstate(std::size_t(C) * N);
+        std::vector<float> cstate(std::size_t(C) * N, 0.f);
+        std::uint32_t seed = 73;
+        for (int L : {6, 1, 3}) {
+            CAPTURE(L);
+            const auto u = random_vec(std::size_t(L) * C, seed++);
+            const auto dt = random_vec(std::size_t(L) * C, seed++, 0.01f, 0.5f);
+            const auto dbl = random_vec(std::size_t(L) * ld_bc, seed++);
+            const auto xz = random_vec(std::size_t(L) * ld_z, seed++, -3.f, 3.f);
+            DeviceArray<float> du(u), ddt(dt), ddbl(dbl), dxz(xz), dy(std::size_t(L) * C);
+            SelectiveScanParams p;
+            p.u = du.get(); p.dt = ddt.get(); p.A = dA.get(); p.B = ddbl.get() + R; p.C = ddbl.get() + R + N; p.ld_bc = ld_bc;
+            p.D = dD.get(); p.z = dxz.get() + C; p.ld_z = ld_z; p.state = dstate.get(); p.y = dy.get();
+            p.length = L; p.channels = C; p.d_state = N;
+            Ops<Cuda>::selective_scan(p, {});
+            std::vector<float> cy(std::size_t(L) * C);
+            p.u = u.data(); p.dt = dt.data(); p.A = A.data(); p.B = dbl.data() + R; p.C = dbl.data() + R + N;
+            p.D = D.data(); p.z = xz.data() + C; p.state = cstate.data(); p.y = cy.data();
+            Ops<Cpu>::selective_scan(p, {});
+            CHECK(max_norm_rel(dy.download(), cy) <= 1e-5);
+            CHECK(max_norm_rel(dstate.download(), cstate) <= 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda diffusion_step: DDPM noise is bit-identical to the CPU sequence; DDIM/DDPM updates match") {
+    const int batch = 3, per = 32;
+    const std::uint64_t seed = 0x5eedULL;
+    // Noise only: x = 0*x0 + 0*x + 1*z, so the result is exactly z.
+    for (std::uint64_t offset : {std::uint64_t(0), std::uint64_t(37), std::uint64_t(1) << 33}) {
+        CAPTURE(offset);
+        DeviceArray<float> dx(std::size_t(batch) * per), de(std::size_t(batch) * per);
+        DiffusionStepParams p;
+        p.x = dx.get(); p.eps = de.get(); p.batch = batch; p.per_sample = per; p.kind = StepKind::Ddpm;
+        p.sqrt_abar = 1.f; p.sqrt_one_minus_abar = 0.f; p.c_x0 = 0.f; p.c_other = 0.f; p.noise_std = 1.f;
+        p.seed = seed; p.draw_offset = offset;
+        Ops<Cuda>::diffusion_step(p, {});
+        const auto gpu = dx.download();
+        std::vector<float> want(gpu.size());
+        for (int b = 0; b < batch; ++b) fill_normal(seed + b, offset, want.data() + std::size_t(b) * per, per);
+        CHECK(bitwise_equal(gpu, want));
+        std::vector<float> cx(gpu.size(), 0.f), ce(gpu.size(), 0.f);
+        p.x = cx.data(); p.eps = ce.data();
+        Ops<Cpu>::diffusion_step(p, {});
+        CHECK(bitwise_equal(gpu, cx));
+    }
+    // seed_ptr on the device overrides seed.
+    {
+        DeviceArray<std::uint64_t> dseed(std::vector<std::uint64_t>{seed + 100});
+        DeviceArray<float> dx(std::size_t(batch) * per), de(std::size_t(batch) * per);
+        DiffusionStepParams p;
+        p.x = dx.get(); p.eps = de.get(); p.batch = batch; p.per_sample = per; p.kind = StepKind::Ddpm;
+        p.c_x0 = 0.f; p.c_other = 0.f; p.noise_std = 1.f; p.seed = 1; p.seed_ptr = dseed.get();
+        Ops<Cuda>::diffusion_step(p, {});
+        std::vector<float> want(std::size_t(batch) * per);
+        for (int b = 0; b < batch; ++b) fill_normal(seed + 100 + b, 0, want.data() + std::size_t(b) * per, per);
+        CHECK(bitwise_equal(dx.download(), want));
+    }
+    // Real updates (clip on/off, both kinds) within float rounding of the CPU.
+    for (StepKind kind : {StepKind::Ddim, StepKind::Ddpm})
+        for (bool clip : {false, true}) {
+            CAPTURE(int(kind)); CAPTURE(clip);
+            const auto x = random_vec(std::size_t(batch) * per, 81u, -2.f, 2.f);
+            const auto e = random_vec(std::size_t(batch) * per, 82u);
+            DeviceArray<float> dx(x), de(e);
+            DiffusionStepParams p;
+            p.x = dx.get(); p.eps = de.get(); p.batch = batch; p.per_sample = per; p.kind = kind;
+            p.sqrt_abar = 0.3f; p.sqrt_one_minus_abar = 0.953939f; p.clip = clip; p.clip_range = 1.f;
+            p.c_x0 = 0.42f; p.c_other = 0.77f; p.noise_std = kind == StepKind::Ddpm ? 0.2f : 0.f;
+            p.seed = seed; p.draw_offset = 64;
+            Ops<Cuda>::diffusion_step(p, {});
+            std::vector<float> cx = x;
+            p.x = cx.data(); p.eps = e.data();
+            Ops<Cpu>::diffusion_step(p, {});
+            check_elementwise(dx.download(), cx, 2e-6, 2e-6, "diffusion_step");
+        }
+}
+
+TEST_CASE("cuda launchers reject inconsistent shapes with a flowedge::Error") {
+    DeviceArray<float> buf(64);
+    Weights w(random_vec(64, 91u), DType::F32);
+    Conv1dParams p;
+    p.x = buf.get(); p.w = w.gpu(); p.y = buf.get();
+    p.in_channels = 4; p.out_channels = 2; p.in_length = 8; p.out_length = 7; p.kernel = 3; p.pad = 1;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::conv1d(p, {}), doctest::Contains("expected 8, got 7"), Error);
+    GroupNormParams g;
+    g.x = buf.get(); g.y = buf.get(); g.channels = 6; g.groups = 4; g.length = 2;
+    CHECK_THROWS_AS(Ops<Cuda>::group_norm(g, {}), Error);
+}
