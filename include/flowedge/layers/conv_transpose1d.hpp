@@ -1,0 +1,81 @@
+// torch.nn.ConvTranspose1d on any backend (the Diffusion Policy U-Net's 2x upsampler).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+#include "flowedge/workspace.hpp"
+
+namespace flowedge {
+
+/// torch.nn.ConvTranspose1d(in, out, kernel, stride, padding, bias=True), groups 1, dilation 1, output_padding 0.
+/// x: [batch, in, in_length] -> y: [batch, out, (in_length - 1)*stride - 2*pad + kernel];
+/// weight: [in, out, kernel] (PyTorch's transposed layout); bias: [out].
+template <Backend B>
+class ConvTranspose1d {
+public:
+    struct Config {
+        int in = 0;
+        int out = 0;
+        int kernel = 4;
+        int stride = 2;
+        int pad = 1;
+        bool bias = true;
+    };
+
+    ConvTranspose1d() = default;
+    explicit ConvTranspose1d(Config cfg) : m_cfg(cfg) {
+        check(cfg.in > 0 && cfg.out > 0 && cfg.kernel > 0 && cfg.stride > 0 && cfg.pad >= 0, "conv_transpose1d",
+              "invalid config (in " + std::to_string(cfg.in) + ", out " + std::to_string(cfg.out) + ", kernel " +
+                  std::to_string(cfg.kernel) + ")");
+    }
+
+    const Config& config() const { return m_cfg; }
+
+    /// Output length for an input of `in_length` columns.
+    int out_length(int in_length) const { return (in_length - 1) * m_cfg.stride - 2 * m_cfg.pad + m_cfg.kernel; }
+
+    /// Lists ("weight", [in, out, kernel]) and ("bias", [out]) as in the PyTorch state dict.
+    template <class F>
+    void visit_parameters(F&& f) {
+        f("weight", m_weight, Shape{m_cfg.in, m_cfg.out, m_cfg.kernel}, Storage::Matrix);
+        if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
+    }
+
+    /// y = conv_transpose1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)].
+    void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
+        if (!(x.shape.rank == 3)) [[unlikely]] fail("conv_transpose1d",
+              "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
+        const int batch = int(x.dim(0)), len = int(x.dim(2));
+        check_shape(x, Shape{batch, m_cfg.in, len}, "conv_transpose1d", "input");
+        if (!(len > 0 && out_length(len) > 0)) [[unlikely]] fail("conv_transpose1d", "empty input or output" + expected_got("> 0", len));
+        check_shape(y, Shape{batch, m_cfg.out, out_length(len)}, "conv_transpose1d", "output");
+        ConvTranspose1dParams p;
+        p.x = x.data;
+        p.w = m_weight.ref();
+        p.bias = m_cfg.bias ? m_bias.f32() : nullptr;
+        p.y = y.data;
+        p.batch = batch;
+        p.in_channels = m_cfg.in;
+        p.out_channels = m_cfg.out;
+        p.in_length = len;
+        p.out_length = out_length(len);
+        p.kernel = m_cfg.kernel;
+        p.stride = m_cfg.stride;
+        p.pad = m_cfg.pad;
+        Ops<B>::conv_transpose1d(p, ctx.stream);
+    }
+
+    const Parameter<B>& weight() const { return m_weight; }
+    std::int64_t n_parameters() const {
+        return std::int64_t(m_cfg.in) * m_cfg.out * m_cfg.kernel + (m_cfg.bias ? m_cfg.out : 0);
+    }
+
+private:
+    Config m_cfg{};
+    Parameter<B> m_weight;
+    Parameter<B> m_bias;
+};
+
+}  // namespace flowedge
