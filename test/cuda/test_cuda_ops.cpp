@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"

@@ -31,7 +31,8 @@ TEST_CASE("Memory<Cuda> counts every cudaMalloc and cudaFree") {
 TEST_CASE("injected allocation failures throw like a failed cudaMalloc, then allocation works again") {
     const std::size_t a0 = Memory<Cuda>::allocation_count();
     cuda::inject_allocation_failure(2);
-    CHECK_THROWS_WITH_AS(Buffer<float, Cuda>(16), doctest::Contains("out of memory"), Error);
+    auto make_buffer = [] { Buffer<float, Cuda> b(16); };
+    CHECK_THROWS_WITH_AS(make_buffer(), doctest::Contains("out of memory"), Error);
     CHECK_THROWS_AS(Memory<Cuda>::allocate(4), Error);
     CHECK(Memory<Cuda>::allocation_count() == a0);  // no cudaMalloc was attempted
     Buffer<float, Cuda> ok(16);
@@ -63,6 +64,8 @@ TEST_CASE("Memory<Cuda> copies: host round trip, device copy, fill_zero, pinned 
 
     cudaStream_t st = nullptr;
     REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+    Memory<Cuda>::copy_from_host(a.data(), h.data(), a.bytes());
+    Memory<Cuda>::synchronize();  // `st` does not wait for the default stream
     auto* pinned = static_cast<float*>(Memory<Cuda>::allocate_pinned(h.size() * sizeof(float)));
     Memory<Cuda>::copy_to_host(pinned, a.data(), a.bytes(), Stream{st});
     CHECK(std::vector<float>(pinned, pinned + h.size()) == h);
@@ -116,6 +119,7 @@ struct Pipeline {
 
 void graph_matches_direct(Stream s) {
     Pipeline direct, graphed;
+    Memory<Cuda>::synchronize();  // uploads ran on the default stream; `s` may be a non-blocking stream
     direct.enqueue(s);
     const auto want = direct.sample.download(s);
 
