@@ -64,7 +64,7 @@ TEST_CASE("PushT U-Net has 251,511,938 parameters") {
     std::int64_t listed = 0;
     unet.visit_parameters([&](const std::string&, Parameter<Cpu>&, const Shape& s, Storage) { listed += s.numel(); });
     CHECK(listed == 251511938);
-    const fs::path demo = fs::path(FLOWEDGE_BINARY_DIR) / ".." / "models" / "diffusion_pusht.flowedge.safetensors";
+    const fs::path demo = fs::path(FLOWEDGE_FIXTURES_DIR) / ".." / ".." / "models" / "diffusion_pusht.flowedge.safetensors";
     if (fs::exists(demo)) {
         auto head = DiffusionHead<Cpu>::load(demo);
         CHECK(head.n_parameters() == 251511938);
