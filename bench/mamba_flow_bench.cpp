@@ -53,7 +53,7 @@ nlohmann::json to_json(const Stats& s) {
 
 int main(int argc, char** argv) {
     CLI::App app{"Mamba + flow policy latency at the reference shape (prefix 4 tokens, 10 Euler steps, batch 1)."};
-    std::string model = "models/mamba_flow.safetensors", json_path;
+    std::string model = "models/mamba_flow.safetensors", json_path, dtype = "f32";
     int iters = 5000, warmup = 500, threads = 1, steps = 10;
     app.add_option("MODEL", model, "checkpoint (flowedge-make-demo-mamba-flow writes one)");
     app.add_option("--iters", iters, "timed iterations per measurement")->check(CLI::Range(10, 100000000));
@@ -61,13 +61,17 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "OpenMP threads (1 = single thread, the reference setting)")->check(CLI::Range(1, 1024));
     app.add_option("--steps", steps, "Euler steps")->check(CLI::Range(1, 65535));
     app.add_option("--json", json_path, "write the results as JSON to this file");
+    app.add_option("--dtype", dtype, "storage of the projection weights: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
     CLI11_PARSE(app, argc, argv);
 
     try {
 #ifdef _OPENMP
         omp_set_num_threads(threads);
 #endif
-        auto policy = MambaFlowPolicy<Cpu>::load(model);
+        LoadOptions opts;
+        if (dtype == "bf16") opts.weight_dtype = DType::BF16;
+        if (dtype == "f16") opts.weight_dtype = DType::F16;
+        auto policy = MambaFlowPolicy<Cpu>::load(model, opts);
         auto& mamba = policy.backbone();
         const int A = policy.action_dim(), dm = mamba.config().d_model;
         const std::vector<std::int32_t> tokens{1, 2, 3, 4};
@@ -87,8 +91,8 @@ int main(int argc, char** argv) {
         });
         policy.act(tokens, noise, action, Solver::Euler, steps);
 
-        std::printf("mamba_flow_bench (flowedge cpu, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
-                    threads, threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
+        std::printf("mamba_flow_bench (flowedge cpu, %s weights, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
+                    dtype.c_str(), threads, threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
         auto line = [](const char* name, const Stats& s) {
             std::printf("  %-22s p50 %8.2f us  p99 %8.2f us  max %9.2f us  mean %8.2f us\n", name, s.p50, s.p99, s.max, s.mean);
         };
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
                 {"impl", "flowedge"},
                 {"device", "cpu"},
                 {"threads", threads},
+                {"weights", dtype},
                 {"shape", {{"n_layers", mamba.config().n_layers}, {"d_model", dm}, {"d_inner", mamba.config().d_inner},
                            {"d_state", mamba.config().d_state}, {"prefix_tokens", tokens.size()}, {"action_dim", A},
                            {"solver", "euler"}, {"steps", steps}, {"batch", 1}}},
