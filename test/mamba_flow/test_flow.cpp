@@ -47,7 +47,7 @@ TEST_CASE("flow: samples match the double reference for every solver, batch and 
         auto cond = randn(std::size_t(batch) * 5, 1);
         auto noise = randn(std::size_t(batch) * 3, 2);
         for (Solver solver : {Solver::Euler, Solver::Heun, Solver::Rk4}) {
-            for (int steps : {1, 3, 10}) {
+            for (int steps : {1, 3, 10, 64, 65}) {  // 65 > kTimeCacheSteps: time features computed per evaluation
                 std::vector<float> out(noise.size());
                 head.sample(cond, noise, out, solver, steps, batch);
                 double worst = 0;

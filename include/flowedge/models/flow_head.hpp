@@ -58,6 +58,8 @@ public:
     static constexpr int kMaxLayers = 8;
     static constexpr int kMaxSteps = 65535;
     static constexpr int kMaxBatch = 16383;
+    /// Solves of up to this many steps reuse a table of time_proj @ temb(t) for t = j/(2N), computed once per N.
+    static constexpr int kTimeCacheSteps = 64;
 
     FlowHead(FlowHead&&) noexcept = default;
     FlowHead& operator=(FlowHead&&) noexcept = default;
@@ -113,7 +115,8 @@ public:
         return Workspace<B>::template bytes_for<float>(b * m_cfg.cond_dim) +        // cond
                7 * Workspace<B>::template bytes_for<float>(b * A) +                 // noise, x, xt, k1..k4
                3 * Workspace<B>::template bytes_for<float>(b * H) +                 // c, h0, h1
-               Workspace<B>::template bytes_for<float>(b * m_cfg.time_dim);         // time features
+               Workspace<B>::template bytes_for<float>(b * m_cfg.time_dim) +        // time features
+               Workspace<B>::template bytes_for<float>(std::size_t(2 * kTimeCacheSteps + 1) * H);  // time table
     }
 
     /// Whole solve: out = x(1) from x(0) = noise under condition cond.
@@ -206,7 +209,7 @@ public:
         Memory<B>::copy_from_host(m_x, x.data(), x.size_bytes(), m_stream);
         Context<B> ctx{m_stream, nullptr};
         m_cond_proj.forward(ctx, m_cond, m_c, batch);
-        eval(ctx, m_x, t, m_k[0]);
+        eval(ctx, m_x, t, nullptr, m_k[0]);
         Memory<B>::copy_to_host(v.data(), m_k[0], v.size_bytes(), m_stream);
         Memory<B>::synchronize(m_stream);
     }
@@ -248,6 +251,7 @@ private:
         m_h[0] = m_ws.template take<float>(Shape{mb, H}).data;
         m_h[1] = m_ws.template take<float>(Shape{mb, H}).data;
         m_temb = m_ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
+        m_tcache = m_ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
     }
 
     void check_solve(Solver solver, int steps, int batch) const {
@@ -268,6 +272,7 @@ private:
     }
 
     void start(Solver solver, int steps, int batch) {
+        prepare_time_cache(steps);
         m_solver = solver;
         m_steps = steps;
         m_batch = batch;
@@ -275,21 +280,48 @@ private:
         m_active = true;
     }
 
-    /// t_k = k/N, computed in double and rounded once (as the Python reference does).
-    float time_at(double k) const { return float(k / double(m_steps)); }
+    /// Time of half-step j: t = j/(2N), computed in double and rounded once (as the Python reference does);
+    /// equals float(k/N) for j = 2k.
+    float time_of(int j) const { return float(double(j) / (2.0 * double(m_steps))); }
 
-    /// v = velocity(x, t) for m_batch rows, using c already in m_c.
-    void eval(Context<B>& ctx, const float* x, float t, float* v) const {
-        const int n = m_batch, H = m_cfg.hidden;
+    /// Fills the table time_proj @ [sin(t f) | cos(t f)] for t = j/(2N), j = 0..2N (once per N; weights never change).
+    void prepare_time_cache(int steps) {
+        if (steps > kTimeCacheSteps || m_tcache_steps == steps) return;
+        Context<B> ctx{m_stream, nullptr};
+        for (int j = 0; j <= 2 * steps; ++j) {
+            time_features(ctx, float(double(j) / (2.0 * double(steps))), 1);
+            m_time_proj.forward(ctx, m_temb, m_tcache + std::size_t(j) * m_cfg.hidden, 1);
+        }
+        m_tcache_steps = steps;
+    }
+
+    void time_features(Context<B>& ctx, float t, int rows) const {
         SinusoidParams sp;
         sp.t = t;
         sp.out = m_temb;
-        sp.rows = n;
+        sp.rows = rows;
         sp.half = m_cfg.time_dim / 2;
         sp.denom = float(m_cfg.time_dim / 2);
         Ops<B>::sinusoid(sp, ctx.stream);
+    }
+
+    /// Velocity at half-step j of the active solve (table lookup when the table covers it).
+    void eval_at(Context<B>& ctx, const float* x, int j, float* v) const {
+        const bool cached = m_tcache_steps == m_steps;
+        eval(ctx, x, time_of(j), cached ? m_tcache + std::size_t(j) * m_cfg.hidden : nullptr, v);
+    }
+
+    /// v = velocity(x, t) for m_batch rows, using c already in m_c; `tproj` is time_proj @ temb(t) ([H], backend
+    /// memory) when precomputed, else null.
+    void eval(Context<B>& ctx, const float* x, float t, const float* tproj, float* v) const {
+        const int n = m_batch, H = m_cfg.hidden;
         m_in_proj.forward(ctx, x, m_h[0], n);
-        m_time_proj.forward(ctx, m_temb, m_h[0], n, Activation::None, /*accumulate=*/true);
+        if (tproj) {
+            for (int b = 0; b < n; ++b) axpby(ctx, m_h[0] + std::size_t(b) * H, tproj, m_h[0] + std::size_t(b) * H, H, 1.f, 1.f);
+        } else {
+            time_features(ctx, t, n);
+            m_time_proj.forward(ctx, m_temb, m_h[0], n, Activation::None, /*accumulate=*/true);
+        }
         axpby(ctx, m_h[0], m_c, m_h[0], std::int64_t(n) * H, 1.f, 1.f);
         ActivationParams ap;
         ap.x = m_h[0];
@@ -330,30 +362,28 @@ private:
     /// One solver step k (x(t_k) -> x(t_{k+1})) on m_x.
     void step(Context<B>& ctx, int k, std::int64_t n) const {
         const float dt = float(1.0 / double(m_steps));
-        const float t = time_at(k);
         switch (m_solver) {
             case Solver::Euler:
-                eval(ctx, m_x, t, m_k[0]);
+                eval_at(ctx, m_x, 2 * k, m_k[0]);
                 axpby(ctx, m_x, m_k[0], m_x, n, 1.f, dt);  // x + dt*k1
                 break;
             case Solver::Heun: {
-                eval(ctx, m_x, t, m_k[0]);
+                eval_at(ctx, m_x, 2 * k, m_k[0]);
                 axpby(ctx, m_x, m_k[0], m_xt, n, 1.f, dt);
-                eval(ctx, m_xt, time_at(k + 1), m_k[1]);
+                eval_at(ctx, m_xt, 2 * k + 2, m_k[1]);
                 axpby(ctx, m_k[0], m_k[1], m_k[0], n, 1.f, 1.f);          // k1 + k2
                 axpby(ctx, m_x, m_k[0], m_x, n, 1.f, float(0.5 / double(m_steps)));  // x + dt/2*(k1+k2)
                 break;
             }
             case Solver::Rk4: {
                 const float half = float(0.5 / double(m_steps));
-                const float t_mid = time_at(k + 0.5);
-                eval(ctx, m_x, t, m_k[0]);
+                eval_at(ctx, m_x, 2 * k, m_k[0]);
                 axpby(ctx, m_x, m_k[0], m_xt, n, 1.f, half);
-                eval(ctx, m_xt, t_mid, m_k[1]);
+                eval_at(ctx, m_xt, 2 * k + 1, m_k[1]);
                 axpby(ctx, m_x, m_k[1], m_xt, n, 1.f, half);
-                eval(ctx, m_xt, t_mid, m_k[2]);
+                eval_at(ctx, m_xt, 2 * k + 1, m_k[2]);
                 axpby(ctx, m_x, m_k[2], m_xt, n, 1.f, dt);
-                eval(ctx, m_xt, time_at(k + 1), m_k[3]);
+                eval_at(ctx, m_xt, 2 * k + 2, m_k[3]);
                 axpby(ctx, m_k[0], m_k[1], m_k[0], n, 1.f, 2.f);  // k1 + 2 k2
                 axpby(ctx, m_k[0], m_k[2], m_k[0], n, 1.f, 2.f);  // + 2 k3
                 axpby(ctx, m_k[0], m_k[3], m_k[0], n, 1.f, 1.f);  // + k4
@@ -396,6 +426,8 @@ private:
     float* m_c = nullptr;
     float* m_h[2] = {nullptr, nullptr};
     float* m_temb = nullptr;
+    float* m_tcache = nullptr;
+    int m_tcache_steps = 0;  ///< N the time table holds (0 = none)
     Graph<B> m_graph_full, m_graph_part;
     Solver m_solver = Solver::Euler;
     int m_steps = 0, m_batch = 1, m_done = 0;
