@@ -122,6 +122,7 @@ void bind_parameters(Module& module, const std::shared_ptr<const io::SafeTensors
         const std::string key = prefix + name;
         const io::TensorInfo* t = file->find(key);
         if (!t) fail(component, file->path().string() + ": missing tensor '" + key + "'");
+        t->require_float(component, file->path().string());
         p.load(*t, shape, storage, opts, file, component);
     });
 }

@@ -4,6 +4,7 @@
 
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
+#include "flowedge/workspace.hpp"
 
 namespace flowedge {
 
