@@ -1,0 +1,194 @@
+/* flowedge C API: a stable, exception-free C99 surface over the C++ models for other languages and runtimes. */
+#ifndef FLOWEDGE_C_API_H
+#define FLOWEDGE_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(FLOWEDGE_C_BUILDING)
+#    define FLOWEDGE_C_EXPORT __declspec(dllexport)
+#  else
+#    define FLOWEDGE_C_EXPORT __declspec(dllimport)
+#  endif
+#else
+#  define FLOWEDGE_C_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Conventions
+ * - Every function returning fe_status returns FE_OK (0) on success; on failure it returns another code and
+ *   fe_last_error() describes the problem ("flowedge: <component>: <what> (expected X, got Y)").
+ * - No C++ exception ever crosses this boundary; every entry point catches everything.
+ * - Every buffer comes with its length, in float / int32 elements (bytes for decode state).
+ *   Input buffers must hold exactly the elements the call needs: fewer is FE_ERR_INVALID_ARGUMENT (the message
+ *   names the argument and the needed size), more is FE_ERR_SHAPE. Output buffers must hold at least the
+ *   elements written (fewer is FE_ERR_INVALID_ARGUMENT naming the argument and the size); extra room is untouched.
+ * - Layouts are row-major float32. Shapes are written [batch, horizon, action_dim] etc.
+ * - An fe_engine may be used from any thread; calls on one engine are serialised by an internal lock.
+ */
+
+/** Result codes. The numeric values are stable across releases; new codes are only ever appended. */
+typedef enum fe_status {
+    FE_OK = 0,                   /**< success */
+    FE_ERR_INVALID_ARGUMENT = 1, /**< NULL pointer, undersized buffer, unknown solver/scheduler/device string,
+                                      value out of range (steps, batch, timestep, token id) */
+    FE_ERR_IO = 2,               /**< the checkpoint path does not exist or cannot be read */
+    FE_ERR_FORMAT = 3,           /**< the checkpoint is malformed: bad safetensors header, missing/ill-shaped tensor,
+                                      invalid config.json, inconsistent parts */
+    FE_ERR_SHAPE = 4,            /**< an input buffer has more elements than the call uses, or a length that is not
+                                      a whole number of rows (e.g. noise not a multiple of action_dim) */
+    FE_ERR_UNSUPPORTED = 5,      /**< the engine cannot do this: a diffusion call on a mamba-flow engine (or the
+                                      reverse), a backbone call on a head-only file, an unsupported scheduler config */
+    FE_ERR_NON_FINITE = 6,       /**< a NaN/Inf input, or inference produced a non-finite value */
+    FE_ERR_DEVICE = 7,           /**< a GPU failure, or FLOWEDGE_CUDA_REQUIRED=1 and the model is not GPU-resident */
+    FE_ERR_STATE = 8,            /**< a decode state was rejected by fe_engine_import_state (bad magic, other version,
+                                      other model or shape, wrong size, checksum mismatch) */
+    FE_ERR_INTERNAL = 9,         /**< an unexpected failure inside flowedge (a bug: please report it) */
+    FE_ERR_OUT_OF_MEMORY = 10    /**< a host allocation failed */
+} fe_status;
+
+/** What a loaded checkpoint is. */
+typedef enum fe_kind {
+    FE_KIND_NONE = 0,       /**< returned for a NULL engine */
+    FE_KIND_DIFFUSION = 1,  /**< LeRobot Diffusion Policy head (folder, model.safetensors or *.flowedge.safetensors) */
+    FE_KIND_MAMBA_FLOW = 2  /**< Mamba backbone and/or flow-matching head (backbone.* / flow.* tensors) */
+} fe_kind;
+
+/** A loaded model with all its buffers; opaque. */
+typedef struct fe_engine fe_engine;
+
+/** Version of the library, "MAJOR.MINOR.PATCH". Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_version(void);
+
+/** Non-zero when the library was built with the CUDA backend. */
+FLOWEDGE_C_EXPORT int fe_built_with_cuda(void);
+
+/** Message of the last failed call on this thread; "" when none. Never NULL. Valid until the next failing call
+ *  on the same thread. A successful call does not clear it. */
+FLOWEDGE_C_EXPORT const char* fe_last_error(void);
+
+/** Name of a status code ("FE_OK", "FE_ERR_IO", ...); "FE_UNKNOWN" for other values. Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_status_name(fe_status status);
+
+/**
+ * Loads a checkpoint, detecting its kind:
+ * - a LeRobot pretrained_model folder (config.json + model.safetensors), its model.safetensors, or a compact
+ *   *.flowedge.safetensors file (dp.meta tensor) -> FE_KIND_DIFFUSION;
+ * - a safetensors file with backbone.* and/or flow.* tensors -> FE_KIND_MAMBA_FLOW (backbone-only and head-only
+ *   files are allowed; calls that need the missing part fail with FE_ERR_UNSUPPORTED).
+ * device: "cpu", "cuda" or NULL (= "cpu"). "cuda" uploads weights and scratch once; if that is impossible (no CUDA
+ * build, no GPU, not enough memory) the engine runs on the CPU and fe_engine_cuda_resident() is 0 (not a load
+ * failure). FLOWEDGE_CUDA_REQUIRED=1 turns that fallback into FE_ERR_DEVICE; FLOWEDGE_CUDA_FORCE_HOST=1 skips the
+ * upload. Sized for batch 1 and prefixes of up to 512 tokens (see fe_engine_load_ex).
+ * On failure *out is set to NULL.
+ */
+FLOWEDGE_C_EXPORT fe_status fe_engine_load(const char* path, const char* device, fe_engine** out);
+
+/** fe_engine_load with explicit sizes: max_batch (>= 1) bounds the batch of every sample call, max_tokens (>= 1)
+ *  the length of one prefix/prefill. All scratch is allocated here; later calls never allocate on the device. */
+FLOWEDGE_C_EXPORT fe_status fe_engine_load_ex(const char* path, const char* device, int32_t max_batch,
+                                              int32_t max_tokens, fe_engine** out);
+
+/** Frees an engine and everything it holds. NULL is a no-op. */
+FLOWEDGE_C_EXPORT void fe_engine_free(fe_engine* engine);
+
+/* ---- introspection: value, 0 when this engine has no such quantity, -1 (and fe_last_error) for NULL ---- */
+
+/** FE_KIND_DIFFUSION / FE_KIND_MAMBA_FLOW (FE_KIND_NONE for NULL). */
+FLOWEDGE_C_EXPORT fe_kind fe_engine_kind(const fe_engine* engine);
+/** A: action width (diffusion action_dim; flow head action_dim; 0 for a backbone-only file). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_action_dim(const fe_engine* engine);
+/** H: rows of a diffusion sample (0 for mamba-flow: the flow head returns one action row per sample). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_horizon(const fe_engine* engine);
+/** Condition width: diffusion global_cond_dim, flow head cond_dim (0 for a backbone-only file). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_condition_dim(const fe_engine* engine);
+/** Mamba d_model (width of the hidden state of fe_engine_step); 0 for diffusion and head-only files. */
+FLOWEDGE_C_EXPORT int32_t fe_engine_d_model(const fe_engine* engine);
+/** Mamba vocabulary size (token ids must be in [0, vocab)); 0 without a backbone. */
+FLOWEDGE_C_EXPORT int32_t fe_engine_vocab_size(const fe_engine* engine);
+/** Diffusion n_obs_steps (0 for mamba-flow). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_n_obs_steps(const fe_engine* engine);
+/** Diffusion n_action_steps: LeRobot executes rows [n_obs_steps-1, n_obs_steps-1+n_action_steps) (0 for mamba-flow). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_n_action_steps(const fe_engine* engine);
+/** Diffusion num_train_timesteps T (valid denoise timesteps are [0, T)); 0 for mamba-flow. */
+FLOWEDGE_C_EXPORT int32_t fe_engine_num_train_timesteps(const fe_engine* engine);
+/** max_batch given at load. */
+FLOWEDGE_C_EXPORT int32_t fe_engine_max_batch(const fe_engine* engine);
+/** max_tokens given at load (0 without a backbone). */
+FLOWEDGE_C_EXPORT int32_t fe_engine_max_tokens(const fe_engine* engine);
+/** "cpu" or "cuda": where inference runs ("" for NULL). Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_engine_backend(const fe_engine* engine);
+/** 1 when weights and scratch are resident on the GPU, 0 otherwise (also 0 for NULL). */
+FLOWEDGE_C_EXPORT int fe_engine_cuda_resident(const fe_engine* engine);
+
+/* ---- mamba-flow ---- */
+
+/**
+ * Mamba + flow policy: prefill(tokens) (decode state reset first), condition = last hidden row, then a flow solve
+ * from each noise row. tokens: [n_tokens], 1 <= n_tokens <= max_tokens, ids in [0, vocab);
+ * noise: [batch, A] with batch = noise_len / A <= max_batch (every row shares the condition); out: [batch, A].
+ * solver: "euler" | "heun" | "rk4" (NULL = "euler"); steps >= 1. Afterwards the decode state holds the prefix.
+ */
+FLOWEDGE_C_EXPORT fe_status fe_engine_sample(fe_engine* engine, const int32_t* tokens, size_t n_tokens,
+                                             const float* noise, size_t noise_len, const char* solver, int32_t steps,
+                                             float* out, size_t out_len);
+
+/**
+ * Flow head alone from an external condition. cond: [batch, Cd]; noise, out: [batch, A]; batch <= max_batch.
+ * Works on head-only and full mamba-flow files.
+ */
+FLOWEDGE_C_EXPORT fe_status fe_engine_sample_condition(fe_engine* engine, const float* cond, size_t cond_len,
+                                                       const float* noise, size_t noise_len, int32_t batch,
+                                                       const char* solver, int32_t steps, float* out, size_t out_len);
+
+/** Backbone prefill from a fresh state: tokens [n_tokens] -> hidden [n_tokens, d_model]; the state then holds
+ *  the sequence, so fe_engine_step continues it. */
+FLOWEDGE_C_EXPORT fe_status fe_engine_prefill(fe_engine* engine, const int32_t* tokens, size_t n_tokens,
+                                              float* hidden, size_t hidden_len);
+
+/** Streaming decode of one token: hidden [d_model] is that token's final-norm hidden state. */
+FLOWEDGE_C_EXPORT fe_status fe_engine_step(fe_engine* engine, int32_t token, float* hidden, size_t hidden_len);
+
+/** Forgets the decoded sequence (the next step starts a new one). */
+FLOWEDGE_C_EXPORT fe_status fe_engine_reset(fe_engine* engine);
+
+/** Bytes of an exported decode state (header + conv and SSM state of every layer). */
+FLOWEDGE_C_EXPORT fe_status fe_engine_state_size(const fe_engine* engine, size_t* out_bytes);
+
+/** Writes the decode state to buf (buf_bytes >= fe_engine_state_size); *written (may be NULL) gets the size.
+ *  The format is versioned and checksummed, tied to this model's weights and shapes. */
+FLOWEDGE_C_EXPORT fe_status fe_engine_export_state(fe_engine* engine, void* buf, size_t buf_bytes, size_t* written);
+
+/** Restores a state written by fe_engine_export_state of the same model; anything else is FE_ERR_STATE and the
+ *  current state is left unchanged. */
+FLOWEDGE_C_EXPORT fe_status fe_engine_import_state(fe_engine* engine, const void* buf, size_t buf_bytes);
+
+/* ---- diffusion ---- */
+
+/**
+ * Diffusion Policy sampling. cond: [batch, global_cond_dim]; noise: [batch, horizon, A] (standard normal,
+ * normalised units); out: [batch, horizon, A] un-normalised (MIN_MAX) actions. batch in [1, max_batch];
+ * steps in [1, num_train_timesteps]; scheduler "ddim" | "ddpm" (NULL = "ddim"); seed drives the DDPM noise
+ * (batch element b uses seed + b; ignored by DDIM).
+ */
+FLOWEDGE_C_EXPORT fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_t cond_len,
+                                                       const float* noise, size_t noise_len, int32_t batch,
+                                                       int32_t steps, const char* scheduler, uint64_t seed,
+                                                       float* out, size_t out_len);
+
+/** One U-Net call: eps = unet(sample, timestep, cond). cond: [batch, global_cond_dim]; sample, eps:
+ *  [batch, horizon, A] in normalised units; timestep in [0, num_train_timesteps). */
+FLOWEDGE_C_EXPORT fe_status fe_engine_diffusion_denoise(fe_engine* engine, const float* cond, size_t cond_len,
+                                                        const float* sample, size_t sample_len, int32_t batch,
+                                                        int32_t timestep, float* eps, size_t eps_len);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLOWEDGE_C_API_H */
