@@ -93,10 +93,9 @@ TEST_CASE("write -> read round trips (f32 and i32, ranks 0..4)") {
             f[j] = float(j) * 1.25f - 3.f;
             ii[j] = std::int32_t(j * 1000003u) - 7;
         }
-        fs::path pf = d / ("f" + std::to_string(k));
-        fs::path pi = d / ("i" + std::to_string(k));
-        pf += ".npy";
-        pi += ".npy";
+        const std::string stem = std::to_string(k) + ".npy";
+        const fs::path pf = d / ("f_" + stem);
+        const fs::path pi = d / ("i_" + stem);
         ++k;
         write_npy_f32(pf, shape, f);
         write_npy_i32(pi, shape, ii);
