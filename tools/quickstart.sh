@@ -11,7 +11,7 @@ if [ "$backend" = cuda ]; then
 else
   preset=default; bin=build; device=cpu
 fi
-cmake --preset "$preset" -DFLOWEDGE_BUILD_TESTS=OFF >/dev/null
+cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" --target diffusion_sample flow_sample mamba_forward \
   flowedge-make-demo-diffusion flowedge-make-demo-mamba-flow
 mkdir -p models
