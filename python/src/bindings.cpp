@@ -1,0 +1,462 @@
+// flowedge._flowedge: nanobind bindings that give Python numpy-in/numpy-out access to the C++ heads, with the
+// GIL released during inference and flowedge::Error mapped to flowedge.FlowEdgeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <tuple>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "error_map.hpp"
+#include "flowedge/error.hpp"
+#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/mamba_flow_policy.hpp"
+#include "flowedge/runtime.hpp"
+
+#ifndef FLOWEDGE_VERSION_STRING
+#define FLOWEDGE_VERSION_STRING "0.0.0"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace flowedge;
+
+namespace {
+
+PyObject* g_error = nullptr;        // flowedge.FlowEdgeError(RuntimeError)
+PyObject* g_value_error = nullptr;  // flowedge.FlowEdgeValueError(FlowEdgeError, ValueError)
+
+/// A bad argument detected by the bindings (shape, size, range): raised as FlowEdgeValueError.
+struct ArgumentError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void bad_arg(const std::string& what) { throw ArgumentError("flowedge: python: " + what); }
+
+using F32 = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::numpy, float>;
+
+/// float32 C-contiguous view of any numeric array-like: zero-copy when it already is one, otherwise one
+/// numpy conversion. Non-numeric input (strings, objects, None) is a TypeError naming the argument.
+F32 as_f32(nb::handle obj, const char* name) {
+    nb::module_ np = nb::module_::import_("numpy");
+    F32 view;
+    if (nb::try_cast<F32>(obj, view, /*convert=*/false)) return view;  // already float32, C-contiguous, on the CPU
+    nb::object arr;
+    try {
+        arr = np.attr("asarray")(obj);
+    } catch (nb::python_error&) {
+        throw nb::type_error((std::string("flowedge: argument '") + name + "' must be a numeric array").c_str());
+    }
+    const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+    if (kind.size() != 1 || std::string("biuf").find(kind[0]) == std::string::npos)
+        throw nb::type_error((std::string("flowedge: argument '") + name + "' must be a numeric array (got dtype " +
+                              nb::cast<std::string>(nb::str(arr.attr("dtype"))) + ")").c_str());
+    nb::object conv = np.attr("ascontiguousarray")(arr, "dtype"_a = np.attr("float32"));
+    return nb::cast<F32>(conv);
+}
+
+/// Token ids as int32: integer input only; values outside int32 are an error, never wrapped.
+std::vector<std::int32_t> as_tokens(nb::handle obj) {
+    nb::module_ np = nb::module_::import_("numpy");
+    nb::object arr;
+    try {
+        arr = np.attr("asarray")(obj);
+    } catch (nb::python_error&) {
+        throw nb::type_error("flowedge: argument 'tokens' must be an integer array");
+    }
+    const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+    if (kind != "i" && kind != "u")
+        throw nb::type_error(("flowedge: argument 'tokens' must hold integers (got dtype " +
+                              nb::cast<std::string>(nb::str(arr.attr("dtype"))) + ")").c_str());
+    if (nb::cast<int>(arr.attr("ndim")) != 1) bad_arg("tokens must be one-dimensional [L]");
+    nb::object i64 = np.attr("ascontiguousarray")(arr, "dtype"_a = np.attr("int64"));
+    auto view = nb::cast<nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(i64);
+    std::vector<std::int32_t> out(view.shape(0));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        const std::int64_t v = view(i);
+        if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+            bad_arg("token id at position " + std::to_string(i) + " does not fit in int32 (got " + std::to_string(v) + ")");
+        out[i] = std::int32_t(v);
+    }
+    return out;
+}
+
+/// A new float32 numpy array of `shape`, owning its memory.
+OutArray new_array(const std::vector<std::size_t>& shape) {
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    float* data = new float[n > 0 ? n : 1];
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    return OutArray(data, shape.size(), shape.data(), owner);
+}
+
+std::vector<std::size_t> shape_of(const F32& a) {
+    std::vector<std::size_t> s(a.ndim());
+    for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+    return s;
+}
+
+std::string shape_str(const F32& a) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+    return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::span<const float> span_of(const F32& a) { return {a.data(), a.size()}; }
+
+Device device_arg(const std::string& device) { return parse_device(device); }
+
+std::optional<DType> dtype_arg(nb::handle dtype) {
+    if (dtype.is_none()) return std::nullopt;
+    std::string s;
+    if (nb::isinstance<nb::str>(dtype)) {
+        s = nb::cast<std::string>(dtype);
+    } else {
+        nb::module_ np = nb::module_::import_("numpy");
+        try {
+            s = nb::cast<std::string>(np.attr("dtype")(dtype).attr("name"));
+        } catch (nb::python_error&) {
+            throw nb::type_error("flowedge: dtype must be None, a string or a numpy dtype");
+        }
+    }
+    if (s == "f32" || s == "float32") return DType::F32;
+    if (s == "bf16" || s == "bfloat16") return DType::BF16;
+    if (s == "f16" || s == "float16") return DType::F16;
+    bad_arg("unknown weight dtype '" + s + "' (expected float32, bfloat16 or float16)");
+}
+
+/// Leading batch of an input that is either one row [n] (returns 0: unbatched) or [B, n].
+std::size_t batch_of(const F32& a, std::size_t row, const char* name, const char* row_desc) {
+    if (a.ndim() == 1 && a.shape(0) == row) return 0;
+    if (a.ndim() == 2 && a.shape(1) == row && a.shape(0) >= 1) return a.shape(0);
+    bad_arg(std::string(name) + " must be [" + row_desc + "] or [batch, " + row_desc + "] with " + row_desc + " = " +
+            std::to_string(row) + " (got shape " + shape_str(a) + ")");
+}
+
+/// A Resident<Model> plus the lock that serialises calls from several Python threads.
+template <template <class> class Model>
+struct Held {
+    Resident<Model> model;
+    std::mutex mutex;
+    explicit Held(Resident<Model>&& m) : model(std::move(m)) {}
+
+    const char* backend() const { return model.backend(); }
+    bool cuda_resident() const { return model.cuda_resident(); }
+    std::string fallback_reason() const { return model.fallback_reason(); }
+
+    /// Runs f(model) with the GIL released and the lock held.
+    template <class F>
+    void run(F&& f) {
+        nb::gil_scoped_release release;
+        std::lock_guard lock(mutex);
+        model.visit(f);
+    }
+    /// Reads a value from the model (lock held, GIL kept: cheap accessors only).
+    template <class F>
+    auto get(F&& f) {
+        std::lock_guard lock(mutex);
+        return model.visit(f);
+    }
+};
+
+using PyDiffusion = Held<DiffusionHead>;
+using PyMamba = Held<Mamba>;
+using PyFlow = Held<FlowHead>;
+using PyPolicy = Held<MambaFlowPolicy>;
+
+template <template <class> class Model, class Loader>
+Resident<Model> load_resident(const std::string& device, Loader&& loader) {
+    const Device want = device_arg(device);
+    nb::gil_scoped_release release;
+    return Resident<Model>::load(want, ResidencyFlags::from_env(), loader);
+}
+
+template <class T, class Cls>
+void common_properties(Cls& cls) {
+    cls.def_prop_ro("backend", [](T& s) { return std::string(s.backend()); }, "\"cpu\" or \"cuda\": where inference runs.")
+        .def_prop_ro("cuda_resident", [](T& s) { return s.cuda_resident(); },
+                     "True when weights and scratch live on the GPU (False after a CPU fallback).")
+        .def_prop_ro("fallback_reason", [](T& s) { return s.fallback_reason(); },
+                     "Why the model runs on the CPU although device='cuda' was asked for ('' otherwise).");
+}
+
+}  // namespace
+
+NB_MODULE(_flowedge, m) {
+    m.doc() = "flowedge: robot policy inference (Mamba, flow matching, Diffusion Policy) from Python";
+    m.attr("__version__") = FLOWEDGE_VERSION_STRING;
+    m.attr("cuda") = nb::bool_(backend_available_v<Cuda>);
+
+    g_error = PyErr_NewExceptionWithDoc("flowedge.FlowEdgeError",
+                                        "Raised for every flowedge failure (load, format, device, state, inference).",
+                                        PyExc_RuntimeError, nullptr);
+    nb::object bases = nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_ValueError));
+    g_value_error = PyErr_NewExceptionWithDoc("flowedge.FlowEdgeValueError",
+                                              "A bad argument (shape, size, range, unknown name): both a FlowEdgeError "
+                                              "and a ValueError.",
+                                              bases.ptr(), nullptr);  // base may be a tuple of classes
+    if (!g_error || !g_value_error) throw nb::python_error();
+    m.attr("FlowEdgeError") = nb::handle(g_error);
+    m.attr("FlowEdgeValueError") = nb::handle(g_value_error);
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const ArgumentError& e) {
+            PyErr_SetString(g_value_error, e.what());
+        } catch (const Error& e) {
+            const fe_status s = capi::classify_error(e.what(), FE_ERR_INTERNAL);
+            const bool argument = s == FE_ERR_INVALID_ARGUMENT || s == FE_ERR_SHAPE;
+            PyErr_SetString(argument ? g_value_error : g_error, e.what());
+        }
+    });
+
+    // ---- DiffusionHead ----
+    nb::class_<PyDiffusion> dh(m, "DiffusionHead",
+                               "LeRobot Diffusion Policy head (conditional 1-D U-Net + DDIM/DDPM + MIN_MAX un-normalisation).\n"
+                               "path: LeRobot pretrained_model folder, its model.safetensors, or *.flowedge.safetensors.");
+    dh.def(
+        "__init__",
+        [](PyDiffusion* self, const std::string& path, const std::string& device, int max_batch, nb::handle dtype) {
+            if (max_batch < 1) bad_arg("max_batch must be >= 1 (got " + std::to_string(max_batch) + ")");
+            LoadOptions opts;
+            opts.weight_dtype = dtype_arg(dtype);
+            new (self) PyDiffusion(load_resident<DiffusionHead>(device, [&](auto tag) {
+                return DiffusionHead<decltype(tag)>::load(path, opts, max_batch);
+            }));
+        },
+        "path"_a, "device"_a = "cpu", "max_batch"_a = 1, "dtype"_a = nb::none());
+    common_properties<PyDiffusion>(dh);
+    dh.def_prop_ro("action_dim", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().action_dim; }); })
+        .def_prop_ro("horizon", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().horizon; }); })
+        .def_prop_ro("global_cond_dim", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().global_cond_dim; }); })
+        .def_prop_ro("n_obs_steps", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().n_obs_steps; }); })
+        .def_prop_ro("n_action_steps", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().n_action_steps; }); })
+        .def_prop_ro("num_train_timesteps",
+                     [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().num_train_timesteps; }); })
+        .def_prop_ro("max_batch", [](PyDiffusion& s) { return s.get([](auto& h) { return h.max_batch(); }); })
+        .def_prop_ro("n_parameters", [](PyDiffusion& s) { return s.get([](auto& h) { return h.n_parameters(); }); })
+        .def_prop_ro("action_min", [](PyDiffusion& s) { return s.get([](auto& h) { return h.action_min(); }); })
+        .def_prop_ro("action_max", [](PyDiffusion& s) { return s.get([](auto& h) { return h.action_max(); }); })
+        .def(
+            "sample",
+            [](PyDiffusion& s, nb::handle cond_obj, nb::handle noise_obj, int steps, const std::string& scheduler,
+               std::uint64_t seed, bool normalized) {
+                const F32 cond = as_f32(cond_obj, "cond"), noise = as_f32(noise_obj, "noise");
+                const auto [H, A, G, T, max_batch] = s.get([](auto& h) {
+                    const auto& c = h.config();
+                    return std::tuple{std::size_t(c.horizon), std::size_t(c.action_dim), std::size_t(c.global_cond_dim),
+                                      c.num_train_timesteps, h.max_batch()};
+                });
+                const bool batched = noise.ndim() == 3;
+                if (!((noise.ndim() == 2 || batched) && noise.shape(noise.ndim() - 2) == H && noise.shape(noise.ndim() - 1) == A &&
+                      (!batched || noise.shape(0) >= 1)))
+                    bad_arg("noise must be [horizon, action_dim] or [batch, horizon, action_dim] = [.., " + std::to_string(H) +
+                            ", " + std::to_string(A) + "] (got shape " + shape_str(noise) + ")");
+                const std::size_t B = batched ? noise.shape(0) : 1;
+                const std::size_t cb = batch_of(cond, G, "cond", "global_cond_dim");
+                if (!batched && cb > 1) bad_arg("cond has " + std::to_string(cb) + " rows but noise is unbatched [horizon, action_dim]");
+                if (batched && cb != 0 && cb != B)
+                    bad_arg("cond batch " + std::to_string(cb) + " does not match noise batch " + std::to_string(B));
+                if (B > std::size_t(max_batch))
+                    bad_arg("batch " + std::to_string(B) + " exceeds max_batch " + std::to_string(max_batch) +
+                            " (pass max_batch= when loading)");
+                if (steps < 1 || steps > T)
+                    bad_arg("steps must be in [1, " + std::to_string(T) + "] (got " + std::to_string(steps) + ")");
+                const SampleOptions opts{.steps = steps, .scheduler = parse_scheduler(scheduler), .seed = seed};
+                std::vector<float> cond_rep;  // a single condition shared by every batch row
+                std::span<const float> cspan = span_of(cond);
+                if (batched && cb == 0 && B > 1) {
+                    cond_rep.reserve(B * G);
+                    for (std::size_t b = 0; b < B; ++b) cond_rep.insert(cond_rep.end(), cond.data(), cond.data() + G);
+                    cspan = cond_rep;
+                }
+                OutArray out = new_array(shape_of(noise));
+                float* o = out.data();
+                s.run([&](auto& h) {
+                    std::span<float> os(o, B * H * A);
+                    if (normalized) h.sample_normalized(cspan, span_of(noise), os, opts, int(B));
+                    else h.sample(cspan, span_of(noise), os, opts, int(B));
+                });
+                return out;
+            },
+            "cond"_a, "noise"_a, "steps"_a = 10, "scheduler"_a = "ddim", "seed"_a = 0, "normalized"_a = false,
+            "Samples actions. cond: [global_cond_dim] or [B, global_cond_dim]; noise: [horizon, A] or [B, horizon, A]\n"
+            "(standard normal). Returns the same shape as noise: un-normalised actions, or normalised ones when\n"
+            "normalized=True. scheduler 'ddim' | 'ddpm'; seed drives the DDPM noise (row b uses seed + b).")
+        .def(
+            "denoise",
+            [](PyDiffusion& s, nb::handle cond_obj, nb::handle sample_obj, int timestep) {
+                const F32 cond = as_f32(cond_obj, "cond"), x = as_f32(sample_obj, "sample");
+                const auto [H, A, G, max_batch] = s.get([](auto& h) {
+                    const auto& c = h.config();
+                    return std::tuple{std::size_t(c.horizon), std::size_t(c.action_dim), std::size_t(c.global_cond_dim),
+                                      h.max_batch()};
+                });
+                const bool batched = x.ndim() == 3;
+                if (!((x.ndim() == 2 || batched) && x.shape(x.ndim() - 2) == H && x.shape(x.ndim() - 1) == A))
+                    bad_arg("sample must be [horizon, action_dim] or [batch, horizon, action_dim] (got shape " + shape_str(x) + ")");
+                const std::size_t B = batched ? x.shape(0) : 1;
+                const std::size_t cb = batch_of(cond, G, "cond", "global_cond_dim");
+                if ((batched && cb != B) || (!batched && cb > 1))
+                    bad_arg("cond must be [batch, global_cond_dim] matching the sample batch (got shape " + shape_str(cond) + ")");
+                if (B > std::size_t(max_batch))
+                    bad_arg("batch " + std::to_string(B) + " exceeds max_batch " + std::to_string(max_batch));
+                OutArray out = new_array(shape_of(x));
+                float* o = out.data();
+                s.run([&](auto& h) { h.denoise(span_of(cond), span_of(x), timestep, std::span<float>(o, B * H * A), int(B)); });
+                return out;
+            },
+            "cond"_a, "sample"_a, "timestep"_a,
+            "One U-Net call: epsilon = unet(sample, timestep, cond); sample in normalised units, same shape out.");
+
+    // ---- Mamba ----
+    nb::class_<PyMamba> mb(m, "Mamba", "Mamba-1 backbone (transformers MambaModel): token ids -> final-norm hidden states.");
+    mb.def(
+        "__init__",
+        [](PyMamba* self, const std::string& path, const std::string& device, int max_tokens) {
+            if (max_tokens < 1) bad_arg("max_tokens must be >= 1 (got " + std::to_string(max_tokens) + ")");
+            new (self) PyMamba(load_resident<Mamba>(device, [&](auto tag) { return Mamba<decltype(tag)>::load(path, {}, max_tokens); }));
+        },
+        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512);
+    common_properties<PyMamba>(mb);
+    mb.def_prop_ro("d_model", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_model; }); })
+        .def_prop_ro("d_inner", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_inner; }); })
+        .def_prop_ro("d_state", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_state; }); })
+        .def_prop_ro("d_conv", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_conv; }); })
+        .def_prop_ro("n_layers", [](PyMamba& s) { return s.get([](auto& x) { return x.config().n_layers; }); })
+        .def_prop_ro("vocab_size", [](PyMamba& s) { return s.get([](auto& x) { return x.config().vocab; }); })
+        .def_prop_ro("max_tokens", [](PyMamba& s) { return s.get([](auto& x) { return x.max_tokens(); }); })
+        .def_prop_ro("state_size", [](PyMamba& s) { return s.get([](auto& x) { return x.state_bytes(); }); },
+                     "Bytes of export_state().")
+        .def(
+            "prefill",
+            [](PyMamba& s, nb::handle tokens_obj) {
+                const std::vector<std::int32_t> tokens = as_tokens(tokens_obj);
+                const std::size_t dm = s.get([](auto& x) { return std::size_t(x.config().d_model); });
+                if (tokens.empty()) bad_arg("tokens must not be empty");
+                OutArray out = new_array({tokens.size(), dm});
+                float* o = out.data();
+                s.run([&](auto& x) { x.prefill(tokens, std::span<float>(o, tokens.size() * dm)); });
+                return out;
+            },
+            "tokens"_a, "Runs the sequence from a fresh state: tokens [L] -> hidden [L, d_model]; the state then holds it.")
+        .def(
+            "step",
+            [](PyMamba& s, std::int64_t token) {
+                if (token < std::numeric_limits<std::int32_t>::min() || token > std::numeric_limits<std::int32_t>::max())
+                    bad_arg("token id does not fit in int32 (got " + std::to_string(token) + ")");
+                const std::size_t dm = s.get([](auto& x) { return std::size_t(x.config().d_model); });
+                OutArray out = new_array({dm});
+                float* o = out.data();
+                s.run([&](auto& x) { x.step(std::int32_t(token), std::span<float>(o, dm)); });
+                return out;
+            },
+            "token"_a, "Decodes one more token: returns its hidden state [d_model].")
+        .def("reset", [](PyMamba& s) { s.run([](auto& x) { x.reset(); }); }, "Forgets the sequence.")
+        .def(
+            "export_state",
+            [](PyMamba& s) {
+                std::vector<std::byte> buf;
+                s.run([&](auto& x) { buf = x.export_state(); });
+                return nb::bytes(reinterpret_cast<const char*>(buf.data()), buf.size());
+            },
+            "The decode state as versioned, checksummed bytes tied to these weights.")
+        .def(
+            "import_state",
+            [](PyMamba& s, nb::bytes state) {
+                std::vector<std::byte> buf(state.size());
+                std::memcpy(buf.data(), state.c_str(), state.size());
+                s.run([&](auto& x) { x.import_state(buf); });
+            },
+            "state"_a, "Restores a state from export_state() of the same model (FlowEdgeError otherwise; state unchanged).");
+
+    // ---- FlowHead ----
+    nb::class_<PyFlow> fh(m, "FlowHead", "Flow-matching action head (flow.* tensors): condition + noise -> action.");
+    fh.def(
+        "__init__",
+        [](PyFlow* self, const std::string& path, const std::string& device, int max_batch) {
+            if (max_batch < 1) bad_arg("max_batch must be >= 1 (got " + std::to_string(max_batch) + ")");
+            new (self) PyFlow(load_resident<FlowHead>(device, [&](auto tag) { return FlowHead<decltype(tag)>::load(path, {}, max_batch); }));
+        },
+        "path"_a, "device"_a = "cpu", "max_batch"_a = 1);
+    common_properties<PyFlow>(fh);
+    fh.def_prop_ro("action_dim", [](PyFlow& s) { return s.get([](auto& x) { return x.config().action_dim; }); })
+        .def_prop_ro("cond_dim", [](PyFlow& s) { return s.get([](auto& x) { return x.config().cond_dim; }); })
+        .def_prop_ro("hidden", [](PyFlow& s) { return s.get([](auto& x) { return x.config().hidden; }); })
+        .def_prop_ro("time_dim", [](PyFlow& s) { return s.get([](auto& x) { return x.config().time_dim; }); })
+        .def_prop_ro("n_layers", [](PyFlow& s) { return s.get([](auto& x) { return x.config().n_layers; }); })
+        .def_prop_ro("max_batch", [](PyFlow& s) { return s.get([](auto& x) { return x.max_batch(); }); })
+        .def(
+            "sample",
+            [](PyFlow& s, nb::handle cond_obj, nb::handle noise_obj, const std::string& solver, int steps) {
+                const F32 cond = as_f32(cond_obj, "cond"), noise = as_f32(noise_obj, "noise");
+                const auto [A, C, max_batch] = s.get([](auto& x) {
+                    return std::tuple{std::size_t(x.config().action_dim), std::size_t(x.config().cond_dim), x.max_batch()};
+                });
+                const std::size_t nb_ = batch_of(noise, A, "noise", "action_dim");
+                const std::size_t cb = batch_of(cond, C, "cond", "cond_dim");
+                if ((nb_ == 0) != (cb == 0) || nb_ != cb)
+                    bad_arg("cond and noise must both be single rows or have the same batch (got " + shape_str(cond) +
+                            " and " + shape_str(noise) + ")");
+                const std::size_t B = nb_ == 0 ? 1 : nb_;
+                if (B > std::size_t(max_batch))
+                    bad_arg("batch " + std::to_string(B) + " exceeds max_batch " + std::to_string(max_batch));
+                const Solver sv = parse_solver(solver);
+                OutArray out = new_array(shape_of(noise));
+                float* o = out.data();
+                s.run([&](auto& x) { x.sample(span_of(cond), span_of(noise), std::span<float>(o, B * A), sv, steps, int(B)); });
+                return out;
+            },
+            "cond"_a, "noise"_a, "solver"_a = "euler", "steps"_a = 10,
+            "cond: [cond_dim] or [B, cond_dim]; noise: [A] or [B, A] (x at t=0). Returns x at t=1, same shape as noise.\n"
+            "solver: 'euler' | 'heun' | 'rk4'.");
+
+    // ---- MambaFlowPolicy ----
+    nb::class_<PyPolicy> mp(m, "MambaFlowPolicy", "Mamba backbone + flow head from one mamba_flow.safetensors.");
+    mp.def(
+        "__init__",
+        [](PyPolicy* self, const std::string& path, const std::string& device, int max_tokens, int max_batch) {
+            if (max_tokens < 1) bad_arg("max_tokens must be >= 1 (got " + std::to_string(max_tokens) + ")");
+            if (max_batch < 1) bad_arg("max_batch must be >= 1 (got " + std::to_string(max_batch) + ")");
+            new (self) PyPolicy(load_resident<MambaFlowPolicy>(
+                device, [&](auto tag) { return MambaFlowPolicy<decltype(tag)>::load(path, {}, max_tokens, max_batch); }));
+        },
+        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512, "max_batch"_a = 1);
+    common_properties<PyPolicy>(mp);
+    mp.def_prop_ro("has_backbone", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_backbone(); }); })
+        .def_prop_ro("has_head", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_head(); }); })
+        .def_prop_ro("action_dim", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_head() ? p.head().config().action_dim : 0; }); })
+        .def_prop_ro("d_model", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_backbone() ? p.backbone().config().d_model : 0; }); })
+        .def(
+            "act",
+            [](PyPolicy& s, nb::handle tokens_obj, nb::handle noise_obj, const std::string& solver, int steps) {
+                const std::vector<std::int32_t> tokens = as_tokens(tokens_obj);
+                const F32 noise = as_f32(noise_obj, "noise");
+                const auto [ok, A, max_batch] = s.get([](auto& p) {
+                    return std::tuple{p.has_backbone() && p.has_head(), std::size_t(p.has_head() ? p.head().config().action_dim : 0),
+                                      p.has_head() ? p.head().max_batch() : 0};
+                });
+                if (!ok) s.get([](auto& p) { p.backbone(), p.head(); return 0; });  // throws the precise "no backbone/head" error
+                if (tokens.empty()) bad_arg("tokens must not be empty");
+                const std::size_t nb_ = batch_of(noise, A, "noise", "action_dim");
+                const std::size_t B = nb_ == 0 ? 1 : nb_;
+                if (B > std::size_t(max_batch))
+                    bad_arg("batch " + std::to_string(B) + " exceeds max_batch " + std::to_string(max_batch));
+                const Solver sv = parse_solver(solver);
+                OutArray out = new_array(shape_of(noise));
+                float* o = out.data();
+                s.run([&](auto& p) { p.act(tokens, span_of(noise), std::span<float>(o, B * A), sv, steps); });
+                return out;
+            },
+            "tokens"_a, "noise"_a, "solver"_a = "euler", "steps"_a = 10,
+            "tokens [L] -> prefill -> last hidden row as condition -> flow solve from noise [A] or [B, A].");
+}
