@@ -1,0 +1,199 @@
+// Whole-head parity of DiffusionHead against LeRobot 0.4.4's own DiffusionPolicy (SPEC 4): the committed folder
+// test/fixtures/dp_small and the float32 references in dp_small_ref/ made by tools/make_reference_diffusion.py.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "flowedge/io/npy.hpp"
+#include "flowedge/models/diffusion_head.hpp"
+
+using namespace flowedge;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kFolder = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_small";
+const fs::path kRef = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_small_ref";
+
+// SPEC 4 bounds (max abs, normalised units).
+constexpr double kEpsBound = 3e-4;
+constexpr double kDdimBound = 6e-4;
+constexpr double kDdpmBound = 8e-4;
+
+nlohmann::json refs() {
+    std::ifstream f(kRef / "refs.json");
+    REQUIRE(f.good());
+    return nlohmann::json::parse(f);
+}
+
+/// Reads `name`.npy from the reference folder, checking its shape.
+std::vector<float> ref(const std::string& name, std::vector<std::int64_t> shape) {
+    io::NpyArrayF32 a = io::read_npy_f32(kRef / (name + ".npy"));
+    REQUIRE_MESSAGE(a.shape == shape, name);
+    return std::move(a.data);
+}
+
+double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+    return m;
+}
+
+/// Max over elements of |a - b| / ((max - min) / 2) of the element's action dimension: the un-normalised error
+/// expressed in normalised units, so it is held to the same bound.
+double max_abs_unnormalized(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& mn,
+                            const std::vector<float>& mx) {
+    REQUIRE(a.size() == b.size());
+    const std::size_t A = mn.size();
+    double m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double half = (double(mx[i % A]) - double(mn[i % A])) / 2.0;
+        m = std::max(m, std::fabs(double(a[i]) - double(b[i])) / half);
+    }
+    return m;
+}
+
+/// Every measured number of one model variant (all max abs, normalised units).
+struct Errors {
+    double eps[3]{};                   // t = 99, 50, 0
+    double ddim10 = 0, ddpm100 = 0, ddpm10 = 0;
+    double ddim10_act = 0, ddpm100_act = 0, ddpm10_act = 0;  // un-normalised, divided by (max-min)/2
+    double obs_exec = 0, obs_exec_act = 0;
+    std::vector<float> ddim10_out;     // the normalised 10-step DDIM result (for cross-variant comparisons)
+};
+
+/// Runs every reference comparison on `h`; returns the errors (the caller decides the bounds).
+Errors measure(DiffusionHead<Cpu>& h, const std::string& label) {
+    const nlohmann::json j = refs();
+    const int B = j.at("batch").get<int>();
+    const int H = j.at("config").at("horizon").get<int>(), A = j.at("config").at("action_dim").get<int>();
+    const int G = j.at("global_cond_dim").get<int>(), N = j.at("config").at("n_action_steps").get<int>();
+    REQUIRE(h.config().horizon == H);
+    REQUIRE(h.config().action_dim == A);
+    REQUIRE(h.config().global_cond_dim == G);
+    REQUIRE(h.config().n_action_steps == N);
+    REQUIRE(h.max_batch() >= B);
+    const std::vector<float> mn = j.at("action_min").get<std::vector<float>>(), mx = j.at("action_max").get<std::vector<float>>();
+    CHECK(h.action_min() == mn);
+    CHECK(h.action_max() == mx);
+    CHECK(j.at("executed_rows").at("start").get<int>() == h.config().n_obs_steps - 1);
+
+    const std::vector<std::int64_t> bha{B, H, A};
+    const std::vector<float> cond = ref("cond", {B, G}), noise = ref("noise", bha);
+    const std::size_t n = std::size_t(B) * H * A;
+    std::vector<float> y(n);
+    Errors e;
+    const int ts[3] = {99, 50, 0};
+    for (int k = 0; k < 3; ++k) {
+        h.denoise(cond, noise, ts[k], y, B);
+        e.eps[k] = max_abs(y, ref("eps_t" + std::to_string(ts[k]), bha));
+    }
+    struct Run { const char* tag; Scheduler s; int steps; double* norm; double* act; };
+    const Run runs[3] = {{"ddim10", Scheduler::Ddim, 10, &e.ddim10, &e.ddim10_act},
+                         {"ddpm100", Scheduler::Ddpm, 100, &e.ddpm100, &e.ddpm100_act},
+                         {"ddpm10", Scheduler::Ddpm, 10, &e.ddpm10, &e.ddpm10_act}};
+    const std::uint64_t seed = j.at("seeds").at("ddpm_splitmix").get<std::uint64_t>();
+    for (const Run& r : runs) {
+        const SampleOptions o{.steps = r.steps, .scheduler = r.s, .seed = seed};
+        h.sample_normalized(cond, noise, y, o, B);
+        *r.norm = max_abs(y, ref(std::string(r.tag) + "_norm", bha));
+        if (r.s == Scheduler::Ddim && r.steps == 10) e.ddim10_out = y;
+        h.sample(cond, noise, y, o, B);
+        *r.act = max_abs_unnormalized(y, ref(std::string(r.tag) + "_action", bha), mn, mx);
+    }
+    // LeRobot's observation path built obs_cond from raw observations; flowedge runs only the head from there.
+    const std::vector<float> obs_cond = ref("obs_cond", {B, G});
+    std::vector<float> exec(std::size_t(B) * N * A);
+    h.sample_normalized(obs_cond, noise, y, {.steps = 10, .scheduler = Scheduler::Ddim}, B);
+    h.executed_actions(y, exec, B);
+    e.obs_exec = max_abs(exec, ref("obs_ddim10_executed_norm", {B, N, A}));
+    h.sample(obs_cond, noise, y, {.steps = 10, .scheduler = Scheduler::Ddim}, B);
+    h.executed_actions(y, exec, B);
+    e.obs_exec_act = max_abs_unnormalized(exec, ref("obs_ddim10_executed_action", {B, N, A}), mn, mx);
+
+    MESSAGE(label << ": eps max abs t=99 " << e.eps[0] << ", t=50 " << e.eps[1] << ", t=0 " << e.eps[2]);
+    MESSAGE(label << ": DDIM10 " << e.ddim10 << " (actions " << e.ddim10_act << "), DDPM100 seed 7 " << e.ddpm100
+                  << " (actions " << e.ddpm100_act << "), DDPM10 seed 7 " << e.ddpm10 << " (actions " << e.ddpm10_act << ")");
+    MESSAGE(label << ": obs_cond DDIM10 executed rows " << e.obs_exec << " (actions " << e.obs_exec_act
+                  << ")  [actions: |d| / ((max-min)/2)]");
+    return e;
+}
+
+/// The SPEC 4 bounds, applied to normalised and (scaled) un-normalised errors alike.
+void check_spec_bounds(const Errors& e) {
+    for (double v : e.eps) CHECK(v < kEpsBound);
+    CHECK(e.ddim10 < kDdimBound);
+    CHECK(e.ddim10_act < kDdimBound);
+    CHECK(e.ddpm100 < kDdpmBound);
+    CHECK(e.ddpm100_act < kDdpmBound);
+    CHECK(e.ddpm10 < kDdpmBound);
+    CHECK(e.ddpm10_act < kDdpmBound);
+    CHECK(e.obs_exec < kDdimBound);
+    CHECK(e.obs_exec_act < kDdimBound);
+}
+
+fs::path temp_dir(const std::string& name) {
+    fs::path d = fs::temp_directory_path() / ("flowedge_parity_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+}
+
+}  // namespace
+
+TEST_CASE("LeRobot folder: denoiser, DDIM, seeded DDPM and executed rows match LeRobot 0.4.4") {
+    auto h = DiffusionHead<Cpu>::load(kFolder, {}, 2);
+    CHECK(h.n_parameters() == refs().at("unet_parameters").get<std::int64_t>());
+    check_spec_bounds(measure(h, "F32 LeRobot folder"));
+}
+
+TEST_CASE("compact file converted from the folder gives the same numbers") {
+    const fs::path dir = temp_dir("compact");
+    const fs::path compact = dir / "dp_small.flowedge.safetensors";
+    export_diffusion_compact(kFolder, compact);
+    auto folder = DiffusionHead<Cpu>::load(kFolder, {}, 2);
+    auto h = DiffusionHead<Cpu>::load(compact, {}, 2);
+    const Errors ef = measure(folder, "F32 LeRobot folder (again)");
+    const Errors ec = measure(h, "F32 compact");
+    check_spec_bounds(ec);
+    CHECK(ec.ddim10_out == ef.ddim10_out);  // same weights, same code: bit-identical
+    CHECK(ec.ddpm100 == ef.ddpm100);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("BF16 weights: against LeRobot F32 and against the flowedge F32 model, stated bound") {
+    // BF16 keeps 8 mantissa bits (relative rounding <= 2^-9 per weight). Measured on this fixture (see the log):
+    // eps <= 4.9e-3, DDIM10 1.65e-2, DDPM100 9.4e-3, DDPM10 1.37e-2 vs LeRobot F32. Stated bound 3e-2 max abs in
+    // normalised units for every check; it is a property of BF16 weights, not a parity bound (the F32 runs above
+    // are held to SPEC 4).
+    constexpr double kBf16Bound = 3e-2;
+    const fs::path dir = temp_dir("bf16");
+    const fs::path compact16 = dir / "dp_small_bf16.flowedge.safetensors";
+    export_diffusion_compact(kFolder, compact16, DType::BF16);
+    auto h = DiffusionHead<Cpu>::load(kFolder, {.weight_dtype = DType::BF16}, 2);
+    auto hf = DiffusionHead<Cpu>::load(compact16, {}, 2);
+    auto h32 = DiffusionHead<Cpu>::load(kFolder, {}, 2);
+    CHECK(h.device_bytes() < h32.device_bytes());
+    const Errors e = measure(h, "BF16 (converted at load)");
+    const Errors ef = measure(hf, "BF16 (compact BF16 file)");
+    const Errors e32 = measure(h32, "F32 (for the BF16 comparison)");
+    CHECK(e.ddim10_out == ef.ddim10_out);  // converting at load == converting in the file
+    for (double v : e.eps) CHECK(v < kBf16Bound);
+    for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
+        CHECK(v < kBf16Bound);
+    const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
+    MESSAGE("BF16 vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
+    CHECK(vs_f32 < kBf16Bound);
+    CHECK(vs_f32 > 0.0);  // the weights really were rounded
+    fs::remove_all(dir);
+}
