@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <cstring>
@@ -59,7 +60,7 @@ F32 as_f32(nb::handle obj, const char* name) {
     const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
     if (kind.size() != 1 || std::string("biuf").find(kind[0]) == std::string::npos)
         throw nb::type_error((std::string("flowedge: argument '") + name + "' must be a numeric array (got dtype " +
-                              nb::cast<std::string>(nb::str(arr.attr("dtype"))) + ")").c_str());
+                              nb::cast<std::string>(arr.attr("dtype").attr("str")) + ")").c_str());
     nb::object conv = np.attr("ascontiguousarray")(arr, "dtype"_a = np.attr("float32"));
     return nb::cast<F32>(conv);
 }
@@ -74,13 +75,14 @@ std::vector<std::int32_t> as_tokens(nb::handle obj) {
         throw nb::type_error("flowedge: argument 'tokens' must be an integer array");
     }
     const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+    if (nb::cast<std::size_t>(arr.attr("size")) == 0) bad_arg("tokens must not be empty");
     if (kind != "i" && kind != "u")
         throw nb::type_error(("flowedge: argument 'tokens' must hold integers (got dtype " +
-                              nb::cast<std::string>(nb::str(arr.attr("dtype"))) + ")").c_str());
+                              nb::cast<std::string>(arr.attr("dtype").attr("str")) + ")").c_str());
     if (nb::cast<int>(arr.attr("ndim")) != 1) bad_arg("tokens must be one-dimensional [L]");
     nb::object i64 = np.attr("ascontiguousarray")(arr, "dtype"_a = np.attr("int64"));
     auto view = nb::cast<nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(i64);
-    std::vector<std::int32_t> out(view.shape(0));
+    std::vector<std::int32_t> out(view.shape(0));  // copied: int32 ids are tiny
     for (std::size_t i = 0; i < out.size(); ++i) {
         const std::int64_t v = view(i);
         if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds and tests the Python package: creates/reuses a venv, `pip install .[test]`, runs pytest, prints timings.
+# Usage: tools/test_python.sh [pytest args...]   (VENV=path overrides .venv-py; FLOWEDGE_NATIVE=ON opts into -march=native)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${VENV:-$root/.venv-py}"
+python="${PYTHON:-python3}"
+cd "$root"
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "== creating venv $venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+fi
+t0=$(date +%s)
+echo "== pip install .[test]  (build log: pip -v; CMake build dir build-py/)"
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" "$venv/bin/pip" install -q "$root[test]"
+t1=$(date +%s)
+echo "== pip install took $((t1 - t0)) s"
+# Run from outside the source tree so `import flowedge` resolves to the installed package, not python/flowedge.
+(cd /tmp && "$venv/bin/python" -m pytest -q "$root/python/tests" "$@")
+t2=$(date +%s)
+echo "== pytest took $((t2 - t1)) s; total $((t2 - t0)) s"
