@@ -362,8 +362,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.steps < 1 or args.episodes < 1:
         ap.error("--steps and --episodes must be >= 1")
 
+    t_import = time.perf_counter()
     import torch
 
+    from . import lerobot as _fl  # noqa: F401  (LeRobot's import time is part of startup; reported apart)
+
+    import_ms = (time.perf_counter() - t_import) * 1e3
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -430,7 +434,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "episodes_requested": args.episodes,
         "steps_per_episode": args.steps,
         "seed": args.seed,
-        "startup_ms": round(startup_ms, 1),
+        "startup_ms": round(startup_ms, 1),  # main() entry -> ready to run: imports, policy + head load, env
+        "import_ms": round(import_ms, 1),
         "load_ms": {"lerobot": round(bk.lerobot_load_s * 1e3, 1), "flowedge_head": round(bk.flowedge_load_s * 1e3, 1)},
         **{k: v for k, v in summaries[main_name].items() if k != "backend"},
         "backend": main_name,
