@@ -39,10 +39,12 @@ cmake --build "$BUILD" --target flowedge-compare-reference -j"$JOBS"
 mkdir -p "$OUT_DIR"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 set +e
 "$BUILD/flowedge-compare-reference" "$MODEL" "$REF" --dtype "$DTYPE" --json "$TMP/run.json" | tee "$TMP/table.txt"
 RC=${PIPESTATUS[0]}
 set -e
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 if [ ! -f "$TMP/run.json" ]; then
   echo "compare_pusht.sh: the driver wrote no result (exit $RC)" >&2
   exit "$RC"
@@ -52,12 +54,12 @@ COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -c1)"
 [ -z "$DIRTY" ] || COMMIT="$COMMIT (+ uncommitted changes)"
 CPU="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || echo unknown)"
-python3 - "$TMP/run.json" "$OUT_JSON" "$OUT_MD" "$COMMIT" "$CPU" "$(nproc)" "$(hostname)" <<'PYEOF'
+python3 - "$TMP/run.json" "$OUT_JSON" "$OUT_MD" "$COMMIT" "$CPU" "$(nproc)" "$(hostname)" "$LOAD_BEFORE" "$LOAD_AFTER" <<'PYEOF'
 import datetime, json, sys
-run_path, out_json, out_md, commit, cpu, ncpu, host = sys.argv[1:]
+run_path, out_json, out_md, commit, cpu, ncpu, host, load_before, load_after = sys.argv[1:]
 r = json.load(open(run_path))
 r["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-r["machine"] = {"host": host, "cpu": cpu, "cores": int(ncpu)}
+r["machine"] = {"host": host, "cpu": cpu, "cores": int(ncpu), "loadavg_before": load_before, "loadavg_after": load_after}
 r["commit"] = commit
 r["command"] = "tools/compare_pusht.sh" + ("" if r["weights"] == "f32" else " --dtype " + r["weights"])
 json.dump(r, open(out_json, "w"), indent=1)
@@ -67,6 +69,8 @@ lines = [
     "",
     f"- date: {r['date']}; commit {commit}; machine: {cpu}, {ncpu} cores ({host})",
     f"- command: `{r['command']}`",
+    f"- load average (1/5/15 min) before {load_before}, after {load_after}: the ms column is wall time on a shared "
+    "machine, not a benchmark",
     f"- model: LeRobot {r['reference_versions'].get('lerobot', '?')} folder `models/dp_pusht` loaded directly "
     f"(U-Net {r['unet_parameters']:,} parameters, load {r['load_ms']:.0f} ms); references `models/dp_pusht_ref` "
     f"(torch {r['reference_versions'].get('torch', '?')}, diffusers {r['reference_versions'].get('diffusers', '?')}, "
