@@ -1,7 +1,13 @@
 // The CUDA runtime wrapper of flowedge::cuda: errors with file:line, counted device allocations with a
 // failure-injection hook, stream-ordered copies, device queries and the Graph<Cuda> capture machinery.
+#include <cxxabi.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common.cuh"
@@ -87,6 +93,12 @@ const char* device_description() noexcept {
     std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
                   prop.multiProcessorCount, double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
     return buf;
+}
+
+MemoryInfo device_memory_info() {
+    MemoryInfo m;
+    FLOWEDGE_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    return m;
 }
 
 std::atomic<std::size_t>& allocation_counter() noexcept {
@@ -211,6 +223,76 @@ void* graph_begin_capture(void* state, Stream s) {
     return cs;
 }
 
+namespace {
+std::atomic<bool> g_census_on{false};
+std::mutex g_census_mutex;
+GraphCensus g_last_census;
+
+/// "void ns::kernel<float, 4>(ns::Params)" -> "ns::kernel<float, 4>".
+std::string kernel_display_name(const void* func) {
+    const char* mangled = nullptr;
+    if (cudaFuncGetName(&mangled, func) != cudaSuccess || !mangled) {
+        (void)cudaGetLastError();
+        return "<unnamed kernel>";
+    }
+    int status = 0;
+    char* dem = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+    std::string name = status == 0 && dem ? std::string(dem) : std::string(mangled);
+    std::free(dem);
+    if (name.rfind("void ", 0) == 0) name.erase(0, 5);
+    if (!name.empty() && name.back() == ')') {  // drop the parameter list (the last balanced parenthesis group)
+        int depth = 0;
+        for (std::size_t i = name.size(); i-- > 0;) {
+            if (name[i] == ')') ++depth;
+            else if (name[i] == '(' && --depth == 0) {
+                name.erase(i);
+                break;
+            }
+        }
+    }
+    return name;
+}
+
+void record_census(cudaGraph_t graph) {
+    std::size_t n = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (n) FLOWEDGE_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+    GraphCensus c;
+    std::map<std::string, int> per;
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type{};
+        FLOWEDGE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+        switch (type) {
+            case cudaGraphNodeTypeKernel: {
+                cudaKernelNodeParams kp{};
+                ++c.kernel_nodes;
+                if (cudaGraphKernelNodeGetParams(node, &kp) == cudaSuccess) ++per[kernel_display_name(kp.func)];
+                else {
+                    (void)cudaGetLastError();
+                    ++per["<kernel params unavailable>"];
+                }
+                break;
+            }
+            case cudaGraphNodeTypeMemcpy: ++c.memcpy_nodes; break;
+            case cudaGraphNodeTypeMemset: ++c.memset_nodes; break;
+            default: ++c.other_nodes; break;
+        }
+    }
+    c.kernels.assign(per.begin(), per.end());
+    std::stable_sort(c.kernels.begin(), c.kernels.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    std::lock_guard<std::mutex> lock(g_census_mutex);
+    g_last_census = std::move(c);
+}
+}  // namespace
+
+void set_graph_census(bool on) noexcept { g_census_on.store(on); }
+
+GraphCensus last_graph_census() {
+    std::lock_guard<std::mutex> lock(g_census_mutex);
+    return g_last_census;
+}
+
 void* graph_end_capture(void* state, void* capture_stream) {
     auto& g = *static_cast<GraphState*>(state);
     auto cs = static_cast<cudaStream_t>(capture_stream);
@@ -222,6 +304,14 @@ void* graph_end_capture(void* state, void* capture_stream) {
         (void)cudaGetLastError();
         detail::throw_cuda_error(err, "cudaStreamEndCapture (something in enqueue() synchronized, allocated, "
                                       "or used another stream)", __FILE__, __LINE__);
+    }
+    if (g_census_on.load()) {
+        try {
+            record_census(graph);
+        } catch (...) {
+            (void)cudaGraphDestroy(graph);
+            throw;
+        }
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t ierr = cudaGraphInstantiate(&exec, graph, 0);

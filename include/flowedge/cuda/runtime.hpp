@@ -4,6 +4,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "flowedge/backend.hpp"
 
@@ -15,6 +18,13 @@ bool device_available() noexcept;
 
 /// Name and compute capability of the current device ("NVIDIA H200 (sm_90)"), or why none is usable.
 const char* device_description() noexcept;
+
+/// Free and total memory of the current device in bytes (cudaMemGetInfo); throws flowedge::Error on failure.
+struct MemoryInfo {
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+};
+MemoryInfo device_memory_info();
 
 /// Every device allocation flowedge performs goes through these two; they count each cudaMalloc
 /// attempted and each cudaFree, so tests can prove that nothing is allocated after load.
@@ -58,5 +68,17 @@ void graph_abort_capture(void* state, void* capture_stream) noexcept;
 /// Replays `exec` ordered after prior work on `s` (and before later work on `s`).
 void graph_launch(void* state, void* exec, Stream s);
 void graph_exec_destroy(void* exec) noexcept;
+
+/// Nodes of one captured graph: kernel launches counted per kernel function (demangled name with its
+/// template arguments, parameter list dropped), plus copy/memset/other node counts.
+struct GraphCensus {
+    std::vector<std::pair<std::string, int>> kernels;  ///< (kernel, launches), most launches first
+    int kernel_nodes = 0, memcpy_nodes = 0, memset_nodes = 0, other_nodes = 0;
+};
+/// Diagnostics hook (benchmarks, tests): while on, every Graph<Cuda> capture records the census of the
+/// captured graph before instantiating it; last_graph_census() returns the latest (empty if none).
+/// Off by default; when off, capture does no extra work.
+void set_graph_census(bool on) noexcept;
+GraphCensus last_graph_census();
 
 }  // namespace flowedge::cuda

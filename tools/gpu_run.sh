@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The one script the lead runs on the GPU box: build the CUDA tree, run GPU + CPU tests, compare the seed's programs
+# on --device cpu vs cuda, run flowedge_cuda_dp_mix and compute-sanitizer; everything lands in $OUT (few flat files).
+#
+# Usage: tools/gpu_run.sh [STAGE...]      (no stage = all, in this order)
+#   info      nvidia-smi, nvcc, cmake, compute-sanitizer versions
+#   build     configure build-cuda (-DFLOWEDGE_BACKEND=cuda -DFLOWEDGE_CUDA_ARCHITECTURES=90, Ninja if present) and build
+#   gputests  ctest -L gpu --output-on-failure
+#   cputests  ctest -LE gpu (the whole CPU suite)
+#   demo      flowedge-make-demo-diffusion / flowedge-make-demo-mamba-flow into models/ (skipped if present)
+#   seed      the seed's programs with --device cpu and --device cuda, numbers compared
+#   mix       flowedge_cuda_dp_mix models/diffusion_pusht.flowedge.safetensors --json $OUT/dp_mix.json
+#   sanitize  compute-sanitizer memcheck + racecheck on the small-config GPU tests
+# Aliases: tests = gputests cputests; all = every stage.
+# Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
+# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, logs.tar.gz (all logs).
+# Env: BUILD_DIR (default build-cuda), JOBS (default nproc), MIX_ARGS (extra flowedge_cuda_dp_mix arguments).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/out}
+BUILD=${BUILD_DIR:-build-cuda}
+JOBS=${JOBS:-$(nproc)}
+LOGS=$OUT/logs
+mkdir -p "$OUT" "$LOGS"
+SUMMARY=$OUT/summary.txt
+T_START=$(date +%s)
+echo "gpu_run.sh $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') stages: ${*:-all}" >> "$SUMMARY"
+
+# run_stage NAME FUNCTION: runs the stage, logs to $LOGS/NAME.log, records exit code and duration.
+run_stage() {
+    local name=$1 fn=$2 t0 rc
+    t0=$(date +%s)
+    echo "=== stage $name ($(date -u +%T))"
+    ( set -o pipefail; "$fn" ) > "$LOGS/$name.log" 2>&1
+    rc=$?
+    printf '%-9s rc=%-3d %4ds\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
+    tail -n 5 "$LOGS/$name.log" | sed 's/^/    /'
+}
+
+stage_info() {
+    nvidia-smi || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+    nvcc --version || /usr/local/cuda/bin/nvcc --version || true
+    cmake --version; g++ --version | head -1; nproc; free -g || true
+    ls "$ROOT/.deps" 2>/dev/null || echo "no .deps (nlohmann_json/CLI11 must be installed)"
+    command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer || true
+}
+
+stage_build() {
+    local gen=()
+    command -v ninja > /dev/null && gen=(-G Ninja)
+    if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+        cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 || return $?
+    fi
+    cmake --build "$BUILD" -j "$JOBS"
+}
+
+stage_gputests() {
+    ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 -j 1
+    local rc=$?
+    # Per-test detail (doctest MESSAGEs: measured errors, free bytes) of the model tests, even when they pass.
+    [ -x "$BUILD/test/cuda/test_cuda_models" ] && "$BUILD/test/cuda/test_cuda_models" > "$LOGS/test_cuda_models_verbose.log" 2>&1
+    return $rc
+}
+
+stage_cputests() { ctest --test-dir "$BUILD" -LE gpu --output-on-failure --timeout 300 -j "$JOBS"; }
+
+stage_demo() {
+    mkdir -p models
+    local rc=0
+    [ -f models/diffusion_pusht.flowedge.safetensors ] || "$BUILD/flowedge-make-demo-diffusion" models/diffusion_pusht.flowedge.safetensors || rc=$?
+    [ -f models/mamba_flow.safetensors ] || "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
+    ls -la models
+    return $rc
+}
+
+# compare_numbers CPU_FILE CUDA_FILE LABEL: every number on every line (latency/device lines dropped) must agree to
+# 1e-4 relative (printed precision is 6 significant digits; the seed saw 226.249 vs 226.25).
+compare_numbers() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import re, sys
+a_path, b_path, label = sys.argv[1:4]
+num = re.compile(r'[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?')
+def rows(p):
+    out = []
+    for line in open(p, errors='replace'):
+        if 'latency' in line or line.startswith('flowedge cuda'):
+            continue
+        line = re.sub(r'device=\S+', '', line)
+        out.append(num.findall(line))
+    return out
+a, b = rows(a_path), rows(b_path)
+worst, bad = 0.0, 0
+if len(a) != len(b):
+    print(f"{label}: MISMATCH line count {len(a)} (cpu) vs {len(b)} (cuda)"); sys.exit(1)
+for ra, rb in zip(a, b):
+    if len(ra) != len(rb):
+        bad += 1; continue
+    for x, y in zip(ra, rb):
+        x, y = float(x), float(y)
+        d = abs(x - y) / max(1.0, abs(x))
+        worst = max(worst, d)
+        if d > 1e-4: bad += 1
+print(f"{label}: {'OK' if bad == 0 else 'MISMATCH'} ({sum(map(len, a))} numbers, worst rel diff {worst:.3g}, {bad} beyond 1e-4)")
+sys.exit(1 if bad else 0)
+PY
+}
+
+stage_seed() {
+    local rc=0 cmp=$OUT/seed_compare.txt
+    : > "$cmp"
+    run_pair() {  # run_pair LABEL PROGRAM ARGS... : runs with --device cpu and --device cuda, compares
+        local label=$1; shift
+        for dev in cpu cuda; do
+            echo "\$ $* --device $dev" > "$LOGS/seed_${label}_$dev.txt"
+            "$@" --device "$dev" >> "$LOGS/seed_${label}_$dev.txt" 2>&1
+            local r=$?
+            echo "[exit $r]" >> "$LOGS/seed_${label}_$dev.txt"
+            [ $r -eq 0 ] || { echo "$label --device $dev: exit $r" >> "$cmp"; rc=1; }
+        done
+        { echo "--- $label: $*"; cat "$LOGS/seed_${label}_cpu.txt" "$LOGS/seed_${label}_cuda.txt"; } >> "$cmp"
+        compare_numbers "$LOGS/seed_${label}_cpu.txt" "$LOGS/seed_${label}_cuda.txt" "$label" >> "$cmp" 2>&1 || rc=1
+    }
+    for s in euler heun rk4; do run_pair "flow_$s" "$BUILD/flow_sample" models/mamba_flow.safetensors "$s" 10; done
+    run_pair mamba_forward "$BUILD/mamba_forward" models/mamba_flow.safetensors 1 2 3 4
+    run_pair diffusion_ddim10 "$BUILD/diffusion_sample" models/diffusion_pusht.flowedge.safetensors 10
+    run_pair diffusion_ddpm10 "$BUILD/diffusion_sample" models/diffusion_pusht.flowedge.safetensors 10 --scheduler ddpm --seed 7
+    run_pair dp_small_ddim10_b2 "$BUILD/diffusion_sample" test/fixtures/dp_small 10 --batch 2 \
+        --cond test/fixtures/dp_small_ref/cond.npy --noise test/fixtures/dp_small_ref/noise.npy
+    # --device cuda must fail closed when residency is impossible (FORCE_HOST) and succeed on the CPU path.
+    FLOWEDGE_CUDA_FORCE_HOST=1 "$BUILD/mamba_forward" models/mamba_flow.safetensors 1 2 3 4 --device cuda > "$LOGS/seed_force_host.txt" 2>&1
+    local r=$?
+    echo "FORCE_HOST=1 mamba_forward --device cuda: exit $r (expected 2: fails closed)" >> "$cmp"
+    [ $r -eq 2 ] || rc=1
+    grep -E 'OK|MISMATCH|exit' "$cmp"
+    return $rc
+}
+
+stage_mix() {
+    "$BUILD/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --json "$OUT/dp_mix.json" ${MIX_ARGS:-} 2>&1 \
+        | tee "$OUT/dp_mix.txt"
+}
+
+stage_sanitize() {
+    local cs rc=0
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 3; }
+    local models="$BUILD/test/cuda/test_cuda_models" ops="$BUILD/test/cuda/test_cuda_ops"
+    # memcheck: the model tests (small fixtures) and the op tests; leak check on the model tests.
+    timeout 150 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$models" \
+        > "$LOGS/sanitize_memcheck_models.log" 2>&1 || rc=$?
+    tail -n 3 "$LOGS/sanitize_memcheck_models.log"
+    timeout 90 "$cs" --tool memcheck --error-exitcode 99 "$ops" > "$LOGS/sanitize_memcheck_ops.log" 2>&1 || rc=$?
+    tail -n 3 "$LOGS/sanitize_memcheck_ops.log"
+    # racecheck (shared-memory hazards): the paths that run every kernel family at small sizes.
+    timeout 120 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 99 "$models" \
+        -tc='DiffusionHead<Cuda> matches*,Mamba<Cuda> matches*' > "$LOGS/sanitize_racecheck_models.log" 2>&1 || rc=$?
+    tail -n 3 "$LOGS/sanitize_racecheck_models.log"
+    timeout 90 "$cs" --tool racecheck --error-exitcode 99 "$ops" > "$LOGS/sanitize_racecheck_ops.log" 2>&1 || rc=$?
+    tail -n 3 "$LOGS/sanitize_racecheck_ops.log"
+    return $rc
+}
+
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
+EXPANDED=()
+for s in "${STAGES[@]}"; do
+    case $s in
+        all) EXPANDED+=(info build gputests cputests demo seed mix sanitize) ;;
+        tests) EXPANDED+=(gputests cputests) ;;
+        info|build|gputests|cputests|demo|seed|mix|sanitize) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix sanitize all)" >&2; exit 2 ;;
+    esac
+done
+for s in "${EXPANDED[@]}"; do
+    # seed and mix need the demo checkpoints.
+    if [ "$s" = seed ] || [ "$s" = mix ]; then
+        [ -f models/diffusion_pusht.flowedge.safetensors ] && [ -f models/mamba_flow.safetensors ] || run_stage demo stage_demo
+    fi
+    run_stage "$s" "stage_$s"
+done
+[ -f "$LOGS/gputests.log" ] && cp "$LOGS/gputests.log" "$OUT/gpu_tests.log"
+echo "total $(( $(date +%s) - T_START ))s" | tee -a "$SUMMARY"
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
+exit 0
