@@ -416,6 +416,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "parity_bound_normalized": bound,
         "parity_ok": (dn <= bound) if ddim else None,
         "peak_rss_mib": peak_rss_mib(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "versions": versions(),
     }
     if not ddim:

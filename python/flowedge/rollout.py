@@ -449,6 +449,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         warn = write_histogram(args.histogram, runs, args.period_ms)
         result["histogram"] = warn or args.histogram
     result["peak_rss_mib"] = peak_rss_mib()
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)  # shared machines: context for the numbers
     result["versions"] = versions()
     text = json.dumps(result, indent=1)
     if args.output:
