@@ -335,7 +335,8 @@ def markdown_report(r: Dict[str, Any]) -> str:
         f"(bound {r['parity_bound_normalized']}), {r['max_abs_diff_actions']:.3e} in action units "
         f"-> parity {'OK' if r['parity_ok'] else 'NOT within bound' if r['parity_ok'] is False else 'n/a (DDPM)'}.",
         "",
-        f"Peak RSS {r['peak_rss_mib']} MiB. Versions: "
+        f"Peak RSS {r['peak_rss_mib']} MiB; 1-minute load average {r.get('load_average_1m')} during the run "
+        f"(timings on a shared machine include contention). Versions: "
         + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".",
         "",
     ]

@@ -243,9 +243,8 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
                 else:
                     to_send = a
                     last_on_time = a
+                states.append(obs["observation.state"][0].detach().cpu().numpy().copy())  # what tick k saw
                 if to_send is not None:
-                    state = obs["observation.state"][0].detach().cpu().numpy()
-                    states.append(state)
                     sent.append(np.asarray(to_send, np.float32))
                     obs, terminated, info = env.step(to_send)
                     if "coverage" in info:
@@ -321,18 +320,32 @@ def write_histogram(path: str, runs: Dict[str, Dict[str, Any]], period_ms: Optio
 
 
 def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
-    """Trajectory differences between two runs of the same seeded episodes (same length prefix)."""
-    da, ds = 0.0, 0.0
-    same_misses = a["missed_ticks"] == b["missed_ticks"]
-    for ea, eb in zip(a["episodes"], b["episodes"]):
+    """Trajectory differences between two runs of the same seeded episodes.
+
+    Over the common length of each episode, and over the *matched prefix*: the ticks before the two runs' miss
+    patterns first differ (after that, hold/drop send different commands and the trajectories legitimately part).
+    """
+    da = ds = pa = ps = 0.0
+    n_prefix = 0
+    for ea, eb, ma, mb in zip(a["episodes"], b["episodes"], a["missed_ticks"], b["missed_ticks"]):
         n = min(len(ea["computed_actions"]), len(eb["computed_actions"]))
+        first = next((k for k in range(n) if (k in ma) != (k in mb)), n)
         if n:
-            da = max(da, float(np.abs(ea["computed_actions"][:n] - eb["computed_actions"][:n]).max()))
+            d = np.abs(ea["computed_actions"][:n] - eb["computed_actions"][:n]).max(axis=1)
+            da = max(da, float(d.max()))
+            # the action computed at the first divergent tick still saw identical inputs
+            pa = max(pa, float(d[:min(first + 1, n)].max()))
         m = min(len(ea["states"]), len(eb["states"]))
         if m:
-            ds = max(ds, float(np.abs(ea["states"][:m] - eb["states"][:m]).max()))
-    return {"max_abs_action_diff": da, "max_abs_state_diff": ds, "same_missed_ticks": same_misses,
-            "note": "actions in robot units (post-processed); identical miss patterns keep the trajectories comparable"}
+            d = np.abs(ea["states"][:m] - eb["states"][:m]).max(axis=1)
+            ds = max(ds, float(d.max()))
+            ps = max(ps, float(d[:min(first + 1, m)].max()))
+        n_prefix += first
+    return {"max_abs_action_diff": da, "max_abs_state_diff": ds, "same_missed_ticks": a["missed_ticks"] == b["missed_ticks"],
+            "matched_prefix_ticks": n_prefix, "max_abs_action_diff_matched_prefix": pa,
+            "max_abs_state_diff_matched_prefix": ps,
+            "note": "robot units (post-processed actions, raw state); the matched prefix ends where the backends' "
+                    "missed deadlines first differ"}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
