@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the flowedge Mamba + flow bench and the PyTorch eager baseline back to back (same checkpoint, same
-# single thread) and merges both JSON results into bench/results/mamba_flow_<host>_<date>.json.
+# single thread) and merges both JSON results into bench/results/mamba_flow_cpu.json + .md (date, CPU model, commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -21,17 +21,40 @@ if [ -x "$PY" ]; then
 else
   echo "run_mamba_flow.sh: no Python at $PY (run tools/setup_python.sh); PyTorch baseline skipped" >&2
 fi
-OUT="$OUT_DIR/mamba_flow_$(hostname)_$(date +%Y%m%d_%H%M%S).json"
-python3 - "$TMP" "$OUT" <<'PYEOF'
-import json, os, sys
-tmp, out = sys.argv[1], sys.argv[2]
+OUT="$OUT_DIR/mamba_flow_cpu"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no -- include bench 2>/dev/null | wc -l)"
+MACHINE="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc --all) cores"
+python3 - "$TMP" "$OUT" "$COMMIT" "$DIRTY" "$MACHINE" "$THREADS" <<'PYEOF'
+import datetime, json, os, sys
+tmp, out, commit, dirty, machine, threads = sys.argv[1:7]
 runs = {name[:-5]: json.load(open(os.path.join(tmp, name))) for name in sorted(os.listdir(tmp)) if name.endswith(".json")}
-merged = {"bench": "mamba_flow", "runs": runs}
+merged = {"bench": "mamba_flow", "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+          "machine": machine, "commit": commit + ("+dirty" if int(dirty) else ""), "threads": int(threads),
+          "loadavg_end": open("/proc/loadavg").read().split()[:3], "runs": runs}
 if "pytorch" in runs and "flowedge_f32" in runs:
     fe, pt = runs["flowedge_f32"], runs["pytorch"]
     merged["speedup_action_p50"] = pt["action_us"]["p50"] / fe["action_us"]["p50"]
     merged["speedup_decode_p50"] = pt["decode_step_us"]["p50"] / fe["decode_step_us"]["p50"]
     merged["max_abs_action_diff_0_2"] = max(abs(a - b) for a, b in zip(fe["action_0_2"], pt["action_0_2"]))
-json.dump(merged, open(out, "w"), indent=2)
-print("wrote", out)
+json.dump(merged, open(out + ".json", "w"), indent=2)
+md = ["# Mamba + flow head on the CPU (2 layers, d_model 128, prefix 4 tokens, 10 Euler steps, batch 1)", "",
+      f"- date: {merged['date']}", f"- machine: {machine}", f"- commit: {merged['commit']}", f"- threads: {threads}",
+      f"- load average at the end: {' '.join(merged['loadavg_end'])} (shared 2-core machine: p50 is inflated by other jobs;",
+      "  min and the thread-CPU columns are the least load-dependent numbers)", "",
+      "| impl | weights | action min us | action p50 us | decode min us | decode p50 us | prefill p50 us | solve p50 us |",
+      "|---|---|---:|---:|---:|---:|---:|---:|"]
+for name, r in runs.items():
+    if name.startswith("flowedge"):
+        md.append(f"| flowedge | {r['weights']} | {r['action_us']['min']:.1f} | {r['action_us']['p50']:.1f} | {r['decode_step_us']['min']:.1f} | "
+                  f"{r['decode_step_us']['p50']:.1f} | {r['prefill_us']['p50']:.1f} | {r['flow_solve_us']['p50']:.1f} |")
+    else:
+        md.append(f"| PyTorch eager ({r.get('torch', '')}) | f32 | {r['action_us'].get('min', float('nan')):.1f} | {r['action_us']['p50']:.1f} | "
+                  f"{r['decode_step_us'].get('min', float('nan')):.1f} | {r['decode_step_us']['p50']:.1f} | {r['prefill_us']['p50']:.1f} | {r['flow_solve_us']['p50']:.1f} |")
+md += ["", "Targets (issue 4): action p50 <= 40 us, decode step p50 <= 10 us."]
+for k in ("speedup_action_p50", "speedup_decode_p50", "max_abs_action_diff_0_2"):
+    if k in merged:
+        md.append(f"- {k}: {merged[k]:.4g}")
+open(out + ".md", "w").write("\n".join(md) + "\n")
+print("wrote", out + ".json", "and", out + ".md")
 PYEOF

@@ -63,9 +63,77 @@ inline void dot_rows_fixed(const WT* w, std::size_t ldw, const float* x, std::si
     }
 }
 
+#if defined(__AVX512F__)
+/// Short-row kernel (AVX-512): RO weight rows x NC columns (RO * NC <= 16) accumulated in 16 vectors and
+/// reduced together by vsum16, so lane r*NC + c of the result is dot(w row r, x column c). Rows at or past
+/// `nrows` re-read the last valid row (their lanes are ignored by the caller); a len % 16 tail is loaded
+/// masked. The j sweep covers at most 8 rows at a time to keep the row pointers in registers.
+template <int RO, int NC, class WT>
+inline VecF dot_block16(const WT* w, std::size_t ldw, int nrows, const float* x, std::size_t ldx, int len) {
+    static_assert(RO * NC <= 16, "dot_block16: at most 16 accumulators");
+    constexpr int kSweep = RO < 8 ? RO : 8;
+    VecF acc[16];
+    for (auto& a : acc) a = vzero();
+    const int full = len / kLanes * kLanes, tail = len - full;
+    for (int r0 = 0; r0 < RO; r0 += kSweep) {
+        const WT* wr[kSweep];
+        for (int r = 0; r < kSweep; ++r) wr[r] = w + std::size_t(std::min(r0 + r, nrows - 1)) * ldw;
+        for (int j = 0; j < full; j += kLanes) {
+            VecF xv[NC];
+            for (int c = 0; c < NC; ++c) xv[c] = vload(x + std::size_t(c) * ldx + j);
+            for (int r = 0; r < kSweep; ++r) {
+                const VecF wv = vload(wr[r] + j);
+                for (int c = 0; c < NC; ++c) acc[(r0 + r) * NC + c] = vfma(wv, xv[c], acc[(r0 + r) * NC + c]);
+            }
+        }
+        if (tail) {
+            VecF xv[NC];
+            for (int c = 0; c < NC; ++c) xv[c] = vload_n(x + std::size_t(c) * ldx + full, tail);
+            for (int r = 0; r < kSweep; ++r) {
+                const VecF wv = vload_n(wr[r] + full, tail);
+                for (int c = 0; c < NC; ++c) acc[(r0 + r) * NC + c] = vfma(wv, xv[c], acc[(r0 + r) * NC + c]);
+            }
+        }
+    }
+    return vsum16(acc);
+}
+
+/// dot_rows_fixed on the short-row kernel: f(o, c, dot) for rows [o0, o1), NC columns.
+template <int NC, class WT, class F>
+inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    constexpr int RO = NC == 1 ? 16 : NC == 2 ? 8 : NC == 3 ? 5 : NC == 4 ? 4 : 2;
+    alignas(64) float res[16];
+    for (int o = o0; o < o1; o += RO) {
+        const int nv = std::min(RO, o1 - o);
+        _mm512_store_ps(res, dot_block16<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len));
+        for (int r = 0; r < nv; ++r)
+            for (int c = 0; c < NC; ++c) f(o + r, c, res[r * NC + c]);
+    }
+}
+
+/// Several columns use the short-row kernel only for rows shorter than this (masked tails instead of scalar
+/// ones); otherwise RO x NC register blocking with per-accumulator reductions measured faster (4 x 128 x 512:
+/// 9.6 us vs 17 us), while one column always takes the short-row kernel (256 x 256: 3.5 us vs 4.6 us).
+inline constexpr int kShortRow = 64;
+#endif
+
 /// Runtime-nc front end of dot_rows_fixed (1 <= nc <= kMaxCols).
 template <class WT, class F>
 inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+#if defined(__AVX512F__)
+    if (len < kShortRow || nc == 1) {
+        switch (nc) {
+            case 1: dot_rows16<1>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 2: dot_rows16<2>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 3: dot_rows16<3>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 4: dot_rows16<4>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 5: dot_rows16<5>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 6: dot_rows16<6>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 7: dot_rows16<7>(w, ldw, x, ldx, len, o0, o1, f); return;
+            default: dot_rows16<8>(w, ldw, x, ldx, len, o0, o1, f); return;
+        }
+    }
+#endif
     switch (nc) {
         case 1: dot_rows_fixed<1>(w, ldw, x, ldx, len, o0, o1, f); break;
         case 2: dot_rows_fixed<2>(w, ldw, x, ldx, len, o0, o1, f); break;

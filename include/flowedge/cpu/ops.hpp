@@ -36,8 +36,9 @@ namespace cpu {
 
 /// Floats of stack scratch one conv call may use (256 KiB).
 inline constexpr std::size_t kScratchFloats = 64 * 1024;
-/// Multiply-adds below which a call stays on the calling thread (an OpenMP fork costs microseconds).
-inline constexpr double kParallelMacs = double(1 << 18);
+/// Multiply-adds below which a call stays on the calling thread and never enters an OpenMP region (a fork
+/// and join costs microseconds; 2^22 MACs is about 0.1 ms of one core, so every Mamba/flow-head op stays serial).
+inline constexpr double kParallelMacs = double(1 << 22);
 
 /// This thread's index and the team size inside an (optional) OpenMP parallel region.
 inline int thread_index() {
@@ -68,43 +69,38 @@ inline void with_weights(const WeightRef& w, F&& f) {
     fail("cpu ops", "unknown weight dtype " + std::to_string(int(w.dtype)));
 }
 
-#if defined(__AVX512F__)
-/// exp(x) for 16 floats: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2]
-/// (Cephes expf coefficients), scaled by 2^n with vscalefps. About 1 ulp; underflows to 0 below -104.
-inline __m512 vexp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 r2 = _mm512_mul_ps(r, r);
-    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
 
 template <class WT>
 inline void linear_impl(const LinearParams& p, const WT* w) {
     const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in);
     const std::size_t ldy = p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out);
-    const bool par = double(p.rows) * p.in * p.out >= kParallelMacs;
+    // The activation runs vectorised over each finished output row segment unless it must precede an
+    // accumulate (then it stays in the scalar epilogue).
+    const bool act_after = p.act != Activation::None && !p.accumulate;
     auto epilogue = [&](int o, int r, float v) {
         if (p.bias) v += p.bias[o];
-        v = activate(p.act, v);
+        if (!act_after) v = activate(p.act, v);
         float& dst = p.y[std::size_t(r) * ldy + std::size_t(o)];
         dst = p.accumulate ? dst + v : v;
     };
-#pragma omp parallel if (par)
+    auto run = [&](int o0, int o1) {
+        gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+        if (act_after)
+            for (int r = 0; r < p.rows; ++r) activate_inplace(p.act, p.y + std::size_t(r) * ldy + std::size_t(o0), o1 - o0);
+    };
+    // Small calls (every Mamba/flow-head shape) never enter an OpenMP region, so no pool is woken.
+    if (double(p.rows) * p.in * p.out < kParallelMacs) {
+        run(0, p.out);
+        return;
+    }
+#pragma omp parallel
     {
         const int tid = thread_index(), nth = thread_count();
-        const int o0 = int(std::int64_t(p.out) * tid / nth), o1 = int(std::int64_t(p.out) * (tid + 1) / nth);
-        gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+        // Thread boundaries on multiples of 16 rows (whole short-row blocks).
+        const int units = (p.out + 15) / 16;
+        const int o0 = std::min(p.out, 16 * int(std::int64_t(units) * tid / nth));
+        const int o1 = std::min(p.out, 16 * int(std::int64_t(units) * (tid + 1) / nth));
+        if (o0 < o1) run(o0, o1);
     }
 }
 
@@ -117,10 +113,14 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
     const int ns = std::min(N, 64);
     const std::size_t per_col = (kScratchFloats / std::size_t(ns)) / 16 * 16;
     const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), per_col / std::size_t(K)));
-    alignas(64) float panel[kScratchFloats];
     const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    // One parallel region per call and no barrier inside it: every thread builds its own copy of each im2col
+    // panel (a few hundred KiB at most, cheap next to its share of the weights) and streams only its own output
+    // rows. A thread that loses its core therefore delays only its half instead of stalling the others at every
+    // chunk (2-thread medians used to land on scheduler-quantum multiples on a shared machine).
 #pragma omp parallel if (par)
     {
+        alignas(64) float panel[kScratchFloats];
         const int tid = thread_index(), nth = thread_count();
         const int o0 = int(std::int64_t(Cout) * tid / nth), o1 = int(std::int64_t(Cout) * (tid + 1) / nth);
         for (int n0 = 0; n0 < N; n0 += ns) {
@@ -130,7 +130,6 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
                 const int len = ni * K;
                 const std::size_t ldp = round_up16(std::size_t(len));
                 // Implicit im2col: panel column c holds x[b, i0 + i, t*stride + k - pad] at i*K + k (zero padded).
-#pragma omp for schedule(static)
                 for (int c = 0; c < nn; ++c) {
                     const int n = n0 + c, b = n / Lout, t = n % Lout;
                     const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
@@ -151,8 +150,7 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
                     if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
                     else dst += v;
                 };
-                gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
-#pragma omp barrier
+                if (o0 < o1) gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
             }
         }
     }
@@ -418,8 +416,9 @@ struct Ops<Cpu> {
                         const float v = row < H ? p.state[std::size_t(row) * C + c] : p.x[std::size_t(row - H) * ldx + c];
                         acc += cpu::widen(w[std::size_t(c) * K + k]) * v;
                     }
-                    u[c] = cpu::silu(acc);
+                    u[c] = acc;
                 }
+                cpu::activate_inplace(Activation::Silu, u, C);
             }
         });
         // New history: the last H rows of xx (shift the old state forward when fewer than H new rows came in).
@@ -443,7 +442,32 @@ struct Ops<Cpu> {
         for (int t = 0; t < p.length; ++t) {
             const float* Bt = p.B + std::size_t(t) * ldbc;
             const float* Ct = p.C + std::size_t(t) * ldbc;
-            for (int c = 0; c < C; ++c) {
+            int c = 0;
+#if defined(__AVX512F__)
+            if (S == 16) {
+                // 16 channels at a time: one vector of states per channel, the 16 C-weighted state vectors
+                // reduced together (vsum16), then D skip and SiLU(z) gate as vectors.
+                const __m512 vB = _mm512_loadu_ps(Bt), vC = _mm512_loadu_ps(Ct);
+                for (; c + 16 <= C; c += 16) {
+                    const std::size_t tc0 = std::size_t(t) * C + c;
+                    __m512 prod[16];
+                    for (int k = 0; k < 16; ++k) {
+                        const float dtv = p.dt[tc0 + k];
+                        float* st = p.state + std::size_t(c + k) * 16;
+                        const __m512 decay = cpu::vexp(_mm512_mul_ps(_mm512_set1_ps(dtv), _mm512_loadu_ps(p.A + std::size_t(c + k) * 16)));
+                        const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(dtv * p.u[tc0 + k]), vB));
+                        _mm512_storeu_ps(st, sn);
+                        prod[k] = _mm512_mul_ps(sn, vC);
+                    }
+                    const __m512 uv = _mm512_loadu_ps(p.u + tc0);
+                    const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
+                    const __m512 yv = _mm512_fmadd_ps(dv, uv, cpu::vsum16(prod));
+                    const __m512 g = cpu::vsilu(_mm512_loadu_ps(p.z + std::size_t(t) * ldz + c));
+                    _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, g));
+                }
+            }
+#endif
+            for (; c < C; ++c) {
                 const std::size_t tc = std::size_t(t) * C + c;
                 const float dtv = p.dt[tc], uv = p.u[tc];
                 const float du = dtv * uv;

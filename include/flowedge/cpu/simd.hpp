@@ -32,6 +32,28 @@ inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
 inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline float vsum(VecF v) { return _mm512_reduce_add_ps(v); }
+/// Loads the first n (0..16) elements, zero in the other lanes (masked: never touches memory past n).
+inline __mmask16 lane_mask(int n) { return __mmask16((1u << n) - 1u); }
+inline VecF vload_n(const float* p, int n) { return _mm512_maskz_loadu_ps(lane_mask(n), p); }
+inline VecF vload_n(const bf16* p, int n) {
+    const __m256i h = _mm256_maskz_loadu_epi16(lane_mask(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline VecF vload_n(const f16* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(n), p)); }
+
+/// r[i] = sum of the 16 lanes of v[i] for 16 vectors (a transpose-and-add tree: 30 shuffles, 15 adds,
+/// instead of 16 separate horizontal reductions).
+inline VecF vsum16(const VecF (&v)[16]) {
+    __m512 s[8], u[4];
+    for (int k = 0; k < 8; ++k)
+        s[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int m = 0; m < 4; ++m)
+        u[m] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * m], s[2 * m + 1], 0x44), _mm512_shuffle_ps(s[2 * m], s[2 * m + 1], 0xEE));
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    // Lane 4m + q of the result: sum of v[4m + q] (w01 lanes [u0 half sums, u1 half sums], likewise w23).
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 inline constexpr int kLanes = 8;
 inline constexpr int kRegisters = 16;

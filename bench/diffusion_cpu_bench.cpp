@@ -1,0 +1,162 @@
+// diffusion_cpu_bench: PushT Diffusion Policy (batch 1, N-step DDIM) on the CPU with F32 and BF16 weights at 1 and
+// 2 threads, next to the memory floor (weight bytes x steps / this machine's measured read bandwidth).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <flowedge/cpu/simd.hpp>
+#include <flowedge/models/diffusion_head.hpp>
+
+using namespace flowedge;
+
+namespace {
+
+std::string read_loadavg() {
+    std::ifstream f("/proc/loadavg");
+    std::string a, b, c;
+    f >> a >> b >> c;
+    return a + " " + b + " " + c;
+}
+
+void set_threads(int t) {
+#ifdef _OPENMP
+    omp_set_num_threads(t);
+#else
+    (void)t;
+#endif
+}
+
+/// Streaming-read bandwidth in GB/s with `threads` threads: best of `reps` vector sums over `mib` MiB (>> L3).
+double read_bandwidth_gbs(int threads, std::size_t mib, int reps) {
+    const std::size_t n = (mib << 20) / sizeof(float);
+    std::vector<float> a(n);
+    set_threads(threads);
+#pragma omp parallel for schedule(static)
+    for (std::size_t i = 0; i < n; ++i) a[i] = float(i & 7);  // first touch by the reading thread
+    double best = 1e30;
+    volatile float sink = 0;
+    for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        float total = 0;
+        const std::int64_t blocks = std::int64_t(n) / (4 * cpu::kLanes);
+#pragma omp parallel reduction(+ : total)
+        {
+            cpu::VecF acc[4] = {cpu::vzero(), cpu::vzero(), cpu::vzero(), cpu::vzero()};
+#pragma omp for schedule(static)
+            for (std::int64_t b = 0; b < blocks; ++b) {
+                const float* q = a.data() + std::size_t(b) * 4 * cpu::kLanes;
+                for (int u = 0; u < 4; ++u) acc[u] = cpu::vadd(acc[u], cpu::vload(q + u * cpu::kLanes));
+            }
+            total += cpu::vsum(cpu::vadd(cpu::vadd(acc[0], acc[1]), cpu::vadd(acc[2], acc[3])));
+        }
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        sink = total;
+    }
+    (void)sink;
+    return double(n) * sizeof(float) / best / 1e9;
+}
+
+struct Stats {
+    double min = 0, p50 = 0, p99 = 0, max = 0, mean = 0;
+};
+
+Stats summarize(std::vector<double> v) {
+    Stats s;
+    for (double x : v) s.mean += x;
+    s.mean /= double(v.size());
+    std::sort(v.begin(), v.end());
+    s.min = v.front();
+    s.p50 = v[v.size() / 2];
+    s.p99 = v[std::min(v.size() - 1, std::size_t(std::ceil(double(v.size()) * 0.99)) - 1)];
+    s.max = v.back();
+    return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"PushT Diffusion Policy on the CPU: batch 1, N-step DDIM, F32/BF16 weights, 1 and 2 threads, vs the memory floor."};
+    std::string model = "models/diffusion_pusht.flowedge.safetensors", json_path;
+    std::vector<std::string> dtypes{"f32", "bf16"};
+    std::vector<int> threads{1, 2};
+    int runs = 20, warmup = 1, steps = 10, bw_reps = 7;
+    std::size_t bw_mib = 512;
+    app.add_option("MODEL", model, "compact .flowedge.safetensors (flowedge-make-demo-diffusion writes one) or a LeRobot folder");
+    app.add_option("--runs", runs, "timed samples per (dtype, threads)")->check(CLI::Range(1, 100000));
+    app.add_option("--warmup", warmup, "untimed samples first")->check(CLI::Range(0, 1000));
+    app.add_option("--steps", steps, "DDIM steps")->check(CLI::Range(1, 1000));
+    app.add_option("--dtype", dtypes, "weight storage: f32 and/or bf16 (f16 allowed)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    app.add_option("--threads", threads, "OpenMP thread counts to measure")->check(CLI::Range(1, 1024));
+    app.add_option("--bw-mib", bw_mib, "buffer for the read-bandwidth measurement (MiB, >> L3)")->check(CLI::Range(64, 8192));
+    app.add_option("--bw-reps", bw_reps, "bandwidth repetitions (best taken)")->check(CLI::Range(1, 100));
+    app.add_option("--json", json_path, "write the results as JSON to this file");
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        nlohmann::json out = {{"bench", "diffusion_cpu"}, {"impl", "flowedge"}, {"model", model}, {"batch", 1},
+                              {"scheduler", "ddim"}, {"steps", steps}, {"runs", runs}, {"simd", cpu::kSimdName}};
+        // Bandwidth per thread count, measured before any model is loaded (the page cache is then quieter).
+        std::vector<double> bw;
+        for (int t : threads) {
+            bw.push_back(read_bandwidth_gbs(t, bw_mib, bw_reps));
+            std::printf("read bandwidth, %d thread%s: %.2f GB/s (best of %d sums over %zu MiB)\n", t, t == 1 ? "" : "s",
+                        bw.back(), bw_reps, bw_mib);
+            out["read_bandwidth_gbs"][std::to_string(t)] = bw.back();
+        }
+        for (const std::string& dt : dtypes) {
+            LoadOptions opts;
+            if (dt == "bf16") opts.weight_dtype = DType::BF16;
+            if (dt == "f16") opts.weight_dtype = DType::F16;
+            auto head = DiffusionHead<Cpu>::load(model, opts, 1);
+            std::size_t wbytes = 0;
+            head.visit_parameters([&](const std::string&, Parameter<Cpu>& p, const Shape&, Storage) { wbytes += p.bytes(); });
+            const DiffusionConfig& c = head.config();
+            std::vector<float> cond(std::size_t(c.global_cond_dim)), noise(std::size_t(c.horizon) * c.action_dim), act(noise.size());
+            for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = 0.5f * std::sin(0.11f * float(i + 1));
+            for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i + 1));
+            const SampleOptions so{.steps = steps, .scheduler = Scheduler::Ddim, .seed = 0};
+            for (std::size_t ti = 0; ti < threads.size(); ++ti) {
+                const int t = threads[ti];
+                set_threads(t);
+                for (int i = 0; i < warmup; ++i) head.sample(cond, noise, act, so, 1);
+                const std::string load0 = read_loadavg();
+                std::vector<double> ms;
+                for (int r = 0; r < runs; ++r) {
+                    const auto t0 = std::chrono::steady_clock::now();
+                    head.sample(cond, noise, act, so, 1);
+                    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                }
+                const Stats s = summarize(ms);
+                const double floor_ms = double(wbytes) * steps / (bw[ti] * 1e9) * 1e3;
+                std::printf("%-4s weights (%.1f MiB), %d thread%s: min %8.1f  p50 %8.1f  p99 %8.1f  max %8.1f ms | floor %7.1f ms, "
+                            "p50/floor %.2f, min/floor %.2f, weights streamed at %.1f GB/s (p50) | load %s\n",
+                            dt.c_str(), double(wbytes) / (1 << 20), t, t == 1 ? " " : "s", s.min, s.p50, s.p99, s.max, floor_ms,
+                            s.p50 / floor_ms, s.min / floor_ms, double(wbytes) * steps / (s.p50 * 1e-3) / 1e9, load0.c_str());
+                out["results"].push_back({{"weights", dt}, {"weight_bytes", wbytes}, {"threads", t},
+                                          {"ms", {{"min", s.min}, {"p50", s.p50}, {"p99", s.p99}, {"max", s.max}, {"mean", s.mean}}},
+                                          {"all_ms", ms}, {"floor_ms", floor_ms}, {"p50_over_floor", s.p50 / floor_ms},
+                                          {"min_over_floor", s.min / floor_ms},
+                                          {"weight_gbs_p50", double(wbytes) * steps / (s.p50 * 1e-3) / 1e9},
+                                          {"loadavg_before", load0}, {"loadavg_after", read_loadavg()},
+                                          {"action_0_2", {act[0], act[1], act[2]}}});
+            }
+        }
+        if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+        return 0;
+    } catch (const std::exception& e) {
+        std::cerr << e.what() << "\n";
+        return 1;
+    }
+}
