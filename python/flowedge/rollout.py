@@ -302,13 +302,18 @@ def write_histogram(path: str, runs: Dict[str, Dict[str, Any]], period_ms: Optio
     except ImportError:
         return "matplotlib is not installed: no histogram written"
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, run in runs.items():
-        ms = np.asarray(run["tick_s"]) * 1e3
-        if ms.size:
-            ax.hist(ms, bins=50, alpha=0.6, label=f"{name} (n={ms.size})")
+    all_ms = np.concatenate([np.asarray(r["tick_s"], np.float64) * 1e3 for r in runs.values()] + [np.zeros(0)])
+    all_ms = all_ms[all_ms > 0]
+    if all_ms.size:
+        lo, hi = all_ms.min(), max(all_ms.max(), period_ms or 0.0)
+        bins = np.geomspace(lo * 0.9, hi * 1.1, 60)  # ticks span queue pops (~ms) to chunk inference (~10-1000 ms)
+        for name, run in runs.items():
+            ms = np.asarray(run["tick_s"]) * 1e3
+            if ms.size:
+                ax.hist(ms, bins=bins, alpha=0.6, label=f"{name} (n={ms.size})")
     if period_ms:
         ax.axvline(period_ms, color="k", linestyle="--", label=f"period {period_ms} ms")
-    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xscale("log")
     ax.set_xlabel("select_action + pre/post-processing per tick [ms]")
     ax.set_ylabel("ticks")
     ax.legend()

@@ -153,3 +153,11 @@ def test_replay_cli_and_saved_observations(tmp_path):
     assert replay.main([str(DP_DIR), "--obs", str(saved), "--warmup", "0", "--output", str(out2)]) == 0
     r2 = json.loads(out2.read_text())
     assert r2["steps"] == 5 and r2["max_abs_diff_normalized"] == r["max_abs_diff_normalized"]
+
+
+def test_histogram_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "h.png"
+    runs = {"lerobot": {"tick_s": [1e-4, 2e-4, 0.06]}, "flowedge": {"tick_s": [1e-4, 3e-4, 0.02]}}
+    assert rollout.write_histogram(str(path), runs, 100.0) is None
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
