@@ -50,6 +50,24 @@ def set_threads(n: Optional[int]) -> Dict[str, Any]:
     return {"torch_threads": torch.get_num_threads(), "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS")}
 
 
+def check_device(device: str, tool: str) -> None:
+    """--device cuda needs both a CUDA PyTorch (LeRobot's encoder) and a flowedge build with the CUDA backend."""
+    if device != "cuda":
+        return
+    import torch
+
+    import flowedge
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"flowedge: {tool}: --device cuda needs a GPU visible to PyTorch "
+                         "(expected torch.cuda.is_available() true, got false)")
+    if not flowedge.cuda:
+        raise SystemExit(f"flowedge: {tool}: --device cuda needs flowedge built with the CUDA backend "
+                         "(expected flowedge.cuda true, got false; FLOWEDGE_BACKEND=cuda pip install .)")
+    torch.backends.cuda.matmul.allow_tf32 = False  # SPEC 4: parity is against PyTorch float32 with TF32 off
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -362,11 +380,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--markdown", help="markdown summary path")
     args = ap.parse_args(argv)
 
-    import torch
-
-    if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    check_device(args.device, "replay")
     threads = set_threads(args.threads)
     bk = Backends(args.policy_dir, args.device, args.scheduler, args.diffusion_steps)
     cfg = bk.config

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .replay import Backends, cpu_name, peak_rss_mib, percentiles_ms, set_threads, versions
+from .replay import Backends, check_device, cpu_name, peak_rss_mib, percentiles_ms, set_threads, versions
 
 ON_MISS = ("hold", "drop", "raise")
 
@@ -386,9 +386,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from . import lerobot as _fl  # noqa: F401  (LeRobot's import time is part of startup; reported apart)
 
     import_ms = (time.perf_counter() - t_import) * 1e3
-    if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    check_device(args.device, "rollout")
     threads = set_threads(args.threads)
     policy_dir = args.policy or default_policy_dir()
     if policy_dir is None:

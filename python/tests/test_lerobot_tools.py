@@ -161,3 +161,20 @@ def test_histogram_png(tmp_path):
     runs = {"lerobot": {"tick_s": [1e-4, 2e-4, 0.06]}, "flowedge": {"tick_s": [1e-4, 3e-4, 0.02]}}
     assert rollout.write_histogram(str(path), runs, 100.0) is None
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_ddpm_reports_no_parity_claim(tmp_path):
+    out = tmp_path / "ddpm.json"
+    assert replay.main([str(DP_DIR), "--steps", "2", "--warmup", "0", "--scheduler", "ddpm", "--diffusion-steps", "10",
+                        "--output", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["parity_ok"] is None and r["parity_bound_normalized"] is None and "SplitMix64" in r["note"]
+    assert r["flowedge"]["policy_ms"]["n"] == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error path of a machine without a GPU")
+def test_cuda_device_without_gpu_is_a_clear_error():
+    with pytest.raises(SystemExit, match="--device cuda needs"):
+        rollout.main(["--policy", str(DP_DIR), "--device", "cuda", "--steps", "2", "--no-progress"])
+    with pytest.raises(SystemExit, match="--device cuda needs"):
+        replay.main([str(DP_DIR), "--device", "cuda", "--steps", "2"])
