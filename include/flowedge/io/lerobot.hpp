@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <span>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -92,10 +95,17 @@ inline const nlohmann::json& field(const nlohmann::json& j, const std::string& n
     if (it == j.end() || it->is_null()) lerobot_fail(where + ": missing field '" + name + "'");
     return *it;
 }
-inline int int_field(const nlohmann::json& j, const std::string& name, const std::string& where) {
-    const auto& v = field(j, name, where);
+/// An integer JSON value that must fit in int (a larger one is an error, never silently truncated).
+inline int json_int(const nlohmann::json& v, const std::string& name, const std::string& where) {
     if (!v.is_number_integer()) lerobot_fail(where + ": field '" + name + "' must be an integer" + expected_got("integer", std::string(v.type_name())));
+    const bool fits = v.is_number_unsigned() ? v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<int>::max())
+                                             : v.get<std::int64_t>() >= std::numeric_limits<int>::min() &&
+                                                   v.get<std::int64_t>() <= std::numeric_limits<int>::max();
+    if (!fits) lerobot_fail(where + ": field '" + name + "' is out of range" + expected_got("a 32-bit integer", v.dump()));
     return v.get<int>();
+}
+inline int int_field(const nlohmann::json& j, const std::string& name, const std::string& where) {
+    return json_int(field(j, name, where), name, where);
 }
 inline bool bool_field(const nlohmann::json& j, const std::string& name, const std::string& where) {
     const auto& v = field(j, name, where);
@@ -117,7 +127,14 @@ inline int feature_dim0(const nlohmann::json& feature, const std::string& where)
     const auto& shape = field(feature, "shape", where);
     if (!shape.is_array() || shape.empty() || !shape[0].is_number_integer())
         lerobot_fail(where + ": 'shape' must be a non-empty integer list");
-    return shape[0].get<int>();
+    const int d = json_int(shape[0], "shape[0]", where);
+    if (d < 1 || d > (1 << 24)) lerobot_fail(where + ": 'shape[0]' out of range" + expected_got("1..16777216", d));
+    return d;
+}
+/// A feature's "type" string ("" when absent or not a string).
+inline std::string feature_type(const nlohmann::json& feature) {
+    auto it = feature.find("type");
+    return it != feature.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 }  // namespace detail
 
@@ -143,9 +160,10 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     const auto& dd = field(j, "down_dims", where);
     if (!dd.is_array() || dd.empty()) lerobot_fail(where + ": field 'down_dims' must be a non-empty integer list");
     c.down_dims.clear();
+    if (dd.size() > 8) lerobot_fail(where + ": field 'down_dims' has too many stages" + expected_got("1..8 entries", dd.size()));
     for (const auto& v : dd) {
         if (!v.is_number_integer()) lerobot_fail(where + ": field 'down_dims' must be a non-empty integer list");
-        c.down_dims.push_back(v.get<int>());
+        c.down_dims.push_back(json_int(v, "down_dims", where));
     }
     c.kernel_size = int_field(j, "kernel_size", where);
     c.n_groups = int_field(j, "n_groups", where);
@@ -167,7 +185,7 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     c.clip_sample_range = float(number_field(j, "clip_sample_range", where));
     if (auto it = j.find("num_inference_steps"); it != j.end() && !it->is_null()) {
         if (!it->is_number_integer()) lerobot_fail(where + ": field 'num_inference_steps' must be an integer or null");
-        c.num_inference_steps = it->get<int>();
+        c.num_inference_steps = json_int(*it, "num_inference_steps", where);
     }
     if (auto it = j.find("normalization_mapping"); it != j.end()) {
         const std::string action_norm = string_field(*it, "ACTION", where + ": normalization_mapping");
@@ -180,20 +198,29 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     LeRobotFeatureDims d;
     if (auto it = j.find("output_features"); it != j.end() && it->is_object()) {
         for (const auto& [name, f] : it->items())
-            if (f.is_object() && f.value("type", "") == "ACTION") d.action_dim = feature_dim0(f, where + ": output_features." + name);
+            if (f.is_object() && feature_type(f) == "ACTION") d.action_dim = feature_dim0(f, where + ": output_features." + name);
     }
     if (auto it = j.find("input_features"); it != j.end() && it->is_object()) {
-        int state = 0, env = 0, images = 0;
+        // 64-bit sums: each term is bounded (dims <= 2^24, keypoints checked below), so nothing can overflow.
+        std::int64_t state = 0, env = 0, images = 0;
         for (const auto& [name, f] : it->items()) {
             if (!f.is_object()) continue;
-            const std::string ft = f.value("type", "");
+            const std::string ft = feature_type(f);
             if (ft == "STATE") state += feature_dim0(f, where + ": input_features." + name);
             else if (ft == "ENV") env += feature_dim0(f, where + ": input_features." + name);
             else if (ft == "VISUAL") ++images;
         }
-        int per_frame = state + env;
-        if (images > 0) per_frame += images * 2 * int_field(j, "spatial_softmax_num_keypoints", where);
-        d.global_cond_dim = per_frame * c.n_obs_steps;
+        std::int64_t per_frame = state + env;
+        if (images > 0) {
+            const int kp = int_field(j, "spatial_softmax_num_keypoints", where);
+            if (kp < 1 || kp > (1 << 20))
+                lerobot_fail(where + ": field 'spatial_softmax_num_keypoints' out of range" + expected_got("1..1048576", kp));
+            per_frame += images * 2 * std::int64_t(kp);
+        }
+        const std::int64_t gcd = per_frame * std::int64_t(std::max(c.n_obs_steps, 0));
+        if (gcd > std::int64_t(std::numeric_limits<int>::max()))
+            lerobot_fail(where + ": the condition width implied by input_features is too large" + expected_got("< 2^31", std::to_string(gcd)));
+        d.global_cond_dim = int(gcd);
     }
     c.action_dim = d.action_dim;
     c.global_cond_dim = d.global_cond_dim;
@@ -244,45 +271,17 @@ inline void check_action_range(const std::vector<float>& mn, const std::vector<f
     }
 }
 
-/// Action min/max of a LeRobot folder: postprocessor state files first, then legacy buffers in model.safetensors.
-inline bool find_lerobot_action_range(const std::filesystem::path& dir, const SafeTensors& model, DiffusionCheckpoint& ck) {
-    namespace fs = std::filesystem;
-    std::vector<fs::path> candidates;
-    std::vector<fs::path> jsons;
-    for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string n = e.path().filename().string();
-        if (starts_with(n, "policy_postprocessor") && e.path().extension() == ".json") jsons.push_back(e.path());
-    }
-    std::sort(jsons.begin(), jsons.end());
-    for (const auto& jp : jsons) {
-        std::ifstream in(jp);
-        nlohmann::json j;
-        try {
-            in >> j;
-        } catch (const std::exception& ex) {
-            lerobot_fail(jp.string() + ": not valid JSON (" + ex.what() + ")");
-        }
-        if (auto steps = j.find("steps"); steps != j.end() && steps->is_array())
-            for (const auto& s : *steps)
-                if (auto sf = s.find("state_file"); sf != s.end() && sf->is_string()) candidates.push_back(dir / sf->get<std::string>());
-    }
-    std::vector<fs::path> globbed;
-    for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string n = e.path().filename().string();
-        if (starts_with(n, "policy_postprocessor") && e.path().extension() == ".safetensors") globbed.push_back(e.path());
-    }
-    std::sort(globbed.begin(), globbed.end());
-    for (const auto& g : globbed)
-        if (std::find(candidates.begin(), candidates.end(), g) == candidates.end()) candidates.push_back(g);
-    for (const auto& c : candidates) {
-        if (!fs::exists(c)) lerobot_fail(c.string() + ": postprocessor state file named in the processor json is missing");
-        auto st = SafeTensors::open(c);
+/// Action min/max from postprocessor state files (in search order), then legacy buffers in model.safetensors.
+inline bool find_lerobot_action_range(std::span<const std::shared_ptr<const SafeTensors>> states, const SafeTensors& model,
+                                      DiffusionCheckpoint& ck) {
+    for (const auto& st : states) {
+        if (!st) continue;
         const TensorInfo* mn = st->find("action.min");
         const TensorInfo* mx = st->find("action.max");
         if (mn && mx) {
             ck.action_min = read_floats(*mn);
             ck.action_max = read_floats(*mx);
-            check_action_range(ck.action_min, ck.action_max, ck.config.action_dim, c.string(), "action.min", "action.max");
+            check_action_range(ck.action_min, ck.action_max, ck.config.action_dim, st->path().string(), "action.min", "action.max");
             return true;
         }
     }
@@ -298,6 +297,10 @@ inline bool find_lerobot_action_range(const std::filesystem::path& dir, const Sa
     return false;
 }
 
+/// Postprocessor state files of a LeRobot folder in search order: those named by policy_postprocessor*.json
+/// (sorted by json name), then any other policy_postprocessor*.safetensors (sorted).
+inline std::vector<std::filesystem::path> lerobot_postprocessor_state_paths(const std::filesystem::path& dir);
+
 /// Shape of a tensor as a vector of dims (for derivations with clear errors).
 inline const TensorInfo& require(const SafeTensors& f, const std::string& key, int rank) {
     const TensorInfo* t = f.find(key);
@@ -308,8 +311,102 @@ inline const TensorInfo& require(const SafeTensors& f, const std::string& key, i
 }
 }  // namespace detail
 
+/// Parses JSON text (the contents of config.json or a policy_postprocessor*.json); an Error naming `where` if invalid.
+inline nlohmann::json parse_lerobot_json(std::string_view text, const std::string& where) {
+    try {
+        return nlohmann::json::parse(text.begin(), text.end());
+    } catch (const std::exception& ex) {
+        detail::lerobot_fail(where + ": not valid JSON (" + ex.what() + ")");
+    }
+}
+
+/// The `state_file` names a policy_postprocessor*.json lists under "steps", in order (other content is ignored).
+inline std::vector<std::string> lerobot_processor_state_files(const nlohmann::json& processor) {
+    std::vector<std::string> names;
+    if (!processor.is_object()) return names;
+    if (auto steps = processor.find("steps"); steps != processor.end() && steps->is_array())
+        for (const auto& s : *steps)
+            if (s.is_object())
+                if (auto sf = s.find("state_file"); sf != s.end() && sf->is_string()) names.push_back(sf->get<std::string>());
+    return names;
+}
+
+/// Builds a checkpoint from the parts of a LeRobot pretrained_model folder already in memory (the folder
+/// loader and the fuzzers use it): parsed config.json, model.safetensors, and the postprocessor state files
+/// in search order (see open_lerobot_diffusion_folder). `dir` labels messages and becomes ck.source.
+inline DiffusionCheckpoint lerobot_diffusion_from_parts(const nlohmann::json& config, std::shared_ptr<const SafeTensors> model,
+                                                        std::span<const std::shared_ptr<const SafeTensors>> postprocessor_states,
+                                                        const std::filesystem::path& dir) {
+    using namespace detail;
+    if (!model) lerobot_fail(dir.string() + ": no model.safetensors");
+    const std::string cfg_where = (dir / "config.json").string();
+    if (!config.is_object()) lerobot_fail(cfg_where + ": not a JSON object" + expected_got("object", std::string(config.type_name())));
+    DiffusionCheckpoint ck;
+    ck.source = dir;
+    LeRobotFeatureDims feat;
+    ck.config = parse_lerobot_diffusion_config(config, cfg_where, &feat);
+    ck.weights = std::move(model);
+    const SafeTensors& m = *ck.weights;
+    // Cross-check the config against the tensor shapes (which define the network).
+    const TensorInfo& te1 = require(m, "diffusion.unet.diffusion_step_encoder.1.weight", 2);
+    if (te1.shape[1] != ck.config.step_embed_dim)
+        lerobot_fail(m.path().string() + ": 'diffusion.unet.diffusion_step_encoder.1.weight' disagrees with "
+                     "diffusion_step_embed_dim" + expected_got(ck.config.step_embed_dim, te1.shape[1]));
+    const TensorInfo& film = require(m, "diffusion.unet.down_modules.0.0.cond_encoder.1.weight", 2);
+    const std::int64_t gcd64 = film.shape[1] - std::int64_t(ck.config.step_embed_dim);
+    if (gcd64 < 1 || gcd64 > std::numeric_limits<int>::max())
+        lerobot_fail(m.path().string() + ": 'diffusion.unet.down_modules.0.0.cond_encoder.1.weight' has a bad width for "
+                     "diffusion_step_embed_dim" + expected_got(std::to_string(ck.config.step_embed_dim) + " + global_cond_dim columns",
+                                                               std::to_string(film.shape[1])));
+    const int gcd = int(gcd64);
+    if (feat.global_cond_dim != 0 && feat.global_cond_dim != gcd)
+        lerobot_fail(cfg_where + ": global_cond_dim from input_features disagrees with "
+                     "'diffusion.unet.down_modules.0.0.cond_encoder.1.weight'" + expected_got(gcd, feat.global_cond_dim));
+    ck.config.global_cond_dim = gcd;
+    const TensorInfo& fo = require(m, "diffusion.unet.final_conv.1.weight", 3);
+    if (fo.shape[0] < 1 || fo.shape[0] > std::numeric_limits<int>::max())
+        lerobot_fail(m.path().string() + ": 'diffusion.unet.final_conv.1.weight' has a bad action width" +
+                     expected_got(">= 1", std::to_string(fo.shape[0])));
+    const int a = int(fo.shape[0]);
+    if (feat.action_dim != 0 && feat.action_dim != a)
+        lerobot_fail(cfg_where + ": output_features action shape disagrees with 'diffusion.unet.final_conv.1.weight'" +
+                     expected_got(a, feat.action_dim));
+    ck.config.action_dim = a;
+    ck.config.validate("lerobot");
+    if (!find_lerobot_action_range(postprocessor_states, m, ck))
+        lerobot_fail(dir.string() + ": no action min/max found (expected 'action.min'/'action.max' in a "
+                     "policy_postprocessor*.safetensors or 'unnormalize_outputs.buffer_action.{min,max}' in model.safetensors)");
+    return ck;
+}
+
+inline std::vector<std::filesystem::path> detail::lerobot_postprocessor_state_paths(const std::filesystem::path& dir) {
+    namespace fs = std::filesystem;
+    std::vector<fs::path> candidates;
+    std::vector<fs::path> jsons;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (starts_with(n, "policy_postprocessor") && e.path().extension() == ".json") jsons.push_back(e.path());
+    }
+    std::sort(jsons.begin(), jsons.end());
+    for (const auto& jp : jsons) {
+        std::ifstream in(jp, std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        for (const auto& name : lerobot_processor_state_files(parse_lerobot_json(text, jp.string())))
+            candidates.push_back(dir / name);
+    }
+    std::vector<fs::path> globbed;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (starts_with(n, "policy_postprocessor") && e.path().extension() == ".safetensors") globbed.push_back(e.path());
+    }
+    std::sort(globbed.begin(), globbed.end());
+    for (const auto& g : globbed)
+        if (std::find(candidates.begin(), candidates.end(), g) == candidates.end()) candidates.push_back(g);
+    return candidates;
+}
+
 /// Opens a LeRobot pretrained_model folder (config.json + model.safetensors [+ policy_postprocessor*]).
-/// `path` may be the folder or its model.safetensors.
+/// `path` may be the folder or its model.safetensors. Every postprocessor state file is opened and validated.
 inline DiffusionCheckpoint open_lerobot_diffusion_folder(const std::filesystem::path& path) {
     namespace fs = std::filesystem;
     using namespace detail;
@@ -320,52 +417,32 @@ inline DiffusionCheckpoint open_lerobot_diffusion_folder(const std::filesystem::
     if (!fs::exists(model_path)) lerobot_fail(dir.string() + ": no model.safetensors (expected a LeRobot pretrained_model folder)");
     nlohmann::json j;
     {
-        std::ifstream in(cfg_path);
-        try {
-            in >> j;
-        } catch (const std::exception& ex) {
-            lerobot_fail(cfg_path.string() + ": not valid JSON (" + ex.what() + ")");
-        }
+        std::ifstream in(cfg_path, std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        j = parse_lerobot_json(text, cfg_path.string());
     }
-    DiffusionCheckpoint ck;
-    ck.source = dir;
-    LeRobotFeatureDims feat;
-    ck.config = parse_lerobot_diffusion_config(j, cfg_path.string(), &feat);
-    ck.weights = SafeTensors::open(model_path);
-    const SafeTensors& m = *ck.weights;
-    // Cross-check the config against the tensor shapes (which define the network).
-    const TensorInfo& te1 = require(m, "diffusion.unet.diffusion_step_encoder.1.weight", 2);
-    if (te1.shape[1] != ck.config.step_embed_dim)
-        lerobot_fail(m.path().string() + ": 'diffusion.unet.diffusion_step_encoder.1.weight' disagrees with "
-                     "diffusion_step_embed_dim" + expected_got(ck.config.step_embed_dim, te1.shape[1]));
-    const TensorInfo& film = require(m, "diffusion.unet.down_modules.0.0.cond_encoder.1.weight", 2);
-    const int gcd = int(film.shape[1]) - ck.config.step_embed_dim;
-    if (feat.global_cond_dim != 0 && feat.global_cond_dim != gcd)
-        lerobot_fail(cfg_path.string() + ": global_cond_dim from input_features disagrees with "
-                     "'diffusion.unet.down_modules.0.0.cond_encoder.1.weight'" + expected_got(gcd, feat.global_cond_dim));
-    ck.config.global_cond_dim = gcd;
-    const TensorInfo& fo = require(m, "diffusion.unet.final_conv.1.weight", 3);
-    const int a = int(fo.shape[0]);
-    if (feat.action_dim != 0 && feat.action_dim != a)
-        lerobot_fail(cfg_path.string() + ": output_features action shape disagrees with 'diffusion.unet.final_conv.1.weight'" +
-                     expected_got(a, feat.action_dim));
-    ck.config.action_dim = a;
-    ck.config.validate("lerobot");
-    if (!find_lerobot_action_range(dir, m, ck))
-        lerobot_fail(dir.string() + ": no action min/max found (expected 'action.min'/'action.max' in a "
-                     "policy_postprocessor*.safetensors or 'unnormalize_outputs.buffer_action.{min,max}' in model.safetensors)");
-    return ck;
+    // Parse the config before touching the weights (config errors come first, as before).
+    (void)parse_lerobot_diffusion_config(j, cfg_path.string());
+    auto model = SafeTensors::open(model_path);
+    std::vector<std::shared_ptr<const SafeTensors>> states;
+    for (const auto& c : lerobot_postprocessor_state_paths(dir)) {
+        if (!fs::exists(c)) lerobot_fail(c.string() + ": postprocessor state file named in the processor json is missing");
+        states.push_back(SafeTensors::open(c));
+    }
+    return lerobot_diffusion_from_parts(j, std::move(model), states, dir);
 }
 
 /// Opens a compact *.flowedge.safetensors Diffusion Policy file (SPEC 2), validating dp.meta / dp.dims / the action range.
-inline DiffusionCheckpoint open_diffusion_compact(const std::filesystem::path& path) {
+/// The file-based overload opens `path`; this one validates an already opened (e.g. in-memory) file.
+inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTensors> file) {
     using namespace detail;
+    if (!file) lerobot_fail("open_diffusion_compact: null file");
     DiffusionCheckpoint ck;
-    ck.source = path;
+    ck.source = file->path();
     ck.compact = true;
-    ck.weights = SafeTensors::open(path);
+    ck.weights = std::move(file);
     const SafeTensors& f = *ck.weights;
-    const std::string where = path.string();
+    const std::string where = ck.source.string();
     const TensorInfo& meta_t = require(f, "dp.meta", 1);
     if (meta_t.shape[0] != kDiffusionMetaSize)
         lerobot_fail(where + ": tensor 'dp.meta' has the wrong size" + expected_got(kDiffusionMetaSize, meta_t.shape[0]));
@@ -417,6 +494,11 @@ inline DiffusionCheckpoint open_diffusion_compact(const std::filesystem::path& p
     ck.action_max = read_floats(require(f, "dp.action_max", 1));
     check_action_range(ck.action_min, ck.action_max, c.action_dim, where, "dp.action_min", "dp.action_max");
     return ck;
+}
+
+/// Opens a compact *.flowedge.safetensors file from disk (mmap) and validates it.
+inline DiffusionCheckpoint open_diffusion_compact(const std::filesystem::path& path) {
+    return open_diffusion_compact(SafeTensors::open(path));
 }
 
 /// Whether `path` is a compact file (a regular file whose header holds dp.meta) rather than a LeRobot folder.
