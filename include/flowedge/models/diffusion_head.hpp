@@ -314,7 +314,12 @@ public:
     /// Loads a LeRobot pretrained_model folder (or its model.safetensors) or a compact *.flowedge.safetensors file,
     /// sized for up to `max_batch` samples per call.
     static DiffusionHead load(const std::filesystem::path& path, const LoadOptions& opts = {}, int max_batch = 1) {
-        io::DiffusionCheckpoint ck = io::open_diffusion_checkpoint(path);
+        return load(io::open_diffusion_checkpoint(path), opts, max_batch);
+    }
+
+    /// Loads from an already opened checkpoint (e.g. io::lerobot_diffusion_from_parts or one opened once and
+    /// shared: with zero-copy CPU weights, every head loaded from the same checkpoint shares its mapping).
+    static DiffusionHead load(const io::DiffusionCheckpoint& ck, const LoadOptions& opts = {}, int max_batch = 1) {
         DiffusionHead h(ck.config, max_batch);
         h.m_unet.visit_parameters([&](const std::string& name, Parameter<B>& p, const Shape& shape, Storage st) {
             p.load(ck.tensor(name), shape, st, opts, ck.weights, "diffusion");
@@ -349,6 +354,7 @@ public:
 
     /// Sets the MIN_MAX action range ([action_dim] each, min < max).
     void set_action_range(std::span<const float> mn, std::span<const float> mx) {
+        check_live("set_action_range");
         check(int(mn.size()) == m_cfg.action_dim && int(mx.size()) == m_cfg.action_dim, "diffusion",
               "action range has the wrong size" + expected_got(m_cfg.action_dim, mn.size()));
         for (int a = 0; a < m_cfg.action_dim; ++a)
@@ -388,6 +394,7 @@ public:
     /// One U-Net call: eps = unet(sample, timestep, cond). cond: [batch, global_cond_dim];
     /// sample, eps: [batch, horizon, action_dim] in normalised action units; timestep in [0, T).
     void denoise(std::span<const float> cond, std::span<const float> sample, int timestep, std::span<float> eps, int batch) {
+        check_live("denoise");
         check_batch(batch);
         if (!(timestep >= 0 && timestep < m_cfg.num_train_timesteps)) [[unlikely]] fail("diffusion",
               "timestep out of range" + expected_got("0.." + std::to_string(m_cfg.num_train_timesteps - 1), timestep));
@@ -435,6 +442,9 @@ public:
 
     /// Un-normalises one value of action dimension a (host helper): (x + 1) / 2 * (max - min) + min.
     float unnormalize(float x, int a) const {
+        if (!(a >= 0 && std::size_t(a) < m_min_host.size())) [[unlikely]]
+            fail("diffusion", "unnormalize: action dimension out of range" +
+                                  expected_got("0.." + std::to_string(int(m_min_host.size()) - 1), a));
         return (x + 1.f) / 2.f * (m_max_host[std::size_t(a)] - m_min_host[std::size_t(a)]) + m_min_host[std::size_t(a)];
     }
 
@@ -442,6 +452,12 @@ private:
     View<const float, B> cond_in(int batch) const { return {m_cond_in.data(), Shape{batch, m_cfg.global_cond_dim}}; }
     View<const float, B> x_in(int batch) const { return {m_x_in.data(), Shape{batch, m_cfg.horizon, m_cfg.action_dim}}; }
     View<float, B> out(int batch) { return {m_out.data(), Shape{batch, m_cfg.horizon, m_cfg.action_dim}}; }
+
+    /// A moved-from head owns no buffers: every public method that uses them refuses with an Error.
+    void check_live(const char* what) const {
+        if (!m_out.data()) [[unlikely]]
+            fail("diffusion", std::string(what) + "() on a moved-from DiffusionHead (it holds no weights or buffers; use the object it was moved into)");
+    }
 
     void check_batch(int batch) const {
         if (!(batch >= 1 && batch <= m_max_batch)) [[unlikely]] fail("diffusion", "batch out of range" + expected_got("1.." + std::to_string(m_max_batch), batch));
@@ -512,6 +528,7 @@ private:
 
     void run_sample(std::span<const float> cond, std::span<const float> noise, std::span<float> result,
                     const SampleOptions& opts, int batch, bool unnormalize_out) {
+        check_live("sample");
         check_batch(batch);
         m_schedule.check_steps(opts.steps);
         if (!(opts.scheduler == Scheduler::Ddim || opts.scheduler == Scheduler::Ddpm)) [[unlikely]] fail("diffusion",

@@ -130,6 +130,7 @@ public:
 
     /// Starts a resumable solve (see advance/result/cancel); the inputs are copied, so the spans may go away.
     void begin(std::span<const float> cond, std::span<const float> noise, Solver solver, int steps, int batch = 1) {
+        check_live("begin");
         check_solve(solver, steps, batch);
         check_input(cond, std::size_t(batch) * m_cfg.cond_dim, "condition");
         check_input(noise, std::size_t(batch) * m_cfg.action_dim, "noise");
@@ -143,6 +144,7 @@ public:
     /// The condition is not checked for finiteness (it never left the backend).
     void begin_device(const float* cond_device, std::span<const float> noise, Solver solver, int steps, int batch = 1,
                       int cond_stride = -1) {
+        check_live("begin_device");
         check_solve(solver, steps, batch);
         check_input(noise, std::size_t(batch) * m_cfg.action_dim, "noise");
         const std::size_t row = std::size_t(m_cfg.cond_dim) * sizeof(float);
@@ -156,6 +158,7 @@ public:
     /// Runs up to `n_steps` more whole steps of the active solve; returns true when all steps are done.
     /// Any split into advance() calls gives bit-identical results to one sample() call.
     bool advance(int n_steps) {
+        check_live("advance");
         if (!m_active) fail("flow_head", "advance() without an active solve (call begin() first)");
         if (!(n_steps >= 1)) [[unlikely]]
             fail("flow_head", "advance needs at least one step" + expected_got(">= 1", n_steps));
@@ -174,6 +177,7 @@ public:
     /// Copies the finished action to `out` [batch, A] (host) and ends the solve. A non-finite action is an
     /// Error naming the first step whose state went non-finite.
     void result(std::span<float> out) {
+        check_live("result");
         if (!m_active) fail("flow_head", "result() without an active solve");
         if (m_done != m_steps)
             fail("flow_head", "result() before the solve finished" + expected_got(std::to_string(m_steps) + " steps",
@@ -198,6 +202,7 @@ public:
     /// One velocity evaluation v(x, t) (for tests and diagnostics): cond [batch, Cd], x [batch, A], v [batch, A].
     /// Ends any active solve.
     void velocity(std::span<const float> cond, std::span<const float> x, float t, std::span<float> v, int batch = 1) {
+        check_live("velocity");
         check_solve(Solver::Euler, 1, batch);
         check_input(cond, std::size_t(batch) * m_cfg.cond_dim, "condition");
         check_input(x, std::size_t(batch) * m_cfg.action_dim, "x");
@@ -252,6 +257,12 @@ private:
         m_h[1] = m_ws.template take<float>(Shape{mb, H}).data;
         m_temb = m_ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
         m_tcache = m_ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
+    }
+
+    /// A moved-from head still holds raw pointers into the workspace it gave away: refuse to use them.
+    void check_live(const char* what) const {
+        if (m_ws.capacity() == 0) [[unlikely]]
+            fail("flow_head", std::string(what) + "() on a moved-from FlowHead (it holds no weights or buffers; use the object it was moved into)");
     }
 
     void check_solve(Solver solver, int steps, int batch) const {

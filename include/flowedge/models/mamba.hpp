@@ -58,6 +58,8 @@ public:
     static constexpr std::uint32_t kStateVersion = 1;
     /// Bytes of the export_state() header that precedes the float payload.
     static constexpr std::size_t kStateHeaderBytes = 80;
+    /// Header bytes carrying fields (magic, 8 x u32, 3 x u64); the rest up to kStateHeaderBytes is reserved (zero).
+    static constexpr std::size_t kHeaderUsedBytes = 8 + 8 * 4 + 3 * 8;
 
     Mamba(Mamba&&) noexcept = default;
     Mamba& operator=(Mamba&&) noexcept = default;
@@ -129,6 +131,7 @@ public:
     /// sequence, so step() continues it. tokens: [L], 1 <= L <= max_tokens; hidden: [L, d_model] (host).
     /// Matches MambaModel(input_ids).last_hidden_state[0].
     void prefill(std::span<const std::int32_t> tokens, std::span<float> hidden) {
+        check_live("prefill");
         check_length(tokens.size());
         if (!(hidden.size() >= tokens.size() * std::size_t(m_cfg.d_model))) [[unlikely]]
             fail("mamba", "prefill output too small" + expected_got(tokens.size() * std::size_t(m_cfg.d_model), hidden.size()));
@@ -139,6 +142,7 @@ public:
 
     /// Decodes one more token: hidden: [d_model] (host), the final-norm hidden state of that token.
     void step(std::int32_t token, std::span<float> hidden) {
+        check_live("step");
         if (!(hidden.size() >= std::size_t(m_cfg.d_model))) [[unlikely]]
             fail("mamba", "step output too small" + expected_got(m_cfg.d_model, hidden.size()));
         const float* out = step_device(token);
@@ -149,6 +153,7 @@ public:
     /// prefill() leaving the result on the backend: returns hidden [L, d_model] in backend memory, valid
     /// until the next call. Enqueued on the model's stream (not synchronized).
     const float* prefill_device(std::span<const std::int32_t> tokens) {
+        check_live("prefill");
         check_length(tokens.size());
         const int L = int(tokens.size());
         validate_tokens(tokens);
@@ -162,6 +167,7 @@ public:
 
     /// step() leaving the result on the backend: returns hidden [d_model] in backend memory.
     const float* step_device(std::int32_t token) {
+        check_live("step");
         validate_tokens(std::span<const std::int32_t>(&token, 1));
         Memory<B>::copy_from_host(m_ids.data(), &token, sizeof(std::int32_t), m_stream);
         m_step_graph.run(m_stream, 1, [this] { forward(1); });
@@ -170,6 +176,7 @@ public:
 
     /// Forgets the sequence: zero conv and ssm state (the next step() starts a new sequence).
     void reset() {
+        check_live("reset");
         Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
         Memory<B>::synchronize(m_stream);
     }
@@ -187,6 +194,7 @@ public:
 
     /// Serialises the decode state into `out` (at least state_bytes() bytes); returns the bytes written.
     std::size_t export_state(std::span<std::byte> out) const {
+        check_live("export_state");
         if (!(out.size() >= state_bytes())) [[unlikely]]
             fail("mamba", "export_state buffer too small" + expected_got(state_bytes(), out.size()));
         std::byte* payload = out.data() + kStateHeaderBytes;
@@ -201,6 +209,7 @@ public:
     /// Restores a state written by export_state() of the same model. Rejects (flowedge::Error, state unchanged)
     /// bad magic, another version, another shape or model, a wrong size or a checksum mismatch.
     void import_state(std::span<const std::byte> in) {
+        check_live("import_state");
         if (in.size() < kStateHeaderBytes)
             fail("mamba", "import_state: truncated state" + expected_got(state_bytes(), in.size()));
         const Header got = read_header(in.data());
@@ -209,6 +218,12 @@ public:
             fail("mamba", "import_state: not a flowedge Mamba state (bad magic)");
         if (got.version != kStateVersion)
             fail("mamba", "import_state: unsupported state version" + expected_got(kStateVersion, got.version));
+        if (got.header_bytes != kStateHeaderBytes)
+            fail("mamba", "import_state: bad header size field" + expected_got(kStateHeaderBytes, got.header_bytes));
+        for (std::size_t i = kHeaderUsedBytes; i < kStateHeaderBytes; ++i)
+            if (in[i] != std::byte{0})
+                fail("mamba", "import_state: reserved header byte " + std::to_string(i) + " is not zero" +
+                                  expected_got(0, std::to_integer<int>(in[i])));
         auto shape_str = [](const Header& h) {
             return "n_layers " + std::to_string(h.n_layers) + ", d_model " + std::to_string(h.d_model) + ", d_inner " +
                    std::to_string(h.d_inner) + ", d_state " + std::to_string(h.d_state) + ", d_conv " +
@@ -341,6 +356,12 @@ private:
             if (bytes > head) h = detail::fnv1a(p + bytes - std::min<std::size_t>(bytes - head, 4096), std::min<std::size_t>(bytes - head, 4096), h);
         });
         return h;
+    }
+
+    /// Every public method that touches buffers starts here: a moved-from model is an Error, not a crash.
+    void check_live(const char* what) const {
+        if (!m_ids.data()) [[unlikely]]
+            fail("mamba", std::string(what) + "() on a moved-from Mamba (it holds no weights or buffers; use the object it was moved into)");
     }
 
     void check_length(std::size_t n) const {
