@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "flowedge/cpu/memory.hpp"
 #include "flowedge/dtype.hpp"
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/op_params.hpp"
@@ -62,6 +63,8 @@ public:
         std::vector<std::byte> converted;
         const void* src = t.data;
         if (want != t.dtype || !aligned) {
+            // The staging copy lives in host memory: refuse a tensor that cannot fit before touching any of it.
+            Memory<Cpu>::check_fits(n * dtype_size(want), "tensor '" + t.name + "' (" + component_str(component) + ")");
             converted.resize(n * dtype_size(want));
             convert(t.data, t.dtype, converted.data(), want, n);
             src = converted.data();
@@ -101,6 +104,7 @@ public:
     }
 
 private:
+    static std::string component_str(std::string_view c) { return std::string(c); }
     DType m_dtype = DType::F32;
     Shape m_shape{};
     const void* m_data = nullptr;

@@ -6,6 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <string_view>
+
+#include <unistd.h>
 
 #include "flowedge/tensor.hpp"
 
@@ -20,8 +24,24 @@ struct Memory<Cpu> {
         static std::atomic<std::size_t> n{0};
         return n;
     }
+    /// Physical memory of this host in bytes (0 when unknown); no single allocation may exceed it.
+    static std::size_t physical_bytes() {
+        static const std::size_t n = [] {
+            const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+            return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : std::size_t(0);
+        }();
+        return n;
+    }
+    /// Error (not an overcommitted mapping that the OOM killer reaps later) when `bytes` cannot fit in RAM.
+    static void check_fits(std::size_t bytes, std::string_view what) {
+        const std::size_t phys = physical_bytes();
+        if (phys != 0 && bytes > phys) [[unlikely]]
+            fail("cpu", "out of host memory: " + std::string(what) + " needs " + std::to_string(bytes) +
+                            " bytes, more than this host's physical memory" + expected_got("<= " + std::to_string(phys), std::to_string(bytes)));
+    }
     static void* allocate(std::size_t bytes) {
         allocation_count().fetch_add(1, std::memory_order_relaxed);
+        check_fits(bytes, "an allocation");
         void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!p) fail("cpu", "out of host memory allocating " + std::to_string(bytes) + " bytes");
         return p;
