@@ -1,0 +1,245 @@
+// Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/): small valid files built from tiny
+// configs and the fixtures, plus hand-made malformed ones. Usage: flowedge_fuzz_make_seeds <corpus dir>.
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "flowedge/io/lerobot.hpp"
+#include "flowedge/io/safetensors.hpp"
+#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/mamba.hpp"
+#include "fuzz_common.hpp"
+
+namespace fs = std::filesystem;
+using namespace flowedge;
+
+namespace {
+void write(const fs::path& p, const std::string& s) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary).write(s.data(), std::streamsize(s.size()));
+}
+std::string str(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+
+/// Deterministic values in [-scale, scale].
+std::vector<float> values(std::size_t n, std::uint64_t seed, float scale) {
+    std::vector<float> v(n);
+    std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (auto& x : v) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x = scale * (float((s >> 40) & 0xffffff) / float(0xffffff) * 2.f - 1.f);
+    }
+    return v;
+}
+
+DiffusionConfig tiny_config() {
+    DiffusionConfig c;
+    c.action_dim = 2;
+    c.horizon = 8;
+    c.n_action_steps = 4;
+    c.n_obs_steps = 2;
+    c.global_cond_dim = 6;  // 2 frames x (state 2 + env 1)
+    c.down_dims = {8, 16};
+    c.kernel_size = 3;
+    c.n_groups = 4;
+    c.step_embed_dim = 8;
+    c.num_train_timesteps = 20;
+    c.scheduler = Scheduler::Ddim;
+    return c;
+}
+
+/// Adds every U-Net tensor of `c` under `name(unet_name)`.
+template <class Name>
+void add_unet(io::SafeTensorsWriter& w, const DiffusionConfig& c, Name&& name, DType dtype) {
+    ConditionalUnet1d<Cpu> skeleton(c);
+    std::uint64_t seed = 1;
+    skeleton.visit_parameters([&](const std::string& n, Parameter<Cpu>&, const Shape& shape, Storage st) {
+        std::vector<float> v = values(std::size_t(shape.numel()), seed++, 0.3f);
+        if (n.find("block.1.weight") != std::string::npos)  // group-norm scale near 1
+            for (auto& x : v) x = 1.f + x * 0.1f;
+        const DType want = st == Storage::Vector ? DType::F32 : dtype;
+        std::vector<std::byte> buf(v.size() * dtype_size(want));
+        Parameter<Cpu>::convert(v.data(), DType::F32, buf.data(), want, v.size());
+        w.add(name(n), want, shape, buf.data());
+    });
+}
+
+nlohmann::json lerobot_config(const DiffusionConfig& c) {
+    nlohmann::json j = {
+        {"type", "diffusion"},
+        {"n_obs_steps", c.n_obs_steps},
+        {"input_features",
+         {{"observation.state", {{"type", "STATE"}, {"shape", {2}}}},
+          {"observation.environment_state", {{"type", "ENV"}, {"shape", {1}}}}}},
+        {"output_features", {{"action", {{"type", "ACTION"}, {"shape", {c.action_dim}}}}}},
+        {"horizon", c.horizon},
+        {"n_action_steps", c.n_action_steps},
+        {"normalization_mapping", {{"VISUAL", "MEAN_STD"}, {"STATE", "MIN_MAX"}, {"ACTION", "MIN_MAX"}}},
+        {"spatial_softmax_num_keypoints", 32},
+        {"down_dims", c.down_dims},
+        {"kernel_size", c.kernel_size},
+        {"n_groups", c.n_groups},
+        {"diffusion_step_embed_dim", c.step_embed_dim},
+        {"use_film_scale_modulation", true},
+        {"noise_scheduler_type", "DDIM"},
+        {"num_train_timesteps", c.num_train_timesteps},
+        {"beta_schedule", "squaredcos_cap_v2"},
+        {"prediction_type", "epsilon"},
+        {"clip_sample", true},
+        {"clip_sample_range", 1.0},
+        {"num_inference_steps", nullptr},
+    };
+    return j;
+}
+
+const nlohmann::json kProcessor = {
+    {"name", "policy_postprocessor"},
+    {"steps",
+     {{{"registry_name", "unnormalizer_processor"}, {"state_file", "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}},
+      {{"registry_name", "device_processor"}}}}};
+
+std::string joined(const std::vector<std::string>& parts) {
+    std::string s;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+        if (i) s += fuzz::kPartSeparator;
+        s += parts[i];
+    }
+    return s;
+}
+
+std::string header_only(const std::string& json) {
+    std::string s(8, '\0');
+    const std::uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i) s[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
+    return s + json;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+        return 2;
+    }
+    const fs::path out = argv[1];
+    const DiffusionConfig c = tiny_config();
+
+    // --- safetensors ---
+    {
+        const fs::path d = out / "safetensors";
+        io::SafeTensorsWriter w;
+        const auto a = values(6, 1, 1.f);
+        w.add_f32("a", Shape{2, 3}, a);
+        std::vector<std::uint16_t> h = {0x3f80, 0xbf80, 0x7f80, 0x7fc0};
+        w.add("b", DType::BF16, Shape{4}, h.data());
+        w.add("c", DType::F16, Shape{2, 2}, h.data());
+        w.add("empty", DType::F32, Shape{0, 5}, nullptr);
+        std::vector<std::int64_t> i64 = {1, -2};
+        w.add_raw("ids", "I64", {2}, std::as_bytes(std::span<const std::int64_t>(i64)));
+        w.add_raw("rank5", "F32", {1, 1, 1, 1, 1}, std::as_bytes(std::span<const float>(a.data(), 1)));
+        w.set_metadata("format", "pt");
+        write(d / "valid_mixed", str(w.bytes()));
+        io::SafeTensorsWriter w2;
+        w2.add_f32("x", Shape{1}, std::span<const float>(a.data(), 1));
+        write(d / "valid_one", str(w2.bytes()));
+        write(d / "empty_header", header_only("{}      "));
+        write(d / "overlap", header_only(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})") + std::string(8, '\0'));
+        write(d / "out_of_range", header_only(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})") + std::string(8, '\0'));
+        write(d / "dup", header_only(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") + std::string(4, '\0'));
+        write(d / "huge_dims_zero", header_only(R"({"a":{"dtype":"F32","shape":[0,9223372036854775807],"data_offsets":[0,0]},"__metadata__":{"k":"v"}})"));
+        write(d / "overflow", header_only(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"));
+        write(d / "bad_len", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10));
+        write(d / "f4_odd", header_only(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})") + std::string(2, '\0'));
+    }
+
+    // --- lerobot_folder: config | processor json | model | postprocessor state ---
+    {
+        const fs::path d = out / "lerobot_folder";
+        io::SafeTensorsWriter model;
+        add_unet(model, c, [](const std::string& n) { return "diffusion.unet." + n; }, DType::F32);
+        io::SafeTensorsWriter state;
+        const std::vector<float> mn = {-1.f, 0.f}, mx = {1.f, 512.f};
+        state.add_f32("action.min", Shape{2}, mn);
+        state.add_f32("action.max", Shape{2}, mx);
+        const std::string cfg = lerobot_config(c).dump(1);
+        write(d / "valid_postprocessor", joined({cfg, kProcessor.dump(), str(model.bytes()), str(state.bytes())}));
+        // Legacy: min/max buffers inside model.safetensors, no postprocessor.
+        io::SafeTensorsWriter legacy;
+        add_unet(legacy, c, [](const std::string& n) { return "diffusion.unet." + n; }, DType::BF16);
+        legacy.add_f32("unnormalize_outputs.buffer_action.min", Shape{2}, mn);
+        legacy.add_f32("unnormalize_outputs.buffer_action.max", Shape{2}, mx);
+        write(d / "valid_legacy_bf16", joined({cfg, "{}", str(legacy.bytes())}));
+        // Malformed variants.
+        auto bad = lerobot_config(c);
+        bad["down_dims"] = {8, 12};
+        write(d / "bad_down_dims", joined({bad.dump(), kProcessor.dump(), str(model.bytes()), str(state.bytes())}));
+        bad = lerobot_config(c);
+        bad["horizon"] = 6;
+        write(d / "bad_horizon", joined({bad.dump(), kProcessor.dump(), str(model.bytes()), str(state.bytes())}));
+        io::SafeTensorsWriter swapped;
+        swapped.add_f32("action.min", Shape{2}, mx);
+        swapped.add_f32("action.max", Shape{2}, mn);
+        write(d / "min_above_max", joined({cfg, kProcessor.dump(), str(model.bytes()), str(swapped.bytes())}));
+        write(d / "not_json", joined({"{\"type\": diffusion", "[", "", ""}));
+    }
+
+    // --- compact ---
+    {
+        const fs::path d = out / "compact";
+        auto compact = [&](const DiffusionConfig& cc, DType dtype, std::array<float, io::kDiffusionMetaSize> meta,
+                           std::vector<float> mn, std::vector<float> mx) {
+            io::SafeTensorsWriter w;
+            add_unet(w, cc, [](const std::string& n) { return io::diffusion_compact_name(n); }, dtype);
+            std::vector<float> dims(cc.down_dims.begin(), cc.down_dims.end());
+            w.add_f32("dp.action_min", Shape{std::int64_t(mn.size())}, mn);
+            w.add_f32("dp.action_max", Shape{std::int64_t(mx.size())}, mx);
+            w.add_f32("dp.dims", Shape{std::int64_t(dims.size())}, dims);
+            w.add_f32("dp.meta", Shape{io::kDiffusionMetaSize}, meta);
+            return str(w.bytes());
+        };
+        const std::vector<float> mn = {-1.f, 0.f}, mx = {1.f, 512.f};
+        write(d / "valid_f32", compact(c, DType::F32, io::diffusion_meta(c), mn, mx));
+        write(d / "valid_f16", compact(c, DType::F16, io::diffusion_meta(c), mn, mx));
+        DiffusionConfig one = c;
+        one.down_dims = {8};
+        one.horizon = 3;
+        one.n_action_steps = 2;
+        one.kernel_size = 1;
+        write(d / "valid_one_stage", compact(one, DType::BF16, io::diffusion_meta(one), mn, mx));
+        auto meta = io::diffusion_meta(c);
+        meta[0] = 2.f;
+        write(d / "bad_schema", compact(c, DType::F32, meta, mn, mx));
+        meta = io::diffusion_meta(c);
+        meta[2] = 7.f;
+        write(d / "bad_horizon", compact(c, DType::F32, meta, mn, mx));
+        meta = io::diffusion_meta(c);
+        meta[6] = 3.f;
+        write(d / "stages_mismatch", compact(c, DType::F32, meta, mn, mx));
+        write(d / "min_above_max", compact(c, DType::F32, io::diffusion_meta(c), mx, mn));
+    }
+
+    // --- mamba_state: mode byte, then a whole state (mode 0) or a payload (mode 1) ---
+    {
+        const fs::path d = out / "mamba_state";
+        auto m = Mamba<Cpu>::load(FLOWEDGE_FIXTURES_DIR "/mamba_flow/mamba_flow_backbone_only.safetensors", {}, 8);
+        std::vector<float> h(std::size_t(m.config().d_model));
+        const std::vector<std::int32_t> toks = {1, 2, 3, 4};
+        std::vector<float> hid(toks.size() * h.size());
+        m.prefill(toks, hid);
+        const std::vector<std::byte> s = m.export_state();
+        write(d / "valid_state", std::string(1, '\0') + str(s));
+        write(d / "header_only", std::string(1, '\0') + str(std::vector<std::byte>(s.begin(), s.begin() + 80)));
+        std::vector<std::byte> corrupt = s;
+        corrupt[200] ^= std::byte{1};
+        write(d / "bad_checksum", std::string(1, '\0') + str(corrupt));
+        write(d / "payload_small", std::string(1, '\1') + str(std::vector<std::byte>(s.begin() + 80, s.begin() + 80 + 512)));
+        std::vector<float> big(64, 3.0e38f);
+        write(d / "payload_huge_values", std::string(1, '\1') + std::string(reinterpret_cast<const char*>(big.data()), big.size() * 4));
+        write(d / "bad_magic", std::string(1, '\0') + "NOTMAMBA" + std::string(72, '\0'));
+    }
+    std::printf("seeds written under %s\n", out.c_str());
+    return 0;
+}
