@@ -167,6 +167,11 @@ TEST_CASE("thousands of load/free cycles of the small models keep the resident s
     std::printf("[reliability] load/free cycles: %d MambaFlowPolicy, %d DiffusionHead, %d SafeTensors; RSS %.1f -> %.1f -> %.1f -> %.1f MiB\n",
                 n_policy, n_diffusion, n_file, double(rss0) / 1048576.0, double(rss1) / 1048576.0, double(rss2) / 1048576.0,
                 double(rss3) / 1048576.0);
+#if defined(__SANITIZE_ADDRESS__)
+    // ASan's quarantine keeps freed blocks resident by design: LeakSanitizer (at exit) is the leak check here.
+    MESSAGE("AddressSanitizer build: RSS bound not checked; LeakSanitizer checks leaks at exit");
+#else
     // One leaked policy buffer per cycle would add > 50 MiB; allow allocator noise only.
     CHECK(rss3 < rss0 + (std::size_t(8) << 20));
+#endif
 }
