@@ -155,7 +155,10 @@ TEST_CASE("tiny U-Net and samplers match the double-precision reference") {
         CHECK(a1 != a3);
         head.sample(std::span(cond).subspan(std::size_t(c.global_cond_dim), std::size_t(c.global_cond_dim)),
                     std::span(x).subspan(per, per), one, {.steps = 10, .scheduler = Scheduler::Ddpm, .seed = 6}, 1);
-        CHECK(std::equal(one.begin(), one.end(), a1.begin() + std::ptrdiff_t(per)));
+        // Batch 1 and batch 2 take different (equally exact) kernel paths, so compare to float rounding, not bits:
+        // the point is that row b uses the noise stream of seed + b.
+        for (std::size_t i = 0; i < per; ++i)
+            CHECK(std::fabs(one[i] - a1[per + i]) <= 1e-5f * std::max(1.f, std::fabs(one[i])));
     }
     SUBCASE("executed slice") {
         std::vector<float> act(std::size_t(B) * per), ex(std::size_t(B) * c.n_action_steps * c.action_dim);
