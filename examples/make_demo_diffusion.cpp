@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
             ConditionalUnet1d<Cpu> skeleton(cfg);
             float last_bound = 0.f;
             skeleton.visit_parameters([&](const std::string& name, Parameter<Cpu>&, const Shape& s, Storage) {
-                Entry e{io::diffusion_compact_name(name), s, Entry::Uniform};
+                Entry e{io::diffusion_compact_name(name), s, Entry::Uniform, 0.f, {}};
                 const bool norm = name.find("block.1.") != std::string::npos;
                 const bool weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
                 if (norm) {

@@ -71,7 +71,7 @@ bool device_available() noexcept {
 }
 
 const char* device_description() noexcept {
-    static thread_local char buf[256];
+    static thread_local char buf[384];  // prop.name is up to 256 chars
     int n = 0;
     const cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {

@@ -2,33 +2,13 @@
 // around denoise/sample calls (DDIM, DDPM, every batch size, normalised and un-normalised output).
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
+#include "../support/counting_new.hpp"
+
 #include <filesystem>
-#include <new>
 #include <vector>
 
 #include "diffusion_reference.hpp"
 #include "flowedge/models/diffusion_head.hpp"
-
-namespace {
-std::atomic<std::size_t> g_news{0};
-}
-
-void* operator new(std::size_t n) {
-    g_news.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    g_news.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace flowedge;
 namespace fs = std::filesystem;
@@ -42,7 +22,7 @@ TEST_CASE("no allocation after load") {
     auto head = DiffusionHead<Cpu>::load(dir, {}, 4);
     const std::size_t per = std::size_t(c.horizon) * c.action_dim;
     std::vector<float> cond(4 * std::size_t(c.global_cond_dim), 0.25f), noise(4 * per, 0.5f), out(4 * per);
-    const std::size_t news0 = g_news.load(), mem0 = Memory<Cpu>::allocation_count().load();
+    const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
     for (int b = 1; b <= 4; ++b) {
         const std::size_t nc = std::size_t(b) * c.global_cond_dim, nx = std::size_t(b) * per;
         std::span<const float> cs(cond.data(), nc), xs(noise.data(), nx);
@@ -52,7 +32,7 @@ TEST_CASE("no allocation after load") {
         head.sample(cs, xs, ys, {.steps = 100, .scheduler = Scheduler::Ddpm, .seed = 7}, b);
         head.sample_normalized(cs, xs, ys, {.steps = 3, .scheduler = Scheduler::Ddpm, .seed = 1}, b);
     }
-    const std::size_t news1 = g_news.load(), mem1 = Memory<Cpu>::allocation_count().load();
+    const std::size_t news1 = fe_test::g_operator_new_calls.load(), mem1 = Memory<Cpu>::allocation_count().load();
     CHECK(news1 - news0 == 0);
     CHECK(mem1 - mem0 == 0);
     CHECK(news0 > 0);  // the counter does see allocations (load made some)

@@ -2,32 +2,11 @@
 // state export (into a caller buffer) / import allocate nothing, neither via operator new nor via Memory<Cpu>.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
+#include "../support/counting_new.hpp"
 
 #include <flowedge/models/mamba_flow_policy.hpp>
 
 #include "support.hpp"
-
-namespace {
-std::atomic<std::size_t> g_news{0};
-}
-
-void* operator new(std::size_t n) {
-    g_news.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    g_news.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace flowedge;
 
@@ -53,7 +32,7 @@ TEST_CASE("no allocation after load (operator new and Memory<Cpu>)") {
     // Warm-up (first use of each path).
     policy.act(toks, std::span(noise).first(8), std::span(out).first(8), Solver::Euler, 10);
 
-    const std::size_t news0 = g_news.load(), mem0 = Memory<Cpu>::allocation_count().load();
+    const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
     for (int rep = 0; rep < 3; ++rep) {
         policy.backbone().prefill(toks, hidden);
         policy.backbone().step(5, row);
@@ -70,11 +49,11 @@ TEST_CASE("no allocation after load (operator new and Memory<Cpu>)") {
             head.result(std::span(out).first(16));
         }
     }
-    const std::size_t news = g_news.load() - news0, mems = Memory<Cpu>::allocation_count().load() - mem0;
+    const std::size_t news = fe_test::g_operator_new_calls.load() - news0, mems = Memory<Cpu>::allocation_count().load() - mem0;
     CHECK(news == 0);
     CHECK(mems == 0);
     // Sanity: the counter does see allocations.
     auto v = policy.backbone().export_state();
-    CHECK(g_news.load() > news0);
+    CHECK(fe_test::g_operator_new_calls.load() > news0);
     CHECK(v.size() == state.size());
 }

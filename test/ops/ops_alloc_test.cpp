@@ -2,28 +2,12 @@
 // batch of every op (including the large, parallel and chunked conv paths) runs.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
+#include "../support/counting_new.hpp"
+
 #include <vector>
 
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/ops.hpp"
-
-namespace {
-std::atomic<std::size_t> g_news{0};
-}
-
-void* operator new(std::size_t n) {
-    g_news.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace flowedge;
 
@@ -33,7 +17,7 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
     std::vector<std::uint16_t> w16(1024 * 1024 * 5, 0x3c00);
     std::vector<std::int32_t> ids{0, 1, 2};
     std::vector<float> state(4096), z(4096, 1.f);
-    const std::size_t before_new = g_news.load();
+    const std::size_t before_new = fe_test::g_operator_new_calls.load();
     const std::size_t before_mem = Memory<Cpu>::allocation_count().load();
 
     for (int rep = 0; rep < 2; ++rep) {
@@ -87,6 +71,6 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
         u.x = x.data(); u.y = y.data(); u.min = small.data(); u.max = z.data(); u.rows = 16; u.dim = 2;
         Ops<Cpu>::unnormalize(u);
     }
-    CHECK(g_news.load() == before_new);
+    CHECK(fe_test::g_operator_new_calls.load() == before_new);
     CHECK(Memory<Cpu>::allocation_count().load() == before_mem);
 }

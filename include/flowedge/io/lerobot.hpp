@@ -23,6 +23,14 @@
 #include "flowedge/models/diffusion_config.hpp"
 #include "flowedge/parameter.hpp"
 
+// GCC 13 flags every `const T& x = f(..., "literal")` where f returns a reference into its first argument as a
+// possibly dangling reference (a known false positive, narrowed in GCC 14); the references here point into the
+// SafeTensors file / parsed JSON, which outlive them.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 13
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdangling-reference"
+#endif
+
 namespace flowedge::io {
 
 /// Schema version written to dp.meta[0].
@@ -524,3 +532,7 @@ inline std::array<float, kDiffusionMetaSize> diffusion_meta(const DiffusionConfi
 }
 
 }  // namespace flowedge::io
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 13
+#pragma GCC diagnostic pop
+#endif
