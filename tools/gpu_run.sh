@@ -11,15 +11,21 @@
 #   seed      the seed's programs with --device cpu and --device cuda, numbers compared
 #   mix       flowedge_cuda_dp_mix models/diffusion_pusht.flowedge.safetensors --json $OUT/dp_mix.json
 #   sanitize  compute-sanitizer memcheck + racecheck on the small-config GPU tests
-# Aliases: tests = gputests cputests; all = every stage.
+#   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`), then
+#             bench/pytorch_vs_flowedge_cuda.py: PyTorch eager / CUDA graph / torch.compile vs flowedge F32/BF16/F16
+#             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3)
+# Aliases: tests = gputests cputests; all = every stage (pytorch last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
-# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, logs.tar.gz (all logs).
-# Env: BUILD_DIR (default build-cuda), JOBS (default nproc), MIX_ARGS (extra flowedge_cuda_dp_mix arguments).
+# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, dp_cuda_vs_pytorch.{txt,json,md},
+# logs.tar.gz (all logs).
+# Env: BUILD_DIR (default build-cuda), BUILD_PY_DIR (default build-py), JOBS (default nproc), MIX_ARGS (extra
+# flowedge_cuda_dp_mix arguments), PYTORCH_ARGS (extra bench/pytorch_vs_flowedge_cuda.py arguments, e.g. --no-compile).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 BUILD=${BUILD_DIR:-build-cuda}
+BUILD_PY=${BUILD_PY_DIR:-build-py}
 JOBS=${JOBS:-$(nproc)}
 LOGS=$OUT/logs
 mkdir -p "$OUT" "$LOGS"
@@ -163,20 +169,40 @@ stage_sanitize() {
     return $rc
 }
 
+stage_pytorch() {
+    local nbdir gen=() rc
+    command -v ninja > /dev/null && gen=(-G Ninja)
+    nbdir=$(python3 -m nanobind --cmake_dir) || { echo "python3 cannot import nanobind (pip install nanobind)"; return 3; }
+    if [ ! -f "$BUILD_PY/CMakeCache.txt" ]; then
+        cmake -S . -B "$BUILD_PY" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
+              -Dnanobind_ROOT="$nbdir" || return $?
+    fi
+    cmake --build "$BUILD_PY" --target _flowedge -j "$JOBS" || return $?
+    ls "$BUILD_PY"/python/_flowedge*
+    python3 bench/pytorch_vs_flowedge_cuda.py models/diffusion_pusht.flowedge.safetensors \
+        --flowedge-path "$BUILD_PY/python" --json "$OUT/dp_cuda_vs_pytorch.json" --md "$OUT/dp_cuda_vs_pytorch.md" \
+        ${PYTORCH_ARGS:-} 2>&1 | tee "$OUT/dp_cuda_vs_pytorch.txt"
+    rc=${PIPESTATUS[0]}
+    # Also into the checkout, ready to commit with the other results.
+    [ -f "$OUT/dp_cuda_vs_pytorch.json" ] && cp "$OUT/dp_cuda_vs_pytorch.json" "$OUT/dp_cuda_vs_pytorch.md" bench/results/
+    return "$rc"
+}
+
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
 EXPANDED=()
 for s in "${STAGES[@]}"; do
     case $s in
-        all) EXPANDED+=(info build gputests cputests demo seed mix sanitize) ;;
+        all) EXPANDED+=(info build gputests cputests demo seed mix sanitize pytorch) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|sanitize) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix sanitize all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|sanitize|pytorch) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix sanitize pytorch all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
-    # seed and mix need the demo checkpoints.
-    if [ "$s" = seed ] || [ "$s" = mix ]; then
+    # seed, mix and pytorch need the demo checkpoints.
+    if [ "$s" = seed ] || [ "$s" = mix ] || [ "$s" = pytorch ]; then
         [ -f models/diffusion_pusht.flowedge.safetensors ] && [ -f models/mamba_flow.safetensors ] || run_stage demo stage_demo
     fi
     run_stage "$s" "stage_$s"

@@ -14,6 +14,7 @@ from ._flowedge import (  # noqa: F401
     MambaFlowPolicy,
     __version__,
     cuda,
+    diffusion_compact_name,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "MambaFlowPolicy",
     "__version__",
     "cuda",
+    "diffusion_compact_name",
 ]

@@ -221,6 +221,20 @@ NB_MODULE(_flowedge, m) {
         }
     });
 
+    m.def(
+        "diffusion_compact_name",
+        [](const std::string& unet_name) {
+            try {
+                return io::diffusion_compact_name(unet_name);
+            } catch (const Error& e) {
+                throw ArgumentError(e.what());  // a bad name is an argument problem, not a bad file
+            }
+        },
+        "unet_name"_a,
+        "Compact *.flowedge.safetensors name (SPEC 2) of a LeRobot DiffusionConditionalUnet1d parameter, given its\n"
+        "state_dict key WITHOUT the 'diffusion.unet.' prefix: 'down_modules.0.1.conv1.block.0.weight' -> 'dp.d0.r1.c1.w'.\n"
+        "An unknown name raises FlowEdgeValueError.");
+
     // ---- DiffusionHead ----
     nb::class_<PyDiffusion> dh(m, "DiffusionHead",
                                "LeRobot Diffusion Policy head (conditional 1-D U-Net + DDIM/DDPM + MIN_MAX un-normalisation).\n"
@@ -244,6 +258,15 @@ NB_MODULE(_flowedge, m) {
         .def_prop_ro("n_action_steps", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().n_action_steps; }); })
         .def_prop_ro("num_train_timesteps",
                      [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().num_train_timesteps; }); })
+        .def_prop_ro("down_dims", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().down_dims; }); },
+                     "U-Net stage widths (LeRobot down_dims), e.g. [512, 1024, 2048].")
+        .def_prop_ro("kernel_size", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().kernel_size; }); })
+        .def_prop_ro("n_groups", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().n_groups; }); })
+        .def_prop_ro("step_embed_dim", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().step_embed_dim; }); },
+                     "Td (LeRobot diffusion_step_embed_dim).")
+        .def_prop_ro("clip_sample", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().clip_sample; }); })
+        .def_prop_ro("clip_sample_range",
+                     [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().clip_sample_range; }); })
         .def_prop_ro("max_batch", [](PyDiffusion& s) { return s.get([](auto& h) { return h.max_batch(); }); })
         .def_prop_ro("n_parameters", [](PyDiffusion& s) { return s.get([](auto& h) { return h.n_parameters(); }); })
         .def_prop_ro("action_min", [](PyDiffusion& s) { return s.get([](auto& h) { return h.action_min(); }); })
