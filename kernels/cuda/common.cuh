@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "flowedge/backend.hpp"
 #include "flowedge/dtype.hpp"
@@ -23,6 +24,10 @@ cudaStream_t resolve(Stream s) noexcept;
 
 /// Number of multiprocessors of the current device (cached per device).
 int sm_count();
+
+/// True when the current device supports programmatic dependent launch (compute capability >= 9.0; cached per
+/// device). FLOWEDGE_CUDA_NO_PDL=1 turns it off (for A/B timing and as an escape hatch).
+bool pdl_enabled();
 
 }  // namespace flowedge::cuda::detail
 
@@ -42,6 +47,43 @@ int sm_count();
     } while (0)
 
 namespace flowedge::cuda::detail {
+
+// ---- Programmatic dependent launch (Hopper): a U-Net call is ~80 short dependent kernels, so each launch gap
+// and each kernel's ramp-up is paid ~800 times per sample. A kernel launched with launch_pdl() may start while
+// its predecessor drains: it first does what depends on no earlier kernel (streaming constant weights), then
+// calls pdl_wait() before it reads any activation or writes any output. pdl_wait() returns once every earlier
+// kernel on the stream has completed and its writes are visible, so the ordering of the plain launch is kept.
+// Every kernel launched with launch_pdl() MUST call pdl_wait() before touching activations.
+
+/// Lets the next kernel on the stream be scheduled once all blocks of this one are running.
+__device__ __forceinline__ void pdl_allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/// Waits for the completion (and memory flush) of the kernels this one depends on; no-op without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/// Launches `kernel` on `st`, with programmatic stream serialisation where the device supports it.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st, Args&&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    if (err != cudaSuccess) throw_cuda_error(err, "cudaLaunchKernelEx", __FILE__, __LINE__);
+}
 
 /// Widening of one stored weight element; exact for every dtype.
 __device__ __forceinline__ float widen(float v) { return v; }

@@ -6,8 +6,8 @@
 //   that is needed to put >= 2 blocks on every SM) for one batch element and one tile of LT output
 //   positions (LT in {2,4,8,16}); the 8/OB warps of one output split in_channels. Input channels are
 //   walked in chunks of 128*(8/OB): each lane owns 4 consecutive channels of the chunk and loads their
-//   4*K weights with K 16-byte (F32) or 8-byte (BF16/F16) loads (the warp reads one contiguous stretch of
-//   the weight row), prefetched one chunk ahead; the matching input window (LT-1)*stride+K wide is staged
+//   4*K weights with K 16-byte (F32) or 8-byte (BF16/F16) cp.async copies into a per-thread slot of a shared
+//   ring kNStages chunks deep (the warp reads one contiguous stretch of the weight row); the matching input window (LT-1)*stride+K wide is staged
 //   in shared memory as float4 (4 channels) per position, padded to an odd row length (conflict-free),
 //   and each lane does 4*K*LT FMAs from registers. Lane partials are reduced by a warp butterfly and the
 //   warps of one output in a fixed order through shared memory: deterministic, float accumulation.
@@ -25,27 +25,64 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxDynSmem = 46 * 1024;  // + static reduction scratch stays under the 48 KiB default
+constexpr int kMaxDynSmem = 46 * 1024;  // cap on the staged input window (the weight ring comes on top)
 
 /// 4 consecutive weights widened to float: one 16-byte load (F32) or one 8-byte load (BF16/F16).
 template <class T>
 __device__ __forceinline__ void load4(const T* p, float* out) {
+    float v[4];
+    if constexpr (sizeof(T) == 4) detail::load_w16<T>(p, v);
+    else detail::load_w8<T>(p, v);
+    out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+}
+
+/// Weight stages in flight per block: each lane's 4*K weights of the next kNStages-1 channel chunks are being copied
+/// into shared memory (cp.async) while the current chunk is computed. One chunk of register prefetch (the first
+/// version) kept ~40 KB per SM in flight and reached 1.5-2.0 TB/s on the big PushT convs; an H200 needs ~3x that.
+constexpr int kNStages = 4;
+
+/// Per-thread async copy global -> shared of BYTES (16 or 8) bytes; zero-fills when `valid` is false.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_size = valid ? BYTES : 0;
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/// 4 consecutive weights (one lane's 4 channels at one tap group) read back from shared memory, widened.
+template <class T>
+__device__ __forceinline__ void smem_load4(const T* p, float* out) {
     if constexpr (sizeof(T) == 4) {
-        float v[4];
-        detail::load_w16<T>(p, v);
-        out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
     } else {
-        float v[4];
-        detail::load_w8<T>(p, v);
-        out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+        const uint2 raw = *reinterpret_cast<const uint2*>(p);
+        out[0] = detail::widen(T{static_cast<std::uint16_t>(raw.x & 0xffffu)});
+        out[1] = detail::widen(T{static_cast<std::uint16_t>(raw.x >> 16)});
+        out[2] = detail::widen(T{static_cast<std::uint16_t>(raw.y & 0xffffu)});
+        out[3] = detail::widen(T{static_cast<std::uint16_t>(raw.y >> 16)});
     }
+}
+
+/// Bytes of shared memory a conv1d_fast_kernel block needs: the staged input window plus the weight ring.
+template <class T, int KS, int XWP>
+constexpr int conv1d_fast_smem(int ob_per_block) {
+    return 128 * (kWarps / ob_per_block) / 4 * XWP * int(sizeof(float4)) + kNStages * kThreads * 4 * KS * int(sizeof(T));
 }
 
 template <class T, int KS, int S, int LT>
 __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, int ob_per_block) {
     constexpr int XW = (LT - 1) * S + KS;
     constexpr int XWP = XW | 1;
-    extern __shared__ float4 xs[];  // [32 * wpo groups][XWP] float4 = 4 channels at one input position
+    constexpr int kLaneW = 4 * KS;                   // weights one lane owns per chunk (4 channels x K taps)
+    constexpr int kPiece = sizeof(T) == 4 ? 16 : 8;  // cp.async size: 4 weights (F32: KS x 16 B, 16-bit: KS x 8 B)
+    extern __shared__ float4 xs[];  // [32 * wpo groups][XWP] float4 = 4 channels at one input position, then the ring
     __shared__ float red[kWarps][LT];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -57,37 +94,42 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
     const int t0 = blockIdx.y * LT;
     const int in = p.in_channels;
     const int ch_chunk = 128 * wpo;
+    const int n_chunks = (in + ch_chunk - 1) / ch_chunk;
     const int g_local = ws * 32 + lane;
     const int x_start = t0 * S - p.pad;
     const float* xb = p.x + std::size_t(b) * in * p.in_length;
     const T* wrow = static_cast<const T*>(p.w.data) + std::size_t(o_ok ? o : 0) * in * KS;
+    // This thread's slot of the weight ring: stage s at ring + s * kThreads * kLaneW (read back only by this thread,
+    // so the ring needs no barrier; stride kLaneW elements is bank-conflict-free for K in {1, 3, 5}).
+    T* ring = reinterpret_cast<T*>(xs + 32 * wpo * XWP) + std::size_t(threadIdx.x) * kLaneW;
+
+    auto issue_chunk = [&](int chunk) {  // always commits a group (possibly empty) so wait counts stay fixed
+        if (chunk < n_chunks) {
+            const int c = chunk * ch_chunk + 4 * g_local;
+            const bool ok = o_ok && c < in;
+            const T* src = wrow + std::size_t(ok ? c : 0) * KS;
+            T* dst = ring + std::size_t(chunk % kNStages) * kThreads * kLaneW;
+#pragma unroll
+            for (int q = 0; q < kLaneW * int(sizeof(T)) / kPiece; ++q)
+                cp_async<kPiece>(reinterpret_cast<char*>(dst) + q * kPiece, reinterpret_cast<const char*>(src) + q * kPiece, ok);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kNStages - 1; ++s) issue_chunk(s);  // weights are constant: stream them before the wait
+    detail::pdl_wait();       // the input (previous kernel's output) is complete from here on
+    detail::pdl_allow_next();
 
     float acc[LT];
 #pragma unroll
     for (int t = 0; t < LT; ++t) acc[t] = 0.f;
 
-    float wn[4 * KS];
-    auto load_weights = [&](int c0, float* dst) {
-        const int c = c0 + 4 * g_local;
-        if (o_ok && c < in) {
-            const T* src = wrow + std::size_t(c) * KS;
-#pragma unroll
-            for (int q = 0; q < KS; ++q) load4<T>(src + 4 * q, dst + 4 * q);
-        } else {
-#pragma unroll
-            for (int q = 0; q < 4 * KS; ++q) dst[q] = 0.f;
-        }
-    };
-    load_weights(0, wn);
-
     float* xsf = reinterpret_cast<float*>(xs);
-    for (int c0 = 0; c0 < in; c0 += ch_chunk) {
-        float wc[4 * KS];
-#pragma unroll
-        for (int q = 0; q < 4 * KS; ++q) wc[q] = wn[q];
-        if (c0 + ch_chunk < in) load_weights(c0 + ch_chunk, wn);  // in flight during this chunk
+    for (int chunk = 0; chunk < n_chunks; ++chunk) {
+        const int c0 = chunk * ch_chunk;
+        issue_chunk(chunk + kNStages - 1);  // overwrites the stage this thread consumed last iteration
 
-        __syncthreads();  // previous chunk's readers are done with xs
+        __syncthreads();  // previous chunk's readers are done with the input window
         const int n_stage = ch_chunk * XW;
         for (int idx = threadIdx.x; idx < n_stage; idx += kThreads) {
             const int cl = idx / XW;
@@ -98,8 +140,13 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
             if (c < in && pos >= 0 && pos < p.in_length) v = __ldg(xb + std::size_t(c) * p.in_length + pos);
             xsf[((cl >> 2) * XWP + j) * 4 + (cl & 3)] = v;
         }
+        cp_async_wait<kNStages - 1>();  // this thread's copies of `chunk` have landed
         __syncthreads();
 
+        float wc[kLaneW];
+        const T* wsrc = ring + std::size_t(chunk % kNStages) * kThreads * kLaneW;
+#pragma unroll
+        for (int q = 0; q < KS; ++q) smem_load4<T>(wsrc + 4 * q, wc + 4 * q);
 #pragma unroll
         for (int j = 0; j < XW; ++j) {
             const float4 xv = xs[g_local * XWP + j];
@@ -114,6 +161,7 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
             }
         }
     }
+    cp_async_wait<0>();  // no copy may outlive the block
 
 #pragma unroll
     for (int t = 0; t < LT; ++t) {
@@ -162,15 +210,22 @@ template <class T, int KS, int S, int LT>
 void launch_conv1d_fast(const Conv1dParams& p, cudaStream_t st) {
     constexpr int XW = (LT - 1) * S + KS;
     constexpr int XWP = XW | 1;
+    constexpr int kMaxSmem = conv1d_fast_smem<T, KS, XWP>(1);
+    // Once per instantiation (process-wide; not a stream operation, so legal inside a graph capture): allow more
+    // than the 48 KiB default of dynamic shared memory (the weight ring).
+    static const cudaError_t smem_status = cudaFuncSetAttribute(
+        conv1d_fast_kernel<T, KS, S, LT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+    if (smem_status != cudaSuccess)
+        detail::throw_cuda_error(smem_status, "cudaFuncSetAttribute(conv1d_fast_kernel)", __FILE__, __LINE__);
     const int n_tiles = (p.out_length + LT - 1) / LT;
-    auto smem_for = [](int ob) { return 128 * (kWarps / ob) / 4 * XWP * int(sizeof(float4)); };
     const long long target = 2LL * detail::sm_count();
     int ob = 8;
+    auto x_smem = [](int ob) { return 128 * (kWarps / ob) / 4 * XWP * int(sizeof(float4)); };
     while (ob > 1 && (long long)((p.out_channels + ob - 1) / ob) * n_tiles * p.batch < target &&
-           smem_for(ob / 2) <= kMaxDynSmem)
+           x_smem(ob / 2) <= kMaxDynSmem)
         ob /= 2;
     const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(n_tiles), unsigned(p.batch));
-    conv1d_fast_kernel<T, KS, S, LT><<<grid, kThreads, smem_for(ob), st>>>(p, ob);
+    detail::launch_pdl(conv1d_fast_kernel<T, KS, S, LT>, grid, dim3(kThreads), conv1d_fast_smem<T, KS, XWP>(ob), st, p, ob);
 }
 
 template <class T, int KS, int S>

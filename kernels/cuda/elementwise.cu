@@ -42,10 +42,12 @@ __global__ void sinusoid_kernel(SinusoidParams p) {
         const int i = int(idx % p.half);
         const std::int64_t r = idx / p.half;
         const float step = p.log_base / p.denom;  // same float evaluation order as Ops<Cpu>
-        const float f = expf(float(i) * -step);
+        // exp/sin/cos in double, rounded once to float: the correctly rounded float result, as glibc's expf/sinf/
+        // cosf give on the CPU (CUDA's expf/sinf are 2-ulp and a 2-ulp frequency error grows with t: 6e-6 at t=99).
+        const float f = float(exp(double(float(i) * -step)));
         const float arg = p.t * f;
-        p.out[r * 2 * p.half + i] = sinf(arg);
-        p.out[r * 2 * p.half + p.half + i] = cosf(arg);
+        p.out[r * 2 * p.half + i] = float(sin(double(arg)));
+        p.out[r * 2 * p.half + p.half + i] = float(cos(double(arg)));
     }
 }
 

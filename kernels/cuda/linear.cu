@@ -18,6 +18,8 @@ constexpr int kRows = 4;
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
+    detail::pdl_wait();  // launched with launch_pdl: x (and y when accumulating) come from earlier kernels
+    detail::pdl_allow_next();
     const int lane = threadIdx.x & 31;
     const int ld_x = p.ld_x ? p.ld_x : p.in;
     const int ld_y = p.ld_y ? p.ld_y : p.out;
@@ -91,8 +93,8 @@ void linear(const LinearParams& p, Stream s) {
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         constexpr int V = detail::Vec16<T>::n;
         const bool vec = p.in % V == 0 && ld_x % 4 == 0 && detail::aligned(p.w.data, 16) && detail::aligned(p.x, 16);
-        if (vec) linear_kernel<T, true><<<grid, kWarps * 32, 0, st>>>(p);
-        else linear_kernel<T, false><<<grid, kWarps * 32, 0, st>>>(p);
+        if (vec) detail::launch_pdl(linear_kernel<T, true>, dim3(grid), dim3(kWarps * 32), 0, st, p);
+        else detail::launch_pdl(linear_kernel<T, false>, dim3(grid), dim3(kWarps * 32), 0, st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("linear_kernel");
 }

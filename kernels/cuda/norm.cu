@@ -29,6 +29,8 @@ __device__ double block_sum(double v, double* scratch) {
 
 __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[32];
+    detail::pdl_wait();  // launched with launch_pdl: x is the previous kernel's output
+    detail::pdl_allow_next();
     const int cpg = p.channels / p.groups;
     const int b = blockIdx.x / p.groups, g = blockIdx.x % p.groups;
     const std::int64_t n = std::int64_t(cpg) * p.length;
@@ -85,7 +87,7 @@ void group_norm(const GroupNormParams& p, Stream s) {
           "FiLM row stride too small" + expected_got(">= " + std::to_string(2 * p.channels), p.film_stride));
     const long long n_blocks = (long long)p.batch * p.groups;
     check(n_blocks <= 0x7fffffffLL, comp, "too many (batch, group) pairs");
-    group_norm_kernel<<<unsigned(n_blocks), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_kernel");
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "common.cuh"
 #include "flowedge/cuda/runtime.hpp"
@@ -53,6 +54,24 @@ int sm_count() {
     cached_count.store(n, std::memory_order_relaxed);
     cached_device.store(dev, std::memory_order_release);
     return n;
+}
+
+bool pdl_enabled() {
+    static const bool disabled = [] {
+        const char* v = std::getenv("FLOWEDGE_CUDA_NO_PDL");
+        return v && *v && std::string_view(v) != "0";
+    }();
+    if (disabled) return false;
+    static std::atomic<int> cached_device{-1};
+    static std::atomic<bool> cached_ok{false};
+    int dev = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+    if (cached_device.load(std::memory_order_acquire) == dev) return cached_ok.load(std::memory_order_relaxed);
+    int major = 0;
+    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cached_ok.store(major >= 9, std::memory_order_relaxed);
+    cached_device.store(dev, std::memory_order_release);
+    return major >= 9;
 }
 
 std::atomic<int>& inject_failures() noexcept { return g_inject_failures; }
