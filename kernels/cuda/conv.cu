@@ -184,6 +184,8 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
 
 template <class T>
 __global__ void conv1d_generic_kernel(Conv1dParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
     const T* w = static_cast<const T*>(p.w.data);
     for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -252,6 +254,8 @@ bool try_conv1d_fast(const Conv1dParams& p, cudaStream_t st) {
 
 template <class T, int LIN>
 __global__ void __launch_bounds__(kThreads) convt_fast_kernel(ConvTranspose1dParams p, int ot) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     constexpr int LOUT = 2 * LIN;
     __shared__ float red[kWarps][8][LOUT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -316,6 +320,8 @@ __global__ void __launch_bounds__(kThreads) convt_fast_kernel(ConvTranspose1dPar
 
 template <class T>
 __global__ void convt_generic_kernel(ConvTranspose1dParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
     const T* w = static_cast<const T*>(p.w.data);
     for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -346,7 +352,7 @@ void launch_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
     int ot = sizeof(T) == 4 ? 2 : 4;  // smallest OT whose per-i stretch is a whole 32-byte sector
     while (ot < 8 && (long long)((p.out_channels + 2 * ot - 1) / (2 * ot)) * p.batch >= target) ot *= 2;
     const dim3 grid(unsigned((p.out_channels + ot - 1) / ot), unsigned(p.batch));
-    convt_fast_kernel<T, LIN><<<grid, kThreads, 0, st>>>(p, ot);
+    detail::launch_pdl(convt_fast_kernel<T, LIN>, dim3(grid), dim3(kThreads), 0, st, p, ot);
 }
 
 template <class T>
@@ -379,7 +385,7 @@ void conv1d(const Conv1dParams& p, Stream s) {
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv1d_fast<T>(p, st)) return;
         const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
-        conv1d_generic_kernel<T><<<detail::blocks_for(total, 128), 128, 0, st>>>(p);
+        detail::launch_pdl(conv1d_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0, st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
 }
@@ -398,7 +404,7 @@ void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_convt_fast<T>(p, st)) return;
         const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
-        convt_generic_kernel<T><<<detail::blocks_for(total, 128), 128, 0, st>>>(p);
+        detail::launch_pdl(convt_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0, st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv_transpose1d");
 }

@@ -36,6 +36,8 @@ __device__ __forceinline__ float seeded_normal(std::uint64_t seed, std::uint64_t
 }
 
 __global__ void diffusion_step_kernel(DiffusionStepParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t n = std::int64_t(p.batch) * p.per_sample;
     const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
     for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < n;
@@ -70,7 +72,7 @@ void diffusion_step(const DiffusionStepParams& p, Stream s) {
     if (n == 0) return;
     check(p.x && p.eps, comp, "null x or eps pointer");
     check(p.sqrt_abar != 0.f, comp, "sqrt_abar must be non-zero");
-    diffusion_step_kernel<<<detail::blocks_for(n, 256, 8LL * detail::sm_count()), 256, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(diffusion_step_kernel, dim3(detail::blocks_for(n, 256, 8LL * detail::sm_count())), dim3(256), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("diffusion_step_kernel");
 }
 

@@ -15,10 +15,14 @@ unsigned grid_for(std::int64_t n) { return detail::blocks_for(n, kThreads, 8LL *
     for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < (n); i += std::int64_t(gridDim.x) * blockDim.x)
 
 __global__ void activation_kernel(ActivationParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     FLOWEDGE_GRID_STRIDE(i, p.n) p.y[i] = detail::apply_act(p.act, p.x[i]);
 }
 
 __global__ void axpby_kernel(AxpbyParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     FLOWEDGE_GRID_STRIDE(i, p.n) {
         const float ax = p.a * p.x[i];
         p.out[i] = p.y ? ax + p.b * p.y[i] : ax;
@@ -26,6 +30,8 @@ __global__ void axpby_kernel(AxpbyParams p) {
 }
 
 __global__ void concat_kernel(ConcatParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const int c = p.ca + p.cb;
     const std::int64_t n = std::int64_t(p.batch) * c * p.length;
     FLOWEDGE_GRID_STRIDE(i, n) {
@@ -37,6 +43,8 @@ __global__ void concat_kernel(ConcatParams p) {
 }
 
 __global__ void sinusoid_kernel(SinusoidParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t n = std::int64_t(p.rows) * p.half;
     FLOWEDGE_GRID_STRIDE(idx, n) {
         const int i = int(idx % p.half);
@@ -53,6 +61,8 @@ __global__ void sinusoid_kernel(SinusoidParams p) {
 
 template <class T>
 __global__ void embedding_kernel(EmbeddingParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
     const T* table = static_cast<const T*>(p.table.data);
     FLOWEDGE_GRID_STRIDE(i, n) {
@@ -63,6 +73,8 @@ __global__ void embedding_kernel(EmbeddingParams p) {
 }
 
 __global__ void unnormalize_kernel(UnnormalizeParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
     FLOWEDGE_GRID_STRIDE(i, n) {
         const int d = int(i % p.dim);
@@ -79,7 +91,7 @@ void activation(const ActivationParams& p, Stream s) {
     check(p.n >= 0, "cuda activation", "negative element count" + expected_got(">= 0", p.n));
     if (p.n == 0) return;
     check(p.x && p.y, "cuda activation", "null x or y pointer");
-    activation_kernel<<<grid_for(p.n), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(activation_kernel, dim3(grid_for(p.n)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("activation_kernel");
 }
 
@@ -88,7 +100,7 @@ void axpby(const AxpbyParams& p, Stream s) {
     if (p.n == 0) return;
     check(p.x && p.out, "cuda axpby", "null x or out pointer");
     check(p.y || p.b == 0.f, "cuda axpby", "y is null but b is not zero");
-    axpby_kernel<<<grid_for(p.n), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(axpby_kernel, dim3(grid_for(p.n)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("axpby_kernel");
 }
 
@@ -97,7 +109,7 @@ void concat_channels(const ConcatParams& p, Stream s) {
     check(p.y && (p.a || p.ca == 0) && (p.b || p.cb == 0), "cuda concat_channels", "null input or output pointer");
     const std::int64_t n = std::int64_t(p.batch) * (p.ca + p.cb) * p.length;
     if (n == 0) return;
-    concat_kernel<<<grid_for(n), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(concat_kernel, dim3(grid_for(n)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("concat_kernel");
 }
 
@@ -106,7 +118,7 @@ void sinusoid(const SinusoidParams& p, Stream s) {
     check(p.out != nullptr, "cuda sinusoid", "null output pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.half;
     if (n == 0) return;
-    sinusoid_kernel<<<grid_for(n), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(sinusoid_kernel, dim3(grid_for(n)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("sinusoid_kernel");
 }
 
@@ -116,7 +128,7 @@ void embedding(const EmbeddingParams& p, Stream s) {
     check(p.ids && p.table.data && p.y, "cuda embedding", "null ids, table or y pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
     const cudaStream_t st = detail::resolve(s);
-    detail::dispatch_dtype(p.table.dtype, [&]<class T>() { embedding_kernel<T><<<grid_for(n), kThreads, 0, st>>>(p); });
+    detail::dispatch_dtype(p.table.dtype, [&]<class T>() { detail::launch_pdl(embedding_kernel<T>, dim3(grid_for(n)), dim3(kThreads), 0, st, p); });
     FLOWEDGE_CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 
@@ -125,7 +137,7 @@ void unnormalize(const UnnormalizeParams& p, Stream s) {
     if (p.rows == 0) return;
     check(p.x && p.y && p.min && p.max, "cuda unnormalize", "null x, y, min or max pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
-    unnormalize_kernel<<<grid_for(n), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(unnormalize_kernel, dim3(grid_for(n)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("unnormalize_kernel");
 }
 

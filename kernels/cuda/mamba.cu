@@ -14,6 +14,8 @@ namespace {
 
 template <class T>
 __global__ void causal_conv_kernel(CausalConvParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= p.channels) return;
     const int C = p.channels, K = p.kernel, H = p.kernel - 1;
@@ -33,6 +35,8 @@ __global__ void causal_conv_kernel(CausalConvParams p) {
 
 template <int NJ>
 __global__ void __launch_bounds__(128) selective_scan_kernel(SelectiveScanParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     const int lane = threadIdx.x & 31;
     const int c = blockIdx.x * 4 + (threadIdx.x >> 5);
     if (c >= p.channels) return;  // whole warp leaves together
@@ -85,7 +89,7 @@ void causal_conv(const CausalConvParams& p, Stream s) {
     check(p.x && p.w.data && p.u && (p.state || p.kernel == 1), comp, "null x, w, u or state pointer");
     const cudaStream_t st = detail::resolve(s);
     const unsigned grid = unsigned((p.channels + 127) / 128);
-    detail::dispatch_dtype(p.w.dtype, [&]<class T>() { causal_conv_kernel<T><<<grid, 128, 0, st>>>(p); });
+    detail::dispatch_dtype(p.w.dtype, [&]<class T>() { detail::launch_pdl(causal_conv_kernel<T>, dim3(grid), dim3(128), 0, st, p); });
     FLOWEDGE_CUDA_CHECK_LAUNCH("causal_conv_kernel");
 }
 
@@ -98,9 +102,9 @@ void selective_scan(const SelectiveScanParams& p, Stream s) {
     check(p.u && p.dt && p.A && p.B && p.C && p.state && p.y, comp, "null u, dt, A, B, C, state or y pointer");
     const cudaStream_t st = detail::resolve(s);
     const unsigned grid = unsigned((p.channels + 3) / 4);
-    if (p.d_state <= 32) selective_scan_kernel<1><<<grid, 128, 0, st>>>(p);
-    else if (p.d_state <= 64) selective_scan_kernel<2><<<grid, 128, 0, st>>>(p);
-    else selective_scan_kernel<4><<<grid, 128, 0, st>>>(p);
+    if (p.d_state <= 32) detail::launch_pdl(selective_scan_kernel<1>, dim3(grid), dim3(128), 0, st, p);
+    else if (p.d_state <= 64) detail::launch_pdl(selective_scan_kernel<2>, dim3(grid), dim3(128), 0, st, p);
+    else detail::launch_pdl(selective_scan_kernel<4>, dim3(grid), dim3(128), 0, st, p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("selective_scan_kernel");
 }
 

@@ -1,8 +1,9 @@
 // GroupNorm (with the fused act -> FiLM -> residual epilogue of the U-Net residual block) and Mamba's RMSNorm.
 //
 // group_norm: one block of 256 threads per (batch, group); the group's (channels/groups) x length
-//   elements are contiguous. Two passes over the (L1/L2-resident) group compute mean and biased variance
-//   in double (fixed-order block reduction: deterministic), then one pass normalises, applies
+//   elements are contiguous. The group is read once into registers (up to 8 per thread; larger groups re-read
+//   from L1/L2); mean, then the biased variance around it, are summed in double (fixed-order block
+//   reduction: deterministic); then one pass normalises, applies
 //   gamma/beta, the activation, FiLM (scale*a + bias) and the residual, in float, and writes y
 //   (y may alias x: each element is read and written by the same thread).
 // rms_norm: one block of 256 threads per row; sum of squares in double, y = x * rsqrt(mean + eps) * w.
@@ -27,6 +28,9 @@ __device__ double block_sum(double v, double* scratch) {
     return total;
 }
 
+/// Elements per thread kept in registers; larger groups (> kThreads * kRegs elements) re-read x from L1/L2.
+constexpr int kRegs = 8;
+
 __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[32];
     detail::pdl_wait();  // launched with launch_pdl: x is the previous kernel's output
@@ -36,24 +40,45 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
     const std::int64_t n = std::int64_t(cpg) * p.length;
     const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * p.length;
     const float* x = p.x + base;
+    const bool in_regs = n <= std::int64_t(kThreads) * kRegs;  // every PushT group: 1024 elements
 
+    // One read of the group into registers (element threadIdx.x + r * kThreads), then both reductions from there.
+    float v[kRegs];
     double s = 0.0;
-    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            v[r] = i < n ? x[i] : 0.f;
+            s += double(v[r]);
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+    }
     const double mean = block_sum(s, scratch) / double(n);
     double q = 0.0;
-    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const double d = double(x[i]) - mean;
-        q += d * d;
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            const double d = double(v[r]) - mean;
+            q += i < n ? d * d : 0.0;
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const double d = double(x[i]) - mean;
+            q += d * d;
+        }
     }
     const double var = block_sum(q, scratch) / double(n);
     const float mean_f = float(mean);
     const float rstd_f = float(1.0 / sqrt(var + double(p.eps)));
 
     const int fs = p.film_stride ? p.film_stride : 2 * p.channels;
-    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    auto finish = [&](std::int64_t i, float xi) {
         const int c = g * cpg + int(i / p.length);
         const float scale = p.gamma ? p.gamma[c] * rstd_f : rstd_f;  // same float evaluation order as Ops<Cpu>
-        float a = (x[i] - mean_f) * scale + (p.beta ? p.beta[c] : 0.f);
+        float a = (xi - mean_f) * scale + (p.beta ? p.beta[c] : 0.f);
         a = detail::apply_act(p.act, a);
         if (p.film) {
             const float* f = p.film + std::size_t(b) * fs;
@@ -61,10 +86,21 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
         }
         if (p.residual) a += p.residual[base + i];
         p.y[base + i] = a;
+    };
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            if (i < n) finish(i, v[r]);
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) finish(i, x[i]);
     }
 }
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
+    detail::pdl_allow_next();
     __shared__ double scratch[32];
     const float* x = p.x + std::size_t(blockIdx.x) * p.dim;
     float* y = p.y + std::size_t(blockIdx.x) * p.dim;
@@ -96,7 +132,7 @@ void rms_norm(const RmsNormParams& p, Stream s) {
     check(p.rows >= 0 && p.dim > 0, comp, "sizes must be positive" + expected_got("dim > 0", p.dim));
     check(p.x && p.y, comp, "null x or y pointer");
     if (p.rows == 0) return;
-    rms_norm_kernel<<<unsigned(p.rows), kThreads, 0, detail::resolve(s)>>>(p);
+    detail::launch_pdl(rms_norm_kernel, dim3(unsigned(p.rows)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("rms_norm_kernel");
 }
 
