@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "flowedge/cpu/simd.hpp"
 
@@ -11,6 +12,20 @@ namespace flowedge::cpu {
 
 /// Largest number of activation columns one micro-kernel call multiplies against a weight row block.
 inline constexpr int kMaxCols = 8;
+
+/// Whether an epilogue also takes whole vectors: f.vec(o, c, v, n) gets the dots of rows o..o+n-1 (n <= 16)
+/// with column c in lanes 0..n-1 (one masked store instead of n scalar calls).
+template <class F>
+concept VectorEpilogue = requires(F& f, VecF v) { f.vec(0, 0, v, 0); };
+
+/// An epilogue seen through a column offset (column blocks of gemm_rows), vector form forwarded when present.
+template <class F>
+struct ColumnOffset {
+    F& f;
+    int cb;
+    void operator()(int o, int c, float v) const { f(o, cb + c, v); }
+    void vec(int o, int c, VecF v, int n) const requires VectorEpilogue<F> { f.vec(o, cb + c, v, n); }
+};
 
 /// Output rows per micro-kernel for `nc` columns: as many as fit the register file
 /// (rows*nc accumulators + rows weight vectors + one activation vector), at most 8.
@@ -98,6 +113,14 @@ inline VecF dot_block16(const WT* w, std::size_t ldw, int nrows, const float* x,
     return vsum16(acc);
 }
 
+/// Lane permutation that gathers column c of a dot_block16<RO, NC> result into lanes 0..RO-1.
+template <int RO, int NC>
+inline __m512i column_lanes(int c) {
+    alignas(64) std::int32_t idx[16];
+    for (int i = 0; i < 16; ++i) idx[i] = std::min(i * NC + c, 15);
+    return _mm512_load_si512(idx);
+}
+
 /// dot_rows_fixed on the short-row kernel: f(o, c, dot) for rows [o0, o1), NC columns.
 template <int NC, class WT, class F>
 inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
@@ -105,9 +128,18 @@ inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t
     alignas(64) float res[16];
     for (int o = o0; o < o1; o += RO) {
         const int nv = std::min(RO, o1 - o);
-        _mm512_store_ps(res, dot_block16<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len));
-        for (int r = 0; r < nv; ++r)
-            for (int c = 0; c < NC; ++c) f(o + r, c, res[r * NC + c]);
+        const VecF v = dot_block16<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
+        if constexpr (VectorEpilogue<F>) {
+            if constexpr (NC == 1) {
+                f.vec(o, 0, v, nv);
+            } else {
+                for (int c = 0; c < NC; ++c) f.vec(o, c, _mm512_permutexvar_ps(column_lanes<RO, NC>(c), v), nv);
+            }
+        } else {
+            _mm512_store_ps(res, v);
+            for (int r = 0; r < nv; ++r)
+                for (int c = 0; c < NC; ++c) f(o + r, c, res[r * NC + c]);
+        }
     }
 }
 
@@ -161,7 +193,7 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t 
     for (int ob = o0; ob < o1; ob += block) {
         const int oe = std::min(o1, ob + block);
         for (int cb = 0; cb < ncols; cb += kMaxCols) {
-            auto g = [&](int o, int c, float v) { f(o, cb + c, v); };
+            ColumnOffset<F> g{f, cb};
             dot_rows(std::min(kMaxCols, ncols - cb), w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
         }
     }

@@ -70,6 +70,34 @@ inline void with_weights(const WeightRef& w, F&& f) {
 }
 
 
+/// Scalar linear epilogue: bias, then the activation when it must precede an accumulate, then store/accumulate.
+struct LinearEpilogue {
+    const LinearParams& p;
+    std::size_t ldy;
+    bool act_after;
+    void operator()(int o, int r, float v) const {
+        if (p.bias) v += p.bias[o];
+        if (!act_after) v = activate(p.act, v);
+        float& dst = p.y[std::size_t(r) * ldy + std::size_t(o)];
+        dst = p.accumulate ? dst + v : v;
+    }
+};
+
+#if defined(__AVX512F__)
+/// Vector linear epilogue for n (<= 16) consecutive outputs: bias, then store or accumulate, with one masked
+/// load/store (lane-wise the same arithmetic as the scalar epilogue). Only used when the activation is not
+/// needed before an accumulate (it then runs afterwards over the finished rows, as on the scalar path).
+struct LinearEpilogueVec : LinearEpilogue {
+    void vec(int o, int r, VecF v, int n) const {
+        const __mmask16 m = lane_mask(n);
+        if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.bias + o));
+        float* dst = p.y + std::size_t(r) * ldy + std::size_t(o);
+        if (p.accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), v);
+        _mm512_mask_storeu_ps(dst, m, v);
+    }
+};
+#endif
+
 template <class WT>
 inline void linear_impl(const LinearParams& p, const WT* w) {
     const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in);
@@ -77,14 +105,18 @@ inline void linear_impl(const LinearParams& p, const WT* w) {
     // The activation runs vectorised over each finished output row segment unless it must precede an
     // accumulate (then it stays in the scalar epilogue).
     const bool act_after = p.act != Activation::None && !p.accumulate;
-    auto epilogue = [&](int o, int r, float v) {
-        if (p.bias) v += p.bias[o];
-        if (!act_after) v = activate(p.act, v);
-        float& dst = p.y[std::size_t(r) * ldy + std::size_t(o)];
-        dst = p.accumulate ? dst + v : v;
-    };
     auto run = [&](int o0, int o1) {
-        gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+#if defined(__AVX512F__)
+        // Kernels that yield whole vectors of outputs finish them in registers (bias, activation, store).
+        if (p.act == Activation::None || act_after) {
+            LinearEpilogueVec ev{{p, ldy, act_after}};
+            gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, ev);
+        } else
+#endif
+        {
+            LinearEpilogue epilogue{p, ldy, act_after};
+            gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+        }
         if (act_after)
             for (int r = 0; r < p.rows; ++r) activate_inplace(p.act, p.y + std::size_t(r) * ldy + std::size_t(o0), o1 - o0);
     };
