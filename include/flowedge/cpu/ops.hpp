@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "flowedge/cpu/kernels_gemm.hpp"
 #include "flowedge/cpu/math.hpp"
@@ -441,7 +442,26 @@ struct Ops<Cpu> {
         cpu::with_weights(p.w, [&](auto w) {
             for (int t = 0; t < L; ++t) {
                 float* u = p.u + std::size_t(t) * C;
-                for (int c = 0; c < C; ++c) {
+                int c0 = 0;
+#if defined(__AVX512F__)
+                // 16 channels at a time: tap k of channels c..c+15 gathered from the [C, K] weight, the
+                // history/input rows read as vectors (same multiply-add order as the scalar loop below).
+                if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
+                    const __m512i lane_k = _mm512_mullo_epi32(
+                        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
+                    for (; c0 + 16 <= C; c0 += 16) {
+                        __m512 acc = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
+                        for (int k = 0; k < K; ++k) {
+                            const int row = t + k;  // row of xx = [state ; x]
+                            const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                            const __m512 wk = _mm512_i32gather_ps(lane_k, w + std::size_t(c0) * K + k, 4);
+                            acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
+                        }
+                        _mm512_storeu_ps(u + c0, acc);
+                    }
+                }
+#endif
+                for (int c = c0; c < C; ++c) {
                     float acc = p.bias ? p.bias[c] : 0.f;
                     for (int k = 0; k < K; ++k) {
                         const int row = t + k;  // row of xx = [state ; x]
