@@ -121,6 +121,51 @@ inline __m512i column_lanes(int c) {
     return _mm512_load_si512(idx);
 }
 
+/// One column, rows of at most 8 elements (Mamba dt_proj, flow in_proj): two rows per vector (lanes 0..7 and
+/// 8..15) times x duplicated into both halves, 32 rows reduced together by the first three levels of the
+/// vsum16 tree (sums over 8 lanes), then put back in row order. f.vec / f as in dot_rows16.
+template <class WT, class F>
+inline void dot_rows_len8(const WT* w, std::size_t ldw, const float* x, int len, int o0, int o1, F& f) {
+    const __m512 xv = vload_n(x, len);
+    const __m512 xx = _mm512_shuffle_f32x4(xv, xv, 0x44);
+    const bool dense = len == 8 && ldw == 8;
+    // Lane i of the result <- lane perm[i] of the tree output (see vsum16: block 0 holds the low-half sums
+    // of vectors 0..3, block 1 their high-half sums, blocks 2/3 the same for vectors 4..7).
+    const __m512i perm = _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
+    alignas(64) float res[32];
+    for (int o = o0; o < o1; o += 32) {
+        const int nv = std::min(32, o1 - o);
+        __m512 v[16];
+        for (int k = 0; k < 16; ++k) {
+            const int r0 = std::min(2 * k, nv - 1), r1 = std::min(2 * k + 1, nv - 1);
+            const WT* p0 = w + std::size_t(o + r0) * ldw;
+            const __m512 rows = dense && r1 == r0 + 1 ? vload(p0)
+                                                     : _mm512_shuffle_f32x4(vload_n(p0, len), vload_n(w + std::size_t(o + r1) * ldw, len), 0x44);
+            v[k] = _mm512_mul_ps(rows, xx);
+        }
+        __m512 out[2];
+        for (int h = 0; h < 2; ++h) {
+            __m512 s2[4], u[2];
+            for (int k = 0; k < 4; ++k) {
+                const __m512 a = v[8 * h + 2 * k], b = v[8 * h + 2 * k + 1];
+                s2[k] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+            }
+            for (int m = 0; m < 2; ++m)
+                u[m] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], 0x44), _mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], 0xEE));
+            const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+            out[h] = _mm512_permutexvar_ps(perm, t);
+        }
+        if constexpr (VectorEpilogue<F>) {
+            f.vec(o, 0, out[0], std::min(16, nv));
+            if (nv > 16) f.vec(o + 16, 0, out[1], nv - 16);
+        } else {
+            _mm512_store_ps(res, out[0]);
+            _mm512_store_ps(res + 16, out[1]);
+            for (int r = 0; r < nv; ++r) f(o + r, 0, res[r]);
+        }
+    }
+}
+
 /// dot_rows_fixed on the short-row kernel: f(o, c, dot) for rows [o0, o1), NC columns.
 template <int NC, class WT, class F>
 inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
@@ -155,7 +200,10 @@ inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::
 #if defined(__AVX512F__)
     if (len < kShortRow || nc == 1) {
         switch (nc) {
-            case 1: dot_rows16<1>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 1:
+                if (len <= 8) dot_rows_len8(w, ldw, x, len, o0, o1, f);
+                else dot_rows16<1>(w, ldw, x, ldx, len, o0, o1, f);
+                return;
             case 2: dot_rows16<2>(w, ldw, x, ldx, len, o0, o1, f); return;
             case 3: dot_rows16<3>(w, ldw, x, ldx, len, o0, o1, f); return;
             case 4: dot_rows16<4>(w, ldw, x, ldx, len, o0, o1, f); return;

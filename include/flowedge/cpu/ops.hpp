@@ -451,6 +451,25 @@ struct Ops<Cpu> {
                         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
                     for (; c0 + 16 <= C; c0 += 16) {
                         __m512 acc = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
+                        if (K == 4) {
+                            // The 16 x 4 weight block is 4 vectors; tap k of channels 0..7 comes from the first
+                            // two, of channels 8..15 from the last two (two lane permutes and a 256-bit merge
+                            // instead of a 16-element gather).
+                            const float* wb = w + std::size_t(c0) * 4;
+                            const __m512 a0 = _mm512_loadu_ps(wb), a1 = _mm512_loadu_ps(wb + 16);
+                            const __m512 a2 = _mm512_loadu_ps(wb + 32), a3 = _mm512_loadu_ps(wb + 48);
+                            for (int k = 0; k < 4; ++k) {
+                                const int row = t + k;
+                                const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                                const __m512i idx = _mm512_add_epi32(
+                                    _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0), _mm512_set1_epi32(k));
+                                const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1), hi = _mm512_permutex2var_ps(a2, idx, a3);
+                                const __m512 wk = _mm512_shuffle_f32x4(lo, hi, 0x44);
+                                acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
+                            }
+                            _mm512_storeu_ps(u + c0, acc);
+                            continue;
+                        }
                         for (int k = 0; k < K; ++k) {
                             const int row = t + k;  // row of xx = [state ; x]
                             const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
