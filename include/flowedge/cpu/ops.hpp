@@ -361,9 +361,28 @@ struct Ops<Cpu> {
             const float* x = p.x + std::size_t(r) * p.dim;
             float* y = p.y + std::size_t(r) * p.dim;
             double ss = 0;
-            for (int i = 0; i < p.dim; ++i) ss += double(x[i]) * x[i];
+            int i = 0;
+#if defined(__AVX512F__)
+            // Sum of squares in double, 8 lanes at a time (two chains); the scale pass 16 floats at a time.
+            __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+            for (; i + 16 <= p.dim; i += 16) {
+                const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+                s0 = _mm512_fmadd_pd(a, a, s0);
+                s1 = _mm512_fmadd_pd(b, b, s1);
+            }
+            ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#endif
+            for (; i < p.dim; ++i) ss += double(x[i]) * x[i];
             const float inv = float(1.0 / std::sqrt(ss / p.dim + double(p.eps)));
-            for (int i = 0; i < p.dim; ++i) y[i] = x[i] * inv * (p.weight ? p.weight[i] : 1.f);
+            i = 0;
+#if defined(__AVX512F__)
+            const __m512 vinv = _mm512_set1_ps(inv);
+            for (; i + 16 <= p.dim; i += 16) {
+                const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
+                _mm512_storeu_ps(y + i, p.weight ? _mm512_mul_ps(v, _mm512_loadu_ps(p.weight + i)) : v);
+            }
+#endif
+            for (; i < p.dim; ++i) y[i] = x[i] * inv * (p.weight ? p.weight[i] : 1.f);
         }
     }
 
