@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script the lead runs on the GPU box: build the CUDA tree, run GPU + CPU tests, compare the seed's programs
-# on --device cpu vs cuda, run flowedge_cuda_dp_mix and compute-sanitizer; everything lands in $OUT (few flat files).
+# on --device cpu vs cuda, run flowedge_cuda_dp_mix, mamba_flow_bench and compute-sanitizer; everything lands in $OUT
+# (few flat files).
 #
 # Usage: tools/gpu_run.sh [STAGE...]      (no stage = all, in this order)
 #   info      nvidia-smi, nvcc, cmake, compute-sanitizer versions
@@ -10,16 +11,21 @@
 #   demo      flowedge-make-demo-diffusion / flowedge-make-demo-mamba-flow into models/ (skipped if present)
 #   seed      the seed's programs with --device cpu and --device cuda, numbers compared
 #   mix       flowedge_cuda_dp_mix models/diffusion_pusht.flowedge.safetensors --json $OUT/dp_mix.json
+#   mamba     mamba_flow_bench models/mamba_flow.safetensors --device cuda (prefix 4, 10 Euler steps, batch 1: per action
+#             and per decode step, graph census) -> $OUT/mamba_flow_cuda.{json,txt}; the same binary on the CPU, one
+#             thread -> $OUT/mamba_flow_cpu_on_gpu_box.json; bench/pytorch_mamba_flow.py --device cuda (PyTorch eager,
+#             transformers MambaModel) -> $OUT/mamba_flow_pytorch_cuda.json (needs torch with CUDA and transformers)
 #   sanitize  compute-sanitizer memcheck + racecheck on the small-config GPU tests
 #   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`), then
 #             bench/pytorch_vs_flowedge_cuda.py: PyTorch eager / CUDA graph / torch.compile vs flowedge F32/BF16/F16
 #             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3)
 # Aliases: tests = gputests cputests; all = every stage (pytorch last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
-# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, dp_cuda_vs_pytorch.{txt,json,md},
-# logs.tar.gz (all logs).
+# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, mamba_flow_cuda.{txt,json},
+# mamba_flow_cpu_on_gpu_box.json, mamba_flow_pytorch_cuda.json, dp_cuda_vs_pytorch.{txt,json,md}, logs.tar.gz (all logs).
 # Env: BUILD_DIR (default build-cuda), BUILD_PY_DIR (default build-py), JOBS (default nproc), MIX_ARGS (extra
-# flowedge_cuda_dp_mix arguments), PYTORCH_ARGS (extra bench/pytorch_vs_flowedge_cuda.py arguments, e.g. --no-compile).
+# flowedge_cuda_dp_mix arguments), MAMBA_ARGS (extra mamba_flow_bench arguments, e.g. --iters 20000), PYTORCH_ARGS
+# (extra bench/pytorch_vs_flowedge_cuda.py arguments, e.g. --no-compile).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -149,6 +155,40 @@ stage_mix() {
         | tee "$OUT/dp_mix.txt"
 }
 
+# mamba: flowedge on the GPU (fails closed, exit 2, unless resident), the same binary on one CPU thread, PyTorch eager
+# on the GPU; a three-line comparison at the end (the summary shows the log's tail).
+stage_mamba() {
+    local rc=0 r
+    "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_cuda.json" ${MAMBA_ARGS:-} \
+        2>&1 | tee "$OUT/mamba_flow_cuda.txt"
+    r=${PIPESTATUS[0]}
+    [ "$r" -eq 0 ] || { echo "mamba_flow_bench --device cuda: exit $r"; rc=$r; }
+    OMP_NUM_THREADS=1 "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cpu --threads 1 \
+        --json "$OUT/mamba_flow_cpu_on_gpu_box.json" ${MAMBA_ARGS:-}
+    r=$?
+    [ "$r" -eq 0 ] || { echo "mamba_flow_bench --device cpu: exit $r"; rc=$r; }
+    # PyTorch eager baseline on the GPU (exit 77 without CUDA, 3 without transformers; it says why).
+    python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json"
+    r=$?
+    [ "$r" -eq 0 ] || { echo "pytorch_mamba_flow.py --device cuda: exit $r"; [ "$rc" -ne 0 ] || rc=$r; }
+    python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+for label, name in (("flowedge cuda", "mamba_flow_cuda.json"), ("flowedge cpu 1 thread", "mamba_flow_cpu_on_gpu_box.json"),
+                    ("pytorch eager cuda", "mamba_flow_pytorch_cuda.json")):
+    try:
+        j = json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError) as e:
+        print(f"{label:22s} no result ({e.__class__.__name__})"); continue
+    if "skipped" in j:
+        print(f"{label:22s} skipped: {j['skipped']}"); continue
+    a, d = j["action_us"], j.get("decode_step_us") or {}
+    print(f"{label:22s} action p50 {a['p50']:9.1f} us  min {a['min']:9.1f}  p99 {a['p99']:9.1f} | decode p50 {d.get('p50', float('nan')):8.1f} us"
+          + (f"  [{j['graph_census']['per_action']['kernel_nodes']} kernels/action]" if "graph_census" in j else ""))
+PY
+    return $rc
+}
+
 stage_sanitize() {
     local cs rc=0
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -194,15 +234,15 @@ STAGES=("$@")
 EXPANDED=()
 for s in "${STAGES[@]}"; do
     case $s in
-        all) EXPANDED+=(info build gputests cputests demo seed mix sanitize pytorch) ;;
+        all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|sanitize|pytorch) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix sanitize pytorch all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
-    # seed, mix and pytorch need the demo checkpoints.
-    if [ "$s" = seed ] || [ "$s" = mix ] || [ "$s" = pytorch ]; then
+    # seed, mix, mamba and pytorch need the demo checkpoints.
+    if [ "$s" = seed ] || [ "$s" = mix ] || [ "$s" = mamba ] || [ "$s" = pytorch ]; then
         [ -f models/diffusion_pusht.flowedge.safetensors ] && [ -f models/mamba_flow.safetensors ] || run_stage demo stage_demo
     fi
     run_stage "$s" "stage_$s"
