@@ -1,22 +1,35 @@
 // torch.nn.Conv1d and ConvTranspose1d as GEMV-like weight streams for short sequences (the Diffusion
-// Policy U-Net: 512..4096 channels, lengths 2..16), plus exact generic fallbacks for any other shape.
+// Policy U-Net: 512..4096 channels, lengths 1..16), plus exact generic fallbacks for any other shape.
+// At batch 1 these convolutions are pure weight streams (each weight is used L_out <= 16 times), so the
+// design goal is bytes in flight per SM, not FLOPs.
 //
-// conv1d fast path (kernel/stride in {5/1, 3/1, 3/2, 1/1}, in_channels % 4 == 0, aligned weights):
-//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}, smaller when
-//   that is needed to put >= 2 blocks on every SM) for one batch element and one tile of LT output
-//   positions (LT in {2,4,8,16}); the 8/OB warps of one output split in_channels. Input channels are
-//   walked in chunks of 128*(8/OB): each lane owns 4 consecutive channels of the chunk and loads their
-//   4*K weights with K 16-byte (F32) or 8-byte (BF16/F16) cp.async copies into a per-thread slot of a shared
-//   ring kNStages chunks deep (the warp reads one contiguous stretch of the weight row); the matching input window (LT-1)*stride+K wide is staged
-//   in shared memory as float4 (4 channels) per position, padded to an odd row length (conflict-free),
-//   and each lane does 4*K*LT FMAs from registers. Lane partials are reduced by a warp butterfly and the
-//   warps of one output in a fixed order through shared memory: deterministic, float accumulation.
+// conv1d row path (the PushT shapes: 'same' padding pad = K/2, K in {1,3,5}, stride 1 or 2, whole input row
+// of L_in in {1,2,4,8,16} positions, in_channels % 4 == 0, aligned weights and input):
+//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}, smaller when that
+//   is needed to put >= 2 blocks on every SM) for one batch element and ALL output positions; the 8/OB warps
+//   of one output split in_channels. Each lane owns 4 consecutive channels per step of 128*(8/OB) channels:
+//   their 4*K weights are K 16-byte (F32) or 8-byte (BF16/F16) loads kept raw in registers, row_depth() steps
+//   ahead (weights are constants, so the first row_depth() steps are issued before griddepcontrol.wait and
+//   overlap the previous kernel's tail), and their 4 input rows (4*L_in contiguous floats, L1/L2 resident)
+//   are read as float4. Every tap/position index is a compile-time constant and the channel loop has no
+//   barrier, so nothing serialises the weight stream. (The first version staged the input window per chunk
+//   in shared memory between two __syncthreads and kept one chunk in flight: 1.4-2.0 TB/s on the big PushT
+//   convs; a 4-stage cp.async ring on top of that staging measured slower, 10.0 vs 8.2 ms per sample.)
+// conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the same lane layout
+//   over tiles of LT output positions, with the input window (LT-1)*stride+K wide staged in shared memory
+//   per chunk as float4 (4 channels) per position (odd row length: conflict-free), one chunk of weights
+//   prefetched in registers.
+// Both: lane partials are reduced by a warp butterfly and the warps of one output in a fixed order through
+// shared memory: deterministic, float accumulation.
 // conv_transpose1d fast path (kernel 4, stride 2, pad 1, out_length = 2*in_length <= 32):
 //   weights [in, out, 4] are streamed along i: in a warp, lanes form (32/OT) x OT (i, o) pairs so each
 //   load instruction reads whole 32-byte sectors (OT consecutive o of 4 taps per i); 8 warps split i;
 //   the input row of length L_in (<= 16) is read as float4; reduction over lanes then warps in a fixed
 //   order. grid = ceil(out/OT) x batch, OT in {2,4,8} chosen to fill the SMs.
 // Generic paths: one thread per output element, float accumulation in (i, k) order.
+// Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
+#include <type_traits>
+
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
@@ -25,7 +38,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxDynSmem = 46 * 1024;  // cap on the staged input window (the weight ring comes on top)
+constexpr int kMaxDynSmem = 46 * 1024;  // + static reduction scratch stays under the 48 KiB default
 
 /// 4 consecutive weights widened to float: one 16-byte load (F32) or one 8-byte load (BF16/F16).
 template <class T>
@@ -36,53 +49,191 @@ __device__ __forceinline__ void load4(const T* p, float* out) {
     out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
 }
 
-/// Weight stages in flight per block: each lane's 4*K weights of the next kNStages-1 channel chunks are being copied
-/// into shared memory (cp.async) while the current chunk is computed. One chunk of register prefetch (the first
-/// version) kept ~40 KB per SM in flight and reached 1.5-2.0 TB/s on the big PushT convs; an H200 needs ~3x that.
-constexpr int kNStages = 4;
-
-/// Per-thread async copy global -> shared of BYTES (16 or 8) bytes; zero-fills when `valid` is false.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_size = valid ? BYTES : 0;
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-/// 4 consecutive weights (one lane's 4 channels at one tap group) read back from shared memory, widened.
+/// 4 consecutive stored weights, unwidened: 16 bytes (F32) or 8 bytes (BF16/F16), so that the row path keeps
+/// twice as many 16-bit weights in flight per register.
 template <class T>
-__device__ __forceinline__ void smem_load4(const T* p, float* out) {
+using Raw4 = std::conditional_t<sizeof(T) == 4, uint4, uint2>;
+
+/// Read-only load of 4 weights with an L2 prefetch hint of 256 bytes (a warp's loads walk one contiguous
+/// stretch of the weight row, so the neighbouring sectors are always wanted next).
+template <class T>
+__device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
+    Raw4<T> r;
+    if constexpr (sizeof(T) == 4)
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    else
+        asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+template <class T>
+__device__ __forceinline__ void widen4(const Raw4<T>& r, float* out) {
     if constexpr (sizeof(T) == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+        out[0] = __uint_as_float(r.x); out[1] = __uint_as_float(r.y);
+        out[2] = __uint_as_float(r.z); out[3] = __uint_as_float(r.w);
     } else {
-        const uint2 raw = *reinterpret_cast<const uint2*>(p);
-        out[0] = detail::widen(T{static_cast<std::uint16_t>(raw.x & 0xffffu)});
-        out[1] = detail::widen(T{static_cast<std::uint16_t>(raw.x >> 16)});
-        out[2] = detail::widen(T{static_cast<std::uint16_t>(raw.y & 0xffffu)});
-        out[3] = detail::widen(T{static_cast<std::uint16_t>(raw.y >> 16)});
+        out[0] = detail::widen(T{static_cast<std::uint16_t>(r.x & 0xffffu)});
+        out[1] = detail::widen(T{static_cast<std::uint16_t>(r.x >> 16)});
+        out[2] = detail::widen(T{static_cast<std::uint16_t>(r.y & 0xffffu)});
+        out[3] = detail::widen(T{static_cast<std::uint16_t>(r.y >> 16)});
     }
 }
 
-/// Bytes of shared memory a conv1d_fast_kernel block needs: the staged input window plus the weight ring.
-template <class T, int KS, int XWP>
-constexpr int conv1d_fast_smem(int ob_per_block) {
-    return 128 * (kWarps / ob_per_block) / 4 * XWP * int(sizeof(float4)) + kNStages * kThreads * 4 * KS * int(sizeof(T));
+/// Weight steps kept in flight per lane by the row path: 2 steps of F32 weights (160 B per lane at K = 5, ~80 KB
+/// per SM at 2 blocks) or 4 steps of 16-bit weights (the same bytes); <= 80 registers for every instantiation.
+template <class T>
+__host__ __device__ constexpr int row_depth() { return sizeof(T) == 4 ? 2 : 4; }
+
+/// Output channels per block of the row path: the smallest OB in {8,4,2,1} whose grid still fits in one wave of
+/// resident blocks (`slots` = SMs x blocks per SM: no tail wave, and as many SMs streaming as possible), never
+/// splitting a row so finely that a warp's channel step (128 * 8/OB) exceeds it.
+int choose_row_outputs_per_block(int out_channels, int in_channels, int batch, long long slots) {
+    int ob = 8;
+    while (ob > 1 && (long long)((out_channels + ob / 2 - 1) / (ob / 2)) * batch <= slots &&
+           128LL * (kWarps / (ob / 2)) <= in_channels)
+        ob /= 2;
+    return ob;
+}
+
+template <class T, int KS, int S, int LIN>
+__global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int ob_per_block) {
+    constexpr int P = KS / 2;
+    constexpr int LOUT = (LIN + 2 * P - KS) / S + 1;
+    constexpr int D = row_depth<T>();
+    __shared__ float red[kWarps][LOUT];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wpo = kWarps / ob_per_block;
+    const int ob = warp / wpo, ws = warp % wpo;
+    const int o = blockIdx.x * ob_per_block + ob;
+    const bool o_ok = o < p.out_channels;
+    const int b = blockIdx.y;
+    const int in = p.in_channels;
+    const int step = 128 * wpo;  // channels per step of the warps of one output
+    const int c_first = 4 * (ws * 32 + lane);
+    const T* wrow = static_cast<const T*>(p.w.data) + std::size_t(o_ok ? o : 0) * in * KS;
+    const float* xb = p.x + std::size_t(b) * in * LIN;
+
+    // wbuf[d][q]: taps 4q..4q+3 of the flattened [4 channels][K] weights of one step (K loads per step).
+    Raw4<T> wbuf[D][KS];
+    auto load_step = [&](int c, Raw4<T>* dst) {
+        if (o_ok && c < in) {
+            const T* src = wrow + std::size_t(c) * KS;
+#pragma unroll
+            for (int q = 0; q < KS; ++q) dst[q] = load_raw4<T>(src + 4 * q);
+        } else {
+#pragma unroll
+            for (int q = 0; q < KS; ++q) dst[q] = Raw4<T>{};
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < D; ++d) load_step(c_first + d * step, wbuf[d]);
+
+    detail::pdl_wait();  // the input (previous kernel's output) is complete from here on
+    detail::pdl_allow_next();
+
+    float acc[LOUT];
+#pragma unroll
+    for (int t = 0; t < LOUT; ++t) acc[t] = 0.f;
+
+    // y[t] += sum_{cc,k} w[cc][k] * x[cc][t*S + k - P] for the lane's 4 channels c..c+3.
+    auto fma_step = [&](int c, const Raw4<T>* wr) {
+        if (c >= in) return;
+        float w[4 * KS];
+#pragma unroll
+        for (int q = 0; q < KS; ++q) widen4<T>(wr[q], w + 4 * q);
+        float x[4 * LIN];  // rows c..c+3, contiguous in memory
+        const float4* xr = reinterpret_cast<const float4*>(xb + std::size_t(c) * LIN);
+#pragma unroll
+        for (int j = 0; j < LIN; ++j) {
+            const float4 v = __ldg(xr + j);
+            x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
+        }
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+            for (int t = 0; t < LOUT; ++t)
+#pragma unroll
+                for (int k = 0; k < KS; ++k) {
+                    const int pos = t * S + k - P;
+                    if (pos >= 0 && pos < LIN) acc[t] += w[cc * KS + k] * x[cc * LIN + pos];
+                }
+    };
+
+    for (int c = c_first; c < in; c += D * step) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            fma_step(c + d * step, wbuf[d]);
+            load_step(c + (d + D) * step, wbuf[d]);
+        }
+    }
+
+#pragma unroll
+    for (int t = 0; t < LOUT; ++t) {
+        const float s = detail::warp_sum(acc[t]);
+        if (lane == 0) red[warp][t] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < ob_per_block * LOUT) {
+        const int obi = threadIdx.x / LOUT;
+        const int t = threadIdx.x % LOUT;
+        const int o2 = blockIdx.x * ob_per_block + obi;
+        if (o2 < p.out_channels) {
+            float sum = 0.f;
+            for (int w2 = 0; w2 < wpo; ++w2) sum += red[obi * wpo + w2][t];
+            if (p.bias) sum += p.bias[o2];
+            p.y[(std::size_t(b) * p.out_channels + o2) * LOUT + t] = sum;
+        }
+    }
+}
+
+template <class T, int KS, int S, int LIN>
+void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
+    // Blocks of this instantiation one SM holds at once (registers bound it), asked once per process: a process
+    // mixing devices of different architectures would size the grid for the first one (still correct, maybe
+    // a tail wave).
+    static const int per_sm = [] {
+        int n = 0;
+        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv1d_row_kernel<T, KS, S, LIN>, kThreads, 0));
+        return n > 0 ? n : 1;
+    }();
+    const int ob = choose_row_outputs_per_block(p.out_channels, p.in_channels, p.batch,
+                                                (long long)per_sm * detail::sm_count());
+    const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(p.batch));
+    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN>, grid, dim3(kThreads), 0, st, p, ob);
+}
+
+template <class T, int KS, int S>
+bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st) {
+    switch (p.in_length) {
+        case 1: launch_conv1d_row<T, KS, S, 1>(p, st); return true;
+        case 2: launch_conv1d_row<T, KS, S, 2>(p, st); return true;
+        case 4: launch_conv1d_row<T, KS, S, 4>(p, st); return true;
+        case 8: launch_conv1d_row<T, KS, S, 8>(p, st); return true;
+        case 16: launch_conv1d_row<T, KS, S, 16>(p, st); return true;
+        default: return false;
+    }
+}
+
+template <class T>
+bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
+    const std::size_t wal = sizeof(T) == 4 ? 16 : 8;
+    if (p.in_channels % 4 != 0 || p.pad != p.kernel / 2 || !detail::aligned(p.w.data, wal) ||
+        !detail::aligned(p.x, 16))
+        return false;
+    if (p.kernel == 5 && p.stride == 1) return try_conv1d_row_lin<T, 5, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 1) return try_conv1d_row_lin<T, 3, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 2) return try_conv1d_row_lin<T, 3, 2>(p, st);
+    if (p.kernel == 1 && p.stride == 1) return try_conv1d_row_lin<T, 1, 1>(p, st);
+    return false;
 }
 
 template <class T, int KS, int S, int LT>
 __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, int ob_per_block) {
     constexpr int XW = (LT - 1) * S + KS;
     constexpr int XWP = XW | 1;
-    constexpr int kLaneW = 4 * KS;                   // weights one lane owns per chunk (4 channels x K taps)
-    constexpr int kPiece = sizeof(T) == 4 ? 16 : 8;  // cp.async size: 4 weights (F32: KS x 16 B, 16-bit: KS x 8 B)
-    extern __shared__ float4 xs[];  // [32 * wpo groups][XWP] float4 = 4 channels at one input position, then the ring
+    extern __shared__ float4 xs[];  // [32 * wpo groups][XWP] float4 = 4 channels at one input position
     __shared__ float red[kWarps][LT];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -94,42 +245,39 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
     const int t0 = blockIdx.y * LT;
     const int in = p.in_channels;
     const int ch_chunk = 128 * wpo;
-    const int n_chunks = (in + ch_chunk - 1) / ch_chunk;
     const int g_local = ws * 32 + lane;
     const int x_start = t0 * S - p.pad;
     const float* xb = p.x + std::size_t(b) * in * p.in_length;
     const T* wrow = static_cast<const T*>(p.w.data) + std::size_t(o_ok ? o : 0) * in * KS;
-    // This thread's slot of the weight ring: stage s at ring + s * kThreads * kLaneW (read back only by this thread,
-    // so the ring needs no barrier; stride kLaneW elements is bank-conflict-free for K in {1, 3, 5}).
-    T* ring = reinterpret_cast<T*>(xs + 32 * wpo * XWP) + std::size_t(threadIdx.x) * kLaneW;
-
-    auto issue_chunk = [&](int chunk) {  // always commits a group (possibly empty) so wait counts stay fixed
-        if (chunk < n_chunks) {
-            const int c = chunk * ch_chunk + 4 * g_local;
-            const bool ok = o_ok && c < in;
-            const T* src = wrow + std::size_t(ok ? c : 0) * KS;
-            T* dst = ring + std::size_t(chunk % kNStages) * kThreads * kLaneW;
-#pragma unroll
-            for (int q = 0; q < kLaneW * int(sizeof(T)) / kPiece; ++q)
-                cp_async<kPiece>(reinterpret_cast<char*>(dst) + q * kPiece, reinterpret_cast<const char*>(src) + q * kPiece, ok);
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < kNStages - 1; ++s) issue_chunk(s);  // weights are constant: stream them before the wait
-    detail::pdl_wait();       // the input (previous kernel's output) is complete from here on
-    detail::pdl_allow_next();
 
     float acc[LT];
 #pragma unroll
     for (int t = 0; t < LT; ++t) acc[t] = 0.f;
 
-    float* xsf = reinterpret_cast<float*>(xs);
-    for (int chunk = 0; chunk < n_chunks; ++chunk) {
-        const int c0 = chunk * ch_chunk;
-        issue_chunk(chunk + kNStages - 1);  // overwrites the stage this thread consumed last iteration
+    float wn[4 * KS];
+    auto load_weights = [&](int c0, float* dst) {
+        const int c = c0 + 4 * g_local;
+        if (o_ok && c < in) {
+            const T* src = wrow + std::size_t(c) * KS;
+#pragma unroll
+            for (int q = 0; q < KS; ++q) load4<T>(src + 4 * q, dst + 4 * q);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4 * KS; ++q) dst[q] = 0.f;
+        }
+    };
+    load_weights(0, wn);
+    detail::pdl_wait();  // the input (previous kernel's output) is complete from here on
+    detail::pdl_allow_next();
 
-        __syncthreads();  // previous chunk's readers are done with the input window
+    float* xsf = reinterpret_cast<float*>(xs);
+    for (int c0 = 0; c0 < in; c0 += ch_chunk) {
+        float wc[4 * KS];
+#pragma unroll
+        for (int q = 0; q < 4 * KS; ++q) wc[q] = wn[q];
+        if (c0 + ch_chunk < in) load_weights(c0 + ch_chunk, wn);  // in flight during this chunk
+
+        __syncthreads();  // previous chunk's readers are done with xs
         const int n_stage = ch_chunk * XW;
         for (int idx = threadIdx.x; idx < n_stage; idx += kThreads) {
             const int cl = idx / XW;
@@ -140,13 +288,8 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
             if (c < in && pos >= 0 && pos < p.in_length) v = __ldg(xb + std::size_t(c) * p.in_length + pos);
             xsf[((cl >> 2) * XWP + j) * 4 + (cl & 3)] = v;
         }
-        cp_async_wait<kNStages - 1>();  // this thread's copies of `chunk` have landed
         __syncthreads();
 
-        float wc[kLaneW];
-        const T* wsrc = ring + std::size_t(chunk % kNStages) * kThreads * kLaneW;
-#pragma unroll
-        for (int q = 0; q < KS; ++q) smem_load4<T>(wsrc + 4 * q, wc + 4 * q);
 #pragma unroll
         for (int j = 0; j < XW; ++j) {
             const float4 xv = xs[g_local * XWP + j];
@@ -161,7 +304,6 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
             }
         }
     }
-    cp_async_wait<0>();  // no copy may outlive the block
 
 #pragma unroll
     for (int t = 0; t < LT; ++t) {
@@ -212,22 +354,15 @@ template <class T, int KS, int S, int LT>
 void launch_conv1d_fast(const Conv1dParams& p, cudaStream_t st) {
     constexpr int XW = (LT - 1) * S + KS;
     constexpr int XWP = XW | 1;
-    constexpr int kMaxSmem = conv1d_fast_smem<T, KS, XWP>(1);
-    // Once per instantiation (process-wide; not a stream operation, so legal inside a graph capture): allow more
-    // than the 48 KiB default of dynamic shared memory (the weight ring).
-    static const cudaError_t smem_status = cudaFuncSetAttribute(
-        conv1d_fast_kernel<T, KS, S, LT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
-    if (smem_status != cudaSuccess)
-        detail::throw_cuda_error(smem_status, "cudaFuncSetAttribute(conv1d_fast_kernel)", __FILE__, __LINE__);
     const int n_tiles = (p.out_length + LT - 1) / LT;
+    auto smem_for = [](int ob) { return 128 * (kWarps / ob) / 4 * XWP * int(sizeof(float4)); };
     const long long target = 2LL * detail::sm_count();
     int ob = 8;
-    auto x_smem = [](int ob) { return 128 * (kWarps / ob) / 4 * XWP * int(sizeof(float4)); };
     while (ob > 1 && (long long)((p.out_channels + ob - 1) / ob) * n_tiles * p.batch < target &&
-           x_smem(ob / 2) <= kMaxDynSmem)
+           smem_for(ob / 2) <= kMaxDynSmem)
         ob /= 2;
     const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(n_tiles), unsigned(p.batch));
-    detail::launch_pdl(conv1d_fast_kernel<T, KS, S, LT>, grid, dim3(kThreads), conv1d_fast_smem<T, KS, XWP>(ob), st, p, ob);
+    detail::launch_pdl(conv1d_fast_kernel<T, KS, S, LT>, grid, dim3(kThreads), smem_for(ob), st, p, ob);
 }
 
 template <class T, int KS, int S>
@@ -383,7 +518,7 @@ void conv1d(const Conv1dParams& p, Stream s) {
           "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
-        if (try_conv1d_fast<T>(p, st)) return;
+        if (try_conv1d_row<T>(p, st) || try_conv1d_fast<T>(p, st)) return;
         const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
         detail::launch_pdl(conv1d_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0, st, p);
     });

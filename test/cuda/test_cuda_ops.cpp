@@ -226,6 +226,13 @@ TEST_CASE("cuda conv1d matches the CPU and a double reference: odd sizes and gen
         run_conv1d(1, 16, 11, 10, 4, 3, 0, dt, seed++);  // stride 3: generic
         run_conv1d(2, 132, 37, 5, 1, 1, 0, dt, seed++);  // 1x1
         run_conv1d(1, 1028, 7, 3, 5, 1, 2, dt, seed++);  // several channel chunks with a tail
+        // Row path (pad = K/2, whole rows of 1/2/4/8/16): odd output counts, channel-step tails, batches.
+        run_conv1d(3, 36, 37, 4, 5, 1, 2, dt, seed++);    // k5, 3 batches, 37 outputs
+        run_conv1d(2, 1028, 9, 8, 3, 2, 1, dt, seed++);   // k3 s2, a tail of 4 channels past the steps
+        run_conv1d(1, 260, 129, 16, 3, 1, 1, dt, seed++); // k3 s1, L 16
+        run_conv1d(2, 4, 5, 2, 5, 1, 2, dt, seed++);      // k5 over a row of 2 (most taps in the padding)
+        run_conv1d(1, 516, 33, 1, 1, 1, 0, dt, seed++);   // 1x1 on a row of 1
+        run_conv1d(1, 4100, 3, 4, 5, 1, 2, dt, seed++);   // many steps per warp, 3 outputs
     }
 }
 
