@@ -84,7 +84,7 @@ Buffer<std::byte, Cuda> device_weights(std::size_t n, DType dt, std::uint32_t sa
 
 /// One distinct kernel shape of a U-Net call.
 struct KernelShape {
-    std::string kind;   // conv1d | conv_transpose1d | group_norm | linear
+    std::string kind;   // conv1d | conv_transpose1d | group_norm | linear | linear_batch
     std::string label;  // where it occurs, e.g. "down0 res0 conv1"
     std::string key;    // the shape, deduplication key
     int calls = 0;      // per U-Net call
@@ -95,6 +95,7 @@ struct KernelShape {
     bool film = false, residual = false;
     int rows = 0;
     Activation act = Activation::None;
+    std::vector<int> batch_outs;  // linear_batch: out of every item (all items: rows x in -> out, one shared x)
 };
 
 /// Walks the U-Net of `c` exactly as ConditionalUnet1d::forward does and lists its op shapes (batch `b`).
@@ -146,8 +147,9 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
         e.key = "linear rows=" + std::to_string(rows) + " " + std::to_string(in) + "->" + std::to_string(out);
         add(e, label);
     };
+    std::vector<int> film_outs;  // every residual block's FiLM linear, computed up front by linear_batch ops
     auto res = [&](int in, int out, int L, const std::string& label) {
-        lin(b, c.cond_dim(), 2 * out, Activation::None, label + " FiLM");
+        film_outs.push_back(2 * out);
         conv(in, out, L, c.kernel_size, 1, c.kernel_size / 2, label + " conv1");
         gn(out, L, true, false, label + " conv1 norm");
         if (in != out) conv(in, out, L, 1, 1, 0, label + " residual_conv");
@@ -158,6 +160,7 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
     for (int i = 0; i < b; ++i) lin(A, A, H, Activation::None, "layout [H,A]->[A,H]");
     lin(b, td, 4 * td, Activation::Mish, "step encoder 1");
     lin(b, 4 * td, td, Activation::None, "step encoder 3");
+    const std::size_t film_at = v.size();
     for (int s = 0; s < S; ++s) {
         const int in = s == 0 ? A : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)], L = H >> s;
         res(in, out, L, "down" + std::to_string(s) + " res0");
@@ -177,6 +180,23 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
     gn(c.down_dims[0], H, false, false, "final block norm");
     conv(c.down_dims[0], A, H, 1, 1, 0, "final conv");
     for (int i = 0; i < b; ++i) lin(H, H, A, Activation::None, "layout [A,H]->[H,A]");
+    // The FiLM linears as ConditionalUnet1d::forward runs them: right after g, in chunks of up to kMaxLinearBatch.
+    std::vector<KernelShape> batches;
+    for (std::size_t i0 = 0; i0 < film_outs.size(); i0 += std::size_t(kMaxLinearBatch)) {
+        KernelShape e;
+        e.kind = "linear_batch";
+        e.has_weights = true;
+        e.rows = b, e.in = c.cond_dim(), e.act = Activation::None;
+        e.batch_outs.assign(film_outs.begin() + std::ptrdiff_t(i0),
+                            film_outs.begin() + std::ptrdiff_t(std::min(film_outs.size(), i0 + std::size_t(kMaxLinearBatch))));
+        e.key = "linear_batch FiLM x" + std::to_string(e.batch_outs.size()) + " rows=" + std::to_string(b) + " " +
+                std::to_string(e.in) + "->2*out";
+        if (film_outs.size() > std::size_t(kMaxLinearBatch)) e.key += " #" + std::to_string(i0 / std::size_t(kMaxLinearBatch));
+        e.label = "res cond_encoders";
+        e.calls = 1;
+        batches.push_back(e);
+    }
+    v.insert(v.begin() + std::ptrdiff_t(film_at), batches.begin(), batches.end());
     return v;
 }
 
@@ -235,6 +255,32 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
             t.bytes += 4.0 * double(n);
         }
         launch = [p, s] { Ops<Cuda>::group_norm(p, s); };
+    } else if (k.kind == "linear_batch") {
+        // One weight/bias/y buffer holding every item back to back (256-byte aligned slices), one shared x.
+        auto align = [](std::size_t n) { return (n + 255) / 256 * 256; };
+        std::size_t wbytes = 0, nout = 0;
+        for (int o : k.batch_outs) {
+            wbytes += align(std::size_t(o) * k.in * wsz);
+            nout += align(std::size_t(o) * sizeof(float)) / sizeof(float);
+        }
+        x = device_pattern(std::size_t(k.rows) * k.in, 1.f, 9);
+        y = Buffer<float, Cuda>(std::size_t(k.rows) * nout);
+        bias = device_pattern(nout, 0.1f, 10);
+        w = device_weights(wbytes / wsz, dt, 11);
+        LinearBatchParams p;
+        p.n_items = int(k.batch_outs.size());
+        std::size_t wo = 0, oo = 0;
+        t.bytes = 4.0 * double(k.rows) * k.in;
+        for (int i = 0; i < p.n_items; ++i) {
+            const int o = k.batch_outs[std::size_t(i)];
+            LinearParams& q = p.items[i];
+            q.x = x.data(), q.w = {w.data() + wo, dt}, q.bias = bias.data() + oo, q.y = y.data() + std::size_t(k.rows) * oo;
+            q.rows = k.rows, q.in = k.in, q.out = o, q.act = k.act;
+            wo += align(std::size_t(o) * k.in * wsz);
+            oo += align(std::size_t(o) * sizeof(float)) / sizeof(float);
+            t.bytes += double(std::size_t(o) * k.in * wsz) + 4.0 * (o + double(k.rows) * o);
+        }
+        launch = [p, s] { Ops<Cuda>::linear_batch(p, s); };
     } else {
         const std::size_t nw = std::size_t(k.in) * k.out;
         x = device_pattern(std::size_t(k.rows) * k.in, 1.f, 9);

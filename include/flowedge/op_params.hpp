@@ -37,6 +37,20 @@ struct LinearParams {
     bool accumulate = false;
 };
 
+/// Most LinearParams items one LinearBatchParams carries (one op launch on the GPU).
+inline constexpr int kMaxLinearBatch = 16;
+
+/// Several independent torch.nn.Linear ops executed as one op (on the GPU: one kernel launch), e.g. the FiLM
+/// cond_encoder linears of every U-Net residual block, which all read the same condition vector.
+/// items[0, n_items) each follow LinearParams exactly (own x/w/bias/y, sizes, strides, weight dtype, act,
+/// accumulate); the result equals calling the single linear op on each item. Items must be independent: no
+/// item's y may overlap another item's x or y (checked). Passed by value as a kernel parameter, so it stays small.
+struct LinearBatchParams {
+    int n_items = 0;
+    LinearParams items[kMaxLinearBatch]{};
+};
+static_assert(sizeof(LinearBatchParams) <= 2048, "flowedge: LinearBatchParams must stay well under the 4 KB CUDA kernel-parameter limit");
+
 /// torch.nn.Conv1d (groups 1, dilation 1): y[b, o, t] = bias[o] + sum_{i,k} w[o, i, k] * x[b, i, t*stride + k - pad],
 /// x outside [0, in_length) reads as zero. x: [batch, in_channels, in_length]; w: [out, in, kernel]; y: [batch, out, out_length].
 struct Conv1dParams {

@@ -7,24 +7,33 @@
 // beyond kRows are processed in further passes over the same (by then L1/L2-resident) weight row.
 // Numerics: float accumulation per lane in index order, then a butterfly warp reduction; bias and the
 // activation are applied once, in float, with precise math.
+//
+// linear_batch runs up to kMaxLinearBatch independent linears in one launch: each item gets the block count the
+// single op would launch for it, the blocks are concatenated (prefix sums in LinearBatchGeometry), and a block
+// finds its item, then runs the very same per-output routine with its item-local block index, so each output is
+// bit-identical to the single op. Before griddepcontrol.wait a block prefetches its slice of the (constant)
+// weights into L2, overlapping the weight fetch with the predecessor's tail.
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
+#include "flowedge/linear_batch_check.hpp"
 
 namespace flowedge::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kRows = 4;
+/// Most blocks one linear (or one linear_batch item) launches; more outputs are grid-strided.
+constexpr std::int64_t kMaxBlocksPerItem = 1 << 20;
+static_assert(kMaxBlocksPerItem * kMaxLinearBatch <= 0x7fffffff, "flowedge: linear_batch grid must fit in an int");
 
+/// The outputs o = block*kWarps + warp (+ n_blocks*kWarps strides) of one linear; one warp per output feature.
 template <class T, bool Vec>
-__global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
-    detail::pdl_wait();  // launched with launch_pdl: x (and y when accumulating) come from earlier kernels
-    detail::pdl_allow_next();
+__device__ __forceinline__ void linear_outputs(const LinearParams& p, int block, int n_blocks) {
     const int lane = threadIdx.x & 31;
     const int ld_x = p.ld_x ? p.ld_x : p.in;
     const int ld_y = p.ld_y ? p.ld_y : p.out;
     const T* w = static_cast<const T*>(p.w.data);
-    for (int o = blockIdx.x * kWarps + (threadIdx.x >> 5); o < p.out; o += gridDim.x * kWarps) {
+    for (int o = block * kWarps + (threadIdx.x >> 5); o < p.out; o += n_blocks * kWarps) {
         const T* wrow = w + std::size_t(o) * p.in;
         for (int r0 = 0; r0 < p.rows; r0 += kRows) {
             float acc[kRows];
@@ -77,6 +86,64 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
     }
 }
 
+template <class T, bool Vec>
+__global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
+    detail::pdl_wait();  // launched with launch_pdl: x (and y when accumulating) come from earlier kernels
+    detail::pdl_allow_next();
+    linear_outputs<T, Vec>(p, blockIdx.x, gridDim.x);
+}
+
+/// Launch geometry of a linear_batch: item i owns blocks [block_start[i], block_start[i + 1]); kind[i] selects the
+/// weight dtype (0 F32, 1 BF16, 2 F16) and bit 2 the vector path.
+struct LinearBatchGeometry {
+    int block_start[kMaxLinearBatch + 1];
+    unsigned char kind[kMaxLinearBatch];
+};
+static_assert(sizeof(LinearBatchParams) + sizeof(LinearBatchGeometry) <= 4096 - 256,
+              "flowedge: linear_batch kernel parameters must stay under the 4 KB limit");
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+// __grid_constant__: the item is picked by a run-time index, which must read the parameter space in place rather
+// than make each thread copy the ~1 KB struct to local memory.
+__global__ void __launch_bounds__(kWarps * 32)
+    linear_batch_kernel(const __grid_constant__ LinearBatchParams p, const __grid_constant__ LinearBatchGeometry g) {
+    const int b = blockIdx.x;
+    int item = 0;
+    while (item + 1 < p.n_items && b >= g.block_start[item + 1]) ++item;
+    const LinearParams& q = p.items[item];
+    const int block = b - g.block_start[item], n_blocks = g.block_start[item + 1] - g.block_start[item];
+    const unsigned kind = g.kind[item];
+    // The weight rows this block reads first (outputs block*kWarps .. +kWarps), one 128-byte line per thread.
+    {
+        const std::size_t esz = (kind & 3u) == 0 ? 4 : 2;
+        const std::size_t row_bytes = std::size_t(q.in) * esz;
+        const int o0 = block * kWarps, o1 = min(q.out, o0 + kWarps);
+        const char* base = static_cast<const char*>(q.w.data) + std::size_t(o0) * row_bytes;
+        const std::size_t bytes = std::size_t(o1 - o0) * row_bytes;
+        for (std::size_t off = std::size_t(threadIdx.x) * 128; off < bytes; off += std::size_t(blockDim.x) * 128) prefetch_l2(base + off);
+    }
+    detail::pdl_wait();  // x (and y when accumulating) come from earlier kernels
+    detail::pdl_allow_next();
+    switch (kind) {
+        case 0: linear_outputs<float, false>(q, block, n_blocks); break;
+        case 1: linear_outputs<bf16, false>(q, block, n_blocks); break;
+        case 2: linear_outputs<f16, false>(q, block, n_blocks); break;
+        case 4: linear_outputs<float, true>(q, block, n_blocks); break;
+        case 5: linear_outputs<bf16, true>(q, block, n_blocks); break;
+        case 6: linear_outputs<f16, true>(q, block, n_blocks); break;
+        default: break;
+    }
+}
+
+/// Whether the single op takes the 16-byte vector path for `p` (the batch must decide identically).
+template <class T>
+bool use_vec(const LinearParams& p) {
+    constexpr int V = detail::Vec16<T>::n;
+    const int ld_x = p.ld_x ? p.ld_x : p.in;
+    return p.in % V == 0 && ld_x % 4 == 0 && detail::aligned(p.w.data, 16) && detail::aligned(p.x, 16);
+}
+
 }  // namespace
 
 void linear(const LinearParams& p, Stream s) {
@@ -89,14 +156,31 @@ void linear(const LinearParams& p, Stream s) {
           expected_got(">= " + std::to_string(p.in) + "/" + std::to_string(p.out), std::to_string(ld_x) + "/" + std::to_string(ld_y)));
     if (p.rows == 0) return;
     const cudaStream_t st = detail::resolve(s);
-    const unsigned grid = detail::blocks_for(p.out, kWarps, 1 << 20);
+    const unsigned grid = detail::blocks_for(p.out, kWarps, kMaxBlocksPerItem);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
-        constexpr int V = detail::Vec16<T>::n;
-        const bool vec = p.in % V == 0 && ld_x % 4 == 0 && detail::aligned(p.w.data, 16) && detail::aligned(p.x, 16);
-        if (vec) detail::launch_pdl(linear_kernel<T, true>, dim3(grid), dim3(kWarps * 32), 0, st, p);
+        if (use_vec<T>(p)) detail::launch_pdl(linear_kernel<T, true>, dim3(grid), dim3(kWarps * 32), 0, st, p);
         else detail::launch_pdl(linear_kernel<T, false>, dim3(grid), dim3(kWarps * 32), 0, st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("linear_kernel");
+}
+
+void linear_batch(const LinearBatchParams& p, Stream s) {
+    check_linear_batch(p, "cuda linear_batch");
+    LinearBatchGeometry g{};
+    std::int64_t total = 0;
+    for (int i = 0; i < p.n_items; ++i) {
+        const LinearParams& q = p.items[i];
+        g.block_start[i] = int(total);
+        if (q.rows > 0) total += detail::blocks_for(q.out, kWarps, kMaxBlocksPerItem);
+        detail::dispatch_dtype(q.w.dtype, [&]<class T>() {
+            const unsigned dt = q.w.dtype == DType::F32 ? 0u : q.w.dtype == DType::BF16 ? 1u : 2u;
+            g.kind[i] = static_cast<unsigned char>(dt | (use_vec<T>(q) ? 4u : 0u));
+        });
+    }
+    g.block_start[p.n_items] = int(total);
+    if (total == 0) return;  // every item has zero rows
+    detail::launch_pdl(linear_batch_kernel, dim3(unsigned(total)), dim3(kWarps * 32), 0, detail::resolve(s), p, g);
+    FLOWEDGE_CUDA_CHECK_LAUNCH("linear_batch_kernel");
 }
 
 }  // namespace flowedge::cuda

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -68,6 +69,152 @@ void run_linear(int rows, int in, int out, DType dt, Activation act, bool accumu
     for (int r = 0; r < rows; ++r)
         for (int o = out; o < ld_y; ++o) CHECK(gpu[std::size_t(r) * ld_y + o] == y0[std::size_t(r) * ld_y + o]);
 }
+
+// ---- linear_batch ------------------------------------------------------------------------------------
+
+struct BatchItem {
+    int rows, in, out, ld_x_pad, ld_y_pad, x_shift;  // x_shift: x starts this many floats into its buffer (alignment)
+    DType dt;
+    Activation act;
+    bool accumulate, bias;
+};
+
+/// linear_batch of `items` on the GPU vs the same items through the single GPU linear (bit-identical: same
+/// per-output math), vs Ops<Cpu>::linear_batch and vs a double reference.
+void run_linear_batch(const std::vector<BatchItem>& items, bool shared_x) {
+    const int n = int(items.size());
+    REQUIRE(n <= kMaxLinearBatch);
+    struct Host {
+        std::vector<float> x, bias, y0;
+        Weights w;
+    };
+    std::vector<Host> h;
+    std::vector<DeviceArray<float>> dx, db, dy_batch, dy_single;
+    std::vector<std::vector<float>> cpu_y;
+    const int shared_in = items[0].in;
+    for (int i = 0; i < n; ++i) {
+        const BatchItem& k = items[std::size_t(i)];
+        if (shared_x) REQUIRE(k.in == shared_in);
+        const int ld_x = k.in + k.ld_x_pad, ld_y = k.out + k.ld_y_pad, rows = std::max(k.rows, 1);
+        const float wscale = 1.f / std::sqrt(float(k.in));
+        h.push_back({random_vec(std::size_t(k.x_shift) + std::size_t(rows) * ld_x, 300u + i), random_vec(k.out, 400u + i),
+                     random_vec(std::size_t(rows) * ld_y, 500u + i),
+                     Weights(random_vec(std::size_t(k.out) * k.in, 600u + i, -wscale, wscale), k.dt)});
+        dx.emplace_back(shared_x && i > 0 ? std::vector<float>(1) : h.back().x);
+        db.emplace_back(h.back().bias);
+        dy_batch.emplace_back(h.back().y0);
+        dy_single.emplace_back(h.back().y0);
+        cpu_y.push_back(h.back().y0);
+    }
+    auto params = [&](int i, bool gpu, float* y) {
+        const BatchItem& k = items[std::size_t(i)];
+        const int xi = shared_x ? 0 : i;
+        LinearParams p;
+        p.rows = k.rows; p.in = k.in; p.out = k.out; p.act = k.act; p.accumulate = k.accumulate;
+        p.ld_x = k.ld_x_pad ? k.in + k.ld_x_pad : 0;
+        p.ld_y = k.ld_y_pad ? k.out + k.ld_y_pad : 0;
+        p.x = (gpu ? dx[std::size_t(xi)].get() : h[std::size_t(xi)].x.data()) + items[std::size_t(xi)].x_shift;
+        p.w = gpu ? h[std::size_t(i)].w.gpu() : h[std::size_t(i)].w.cpu();
+        p.bias = k.bias ? (gpu ? db[std::size_t(i)].get() : h[std::size_t(i)].bias.data()) : nullptr;
+        p.y = y;
+        return p;
+    };
+    LinearBatchParams gb, cb;
+    gb.n_items = cb.n_items = n;
+    for (int i = 0; i < n; ++i) {
+        gb.items[i] = params(i, true, dy_batch[std::size_t(i)].get());
+        cb.items[i] = params(i, false, cpu_y[std::size_t(i)].data());
+        Ops<Cuda>::linear(params(i, true, dy_single[std::size_t(i)].get()), {});
+    }
+    Ops<Cuda>::linear_batch(gb, {});
+    Ops<Cpu>::linear_batch(cb, {});
+    for (int i = 0; i < n; ++i) {
+        const BatchItem& k = items[std::size_t(i)];
+        CAPTURE(i); CAPTURE(k.rows); CAPTURE(k.in); CAPTURE(k.out); CAPTURE(int(k.dt)); CAPTURE(k.x_shift);
+        const auto got = dy_batch[std::size_t(i)].download(), single = dy_single[std::size_t(i)].download();
+        REQUIRE(got.size() == single.size());
+        std::size_t differ = 0;
+        for (std::size_t j = 0; j < got.size(); ++j) differ += std::memcmp(&got[j], &single[j], sizeof(float)) != 0;
+        CHECK(differ == 0);  // bit-identical to the single op
+        const Host& hx = h[std::size_t(shared_x ? 0 : i)];
+        const int ld_x = k.in + k.ld_x_pad, ld_y = k.out + k.ld_y_pad;
+        std::vector<double> ref(h[std::size_t(i)].y0.begin(), h[std::size_t(i)].y0.end());
+        for (int r = 0; r < k.rows; ++r)
+            for (int o = 0; o < k.out; ++o) {
+                double s = k.bias ? h[std::size_t(i)].bias[std::size_t(o)] : 0.0;
+                for (int c = 0; c < k.in; ++c)
+                    s += double(h[std::size_t(i)].w.widened[std::size_t(o) * k.in + c]) *
+                         hx.x[std::size_t(items[std::size_t(shared_x ? 0 : i)].x_shift) + std::size_t(r) * ld_x + c];
+                const double v = act_d(k.act, s);
+                double& dst = ref[std::size_t(r) * ld_y + o];
+                dst = k.accumulate ? dst + v : v;
+            }
+        CHECK(max_norm_rel(got, ref) <= kTolRef);
+        CHECK(max_norm_rel(got, cpu_y[std::size_t(i)]) <= kTolCpu);
+        if (k.rows == 0) CHECK(got == h[std::size_t(i)].y0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda linear_batch equals the single linear bit for bit and matches the CPU (odd sizes, mixed dtypes)") {
+    // Odd shapes, strides, several row passes, accumulate, activations, a misaligned x (scalar path next to vector
+    // items), a zero-row item and one output feature; F32/BF16/F16 mixed in one launch.
+    run_linear_batch({{1, 1, 1, 0, 0, 0, DType::BF16, Activation::None, false, true},
+                      {3, 7, 37, 0, 0, 0, DType::F32, Activation::Silu, false, true},
+                      {7, 129, 3, 0, 0, 0, DType::F16, Activation::Mish, true, true},
+                      {5, 37, 129, 3, 2, 0, DType::BF16, Activation::Softplus, false, false},
+                      {9, 256, 65, 4, 1, 0, DType::F32, Activation::None, true, true},
+                      {2, 256, 33, 0, 0, 1, DType::F16, Activation::None, false, true},  // x misaligned: scalar path
+                      {0, 5, 3, 0, 0, 0, DType::F32, Activation::None, false, true},     // no rows: untouched
+                      {4, 1024, 130, 0, 0, 0, DType::BF16, Activation::Mish, false, true}},
+                     false);
+    // The U-Net FiLM batch: 15 cond_encoder linears reading one g (260 = 128 + 132), PushT widths and odd ones.
+    const int outs[] = {512, 512, 1024, 1024, 2048, 2048, 4096, 4096, 4096, 4096, 2048, 2048, 1024, 1024, 74};
+    for (int v = 0; v < 2; ++v) {
+        std::vector<BatchItem> film;
+        for (int i = 0; i < 15; ++i) {
+            const DType dt = v == 0 ? DType(i % 3 == 0 ? DType::F32 : i % 3 == 1 ? DType::BF16 : DType::F16) : DType::F32;
+            film.push_back({1, 260, outs[i] - (v == 1 ? 2 * i + 1 : 0), 0, 0, 0, dt, Activation::None, false, true});
+        }
+        CAPTURE(v);
+        run_linear_batch(film, true);
+    }
+}
+
+TEST_CASE("cuda linear_batch rejects bad counts and bad items, naming the item") {
+    DeviceArray<float> buf(256);
+    Weights w(random_vec(64, 92u), DType::F32);
+    LinearParams l;
+    l.x = buf.get(); l.w = w.gpu(); l.y = buf.get() + 128; l.rows = 1; l.in = 4; l.out = 2;
+    LinearBatchParams lb;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("cuda linear_batch: item count out of range (expected 1..16, got 0)"), Error);
+    lb.n_items = kMaxLinearBatch + 1;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("got 17"), Error);
+    lb.n_items = 3;
+    for (int i = 0; i < 3; ++i) {
+        lb.items[i] = l;
+        lb.items[i].y = buf.get() + 128 + 8 * i;
+    }
+    CHECK_NOTHROW(Ops<Cuda>::linear_batch(lb, {}));
+    lb.items[2].out = 0;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("cuda linear_batch: item 2: sizes must be positive"), Error);
+    lb.items[2].out = 2;
+    lb.items[1].ld_y = 1;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("item 1: row stride shorter than the row"), Error);
+    lb.items[1].ld_y = 0;
+    lb.items[1].x = nullptr;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("item 1: null x, w or y pointer"), Error);
+    lb.items[1].x = buf.get();
+    lb.items[0].w.dtype = static_cast<DType>(77);
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("item 0: unknown weight dtype"), Error);
+    lb.items[0].w.dtype = DType::F32;
+    lb.items[2].y = buf.get() + 1;  // writes into the shared input x
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::linear_batch(lb, {}), doctest::Contains("item 2: output overlaps the input of item 0"), Error);
+    Memory<Cuda>::synchronize();
+}
+
+namespace {
 
 // ---- conv1d ------------------------------------------------------------------------------------------
 

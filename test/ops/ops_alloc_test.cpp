@@ -37,6 +37,15 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
         l.x = x.data(); l.w = {w.data(), DType::F32}; l.bias = small.data(); l.y = y.data();
         l.rows = 20; l.in = 260; l.out = 2048; l.act = Activation::Mish;
         Ops<Cpu>::linear(l);
+        LinearBatchParams lb;  // FiLM-style batch: two items reading x, writing disjoint parts of y
+        lb.n_items = 2;
+        lb.items[0] = l;
+        lb.items[0].rows = 1;
+        lb.items[1] = lb.items[0];
+        lb.items[1].w = {w16.data(), DType::F16};
+        lb.items[1].out = 1024;
+        lb.items[1].y = y.data() + 2048;
+        Ops<Cpu>::linear_batch(lb);
         GroupNormParams g;
         g.x = x.data(); g.gamma = small.data(); g.beta = small.data(); g.y = y.data();
         g.channels = 512; g.length = 16; g.groups = 8; g.act = Activation::Mish; g.film = small.data(); g.residual = x.data();

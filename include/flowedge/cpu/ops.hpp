@@ -18,6 +18,7 @@
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/cpu/simd.hpp"
 #include "flowedge/error.hpp"
+#include "flowedge/linear_batch_check.hpp"
 #include "flowedge/noise.hpp"
 #include "flowedge/op_params.hpp"
 #include "flowedge/ops.hpp"
@@ -275,6 +276,13 @@ struct Ops<Cpu> {
         if (p.rows == 0) return;
         FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "linear", "null tensor pointer");
         cpu::with_weights(p.w, [&](auto w) { cpu::linear_impl(p, w); });
+    }
+
+    /// Several independent linears in one op (see LinearBatchParams): every item is validated first, then each runs
+    /// through linear() in item order, so results equal the single op bit for bit.
+    static void linear_batch(const LinearBatchParams& p, Stream s = {}) {
+        check_linear_batch(p, "cpu linear_batch");
+        for (int i = 0; i < p.n_items; ++i) linear(p.items[i], s);
     }
 
     /// torch.nn.Conv1d (groups 1, dilation 1, zero padding). x: [batch, in, in_length] -> y: [batch, out, out_length].

@@ -11,6 +11,8 @@
 namespace flowedge::cuda {
 
 void linear(const LinearParams& p, Stream s);
+/// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
+void linear_batch(const LinearBatchParams& p, Stream s);
 void conv1d(const Conv1dParams& p, Stream s);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);

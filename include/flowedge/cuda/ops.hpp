@@ -19,6 +19,7 @@ struct Ops<Cuda> {
     static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
 
     static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
+    static void linear_batch(const LinearBatchParams& p, Stream s = {}) { cuda::linear_batch(p, s); }
     static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { cuda::conv_transpose1d(p, s); }
     static void group_norm(const GroupNormParams& p, Stream s = {}) { cuda::group_norm(p, s); }

@@ -31,9 +31,10 @@ public:
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
-    /// y[r, :] = act(x[r, :] @ weight^T + bias) (+ y[r, :] when accumulate) for `rows` rows.
-    void forward(Context<B>& ctx, const float* x, float* y, int rows, Activation act = Activation::None,
-                 bool accumulate = false, int ld_x = 0, int ld_y = 0) const {
+    /// The op parameters of forward(x, y, rows, ...) without running it (e.g. to gather several linears into one
+    /// Ops<B>::linear_batch). x: [rows, in] (row stride ld_x, 0 = in); y: [rows, out] (row stride ld_y, 0 = out).
+    LinearParams params(const float* x, float* y, int rows, Activation act = Activation::None, bool accumulate = false,
+                        int ld_x = 0, int ld_y = 0) const {
         LinearParams p;
         p.x = x;
         p.w = m_weight.ref();
@@ -46,7 +47,13 @@ public:
         p.ld_y = ld_y;
         p.act = act;
         p.accumulate = accumulate;
-        Ops<B>::linear(p, ctx.stream);
+        return p;
+    }
+
+    /// y[r, :] = act(x[r, :] @ weight^T + bias) (+ y[r, :] when accumulate) for `rows` rows.
+    void forward(Context<B>& ctx, const float* x, float* y, int rows, Activation act = Activation::None,
+                 bool accumulate = false, int ld_x = 0, int ld_y = 0) const {
+        Ops<B>::linear(params(x, y, rows, act, accumulate, ld_x, ld_y), ctx.stream);
     }
 
     const Parameter<B>& weight() const { return m_weight; }

@@ -99,25 +99,48 @@ public:
             m_residual->visit_parameters([&](const std::string& n, auto& p, const Shape& s, Storage st) { f("residual_conv." + n, p, s, st); });
     }
 
-    /// Scratch bytes forward() takes from the context's workspace.
-    static std::size_t workspace_bytes(const Config& cfg, int batch, int length) {
+    /// Bytes of this block's FiLM vector [batch, 2*out] in a workspace.
+    static std::size_t film_bytes(const Config& cfg, int batch) {
+        return Workspace<B>::template bytes_for<float>(std::size_t(batch) * 2 * cfg.out);
+    }
+
+    /// Scratch bytes forward_with_film() takes from the context's workspace.
+    static std::size_t workspace_bytes_given_film(const Config& cfg, int batch, int length) {
         const std::size_t act = Workspace<B>::template bytes_for<float>(std::size_t(batch) * cfg.out * length);
-        return Workspace<B>::template bytes_for<float>(std::size_t(batch) * 2 * cfg.out) + act /* a */ +
-               (cfg.in != cfg.out ? act : 0) /* residual conv */ +
+        return act /* a */ + (cfg.in != cfg.out ? act : 0) /* residual conv */ +
                Conv1dBlock<B>::workspace_bytes({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups},
                                                batch, length);
     }
 
-    /// y = block(x, g). x: [batch, in, length]; g: [batch, cond_dim] (Mish already applied); y: [batch, out, length],
-    /// must not alias x.
+    /// Scratch bytes forward() takes from the context's workspace (the FiLM vector plus forward_with_film's).
+    static std::size_t workspace_bytes(const Config& cfg, int batch, int length) {
+        return film_bytes(cfg, batch) + workspace_bytes_given_film(cfg, batch, length);
+    }
+
+    /// The cond_encoder linear as op parameters: film[b, :] = g[b, :] @ W^T + bias, without running it, so a caller
+    /// can compute the FiLM vectors of many blocks in one Ops<B>::linear_batch.
+    /// g: [batch, cond_dim] (Mish already applied); film: [batch, 2*out] = [scale | bias].
+    LinearParams film_params(const float* g, float* film, int batch) const { return m_film.params(g, film, batch); }
+
+    /// y = block(x, g), computing the FiLM vector itself. x: [batch, in, length]; g: [batch, cond_dim] (Mish already
+    /// applied); y: [batch, out, length], must not alias x.
     void forward(Context<B>& ctx, View<const float, B> x, View<const float, B> g, View<float, B> y) const {
-        const std::int64_t batch = x.dim(0), len = x.dim(2);
+        const std::int64_t batch = x.dim(0);
         check_shape(g, Shape{batch, m_cfg.cond_dim}, "residual_block", "condition");
+        typename Workspace<B>::Mark mark(*ctx.workspace);
+        View<float, B> film = ctx.workspace->template take<float>(Shape{batch, 2 * m_cfg.out});
+        m_film.forward(ctx, g.data, film.data, int(batch));
+        forward_with_film(ctx, x, film, y);
+    }
+
+    /// y = block(x) given the precomputed FiLM vector (cond_encoder(g), see film_params).
+    /// x: [batch, in, length]; film: [batch, 2*out] = [scale | bias]; y: [batch, out, length], must not alias x.
+    void forward_with_film(Context<B>& ctx, View<const float, B> x, View<const float, B> film, View<float, B> y) const {
+        const std::int64_t batch = x.dim(0), len = x.dim(2);
+        check_shape(film, Shape{batch, 2 * m_cfg.out}, "residual_block", "FiLM vector");
         check(x.data != y.data, "residual_block", "output aliases the input");
         typename Workspace<B>::Mark mark(*ctx.workspace);
         Workspace<B>& ws = *ctx.workspace;
-        View<float, B> film = ws.template take<float>(Shape{batch, 2 * m_cfg.out});
-        m_film.forward(ctx, g.data, film.data, int(batch));
         View<float, B> a = ws.template take<float>(Shape{batch, m_cfg.out, len});
         m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out});
         const float* residual = x.data;

@@ -125,6 +125,20 @@ public:
         return m;
     }
 
+    /// Floats of one residual block's FiLM vector [batch, 2*out] inside the shared FiLM buffer (each slice starts
+    /// 256-byte aligned, like a workspace take).
+    static std::size_t film_slice(int batch, int out) { return (std::size_t(batch) * 2 * std::size_t(out) + 63) / 64 * 64; }
+
+    /// Floats of all residual blocks' FiLM vectors, which forward() computes up front into one workspace buffer.
+    static std::size_t film_floats(const Config& c, int batch) {
+        const int S = c.stages();
+        std::size_t n = 0;
+        for (int s = 0; s < S; ++s) n += 2 * film_slice(batch, c.down_dims[std::size_t(s)]);      // down r0, r1
+        n += 2 * film_slice(batch, c.down_dims.back());                                             // mid 0, 1
+        for (int s = S - 1; s >= 1; --s) n += 2 * film_slice(batch, c.down_dims[std::size_t(s - 1)]);  // up r0, r1
+        return n;
+    }
+
     /// Scratch bytes forward() takes from the context's workspace for `batch` samples.
     static std::size_t workspace_bytes(const Config& c, int batch) {
         auto f32 = [](std::size_t n) { return Workspace<B>::template bytes_for<float>(n); };
@@ -132,12 +146,13 @@ public:
         const int td = c.step_embed_dim, S = c.stages();
         std::size_t n = 2 * f32(bsz * c.action_dim * c.horizon);                    // x channel-major, eps channel-major
         n += f32(bsz * td) + f32(bsz * 4 * td) + f32(bsz * td) + f32(bsz * c.cond_dim());  // step embedding, g
+        n += f32(film_floats(c, batch));                                             // every block's FiLM vector
         for (int s = 0; s < S; ++s) n += f32(bsz * c.down_dims[std::size_t(s)] * (c.horizon >> s));  // skips
         n += 3 * f32(bsz * max_activation(c));                                       // rotating activations
-        // The largest residual block's own scratch (taken above everything else).
+        // The largest residual block's own scratch (taken above everything else; its FiLM vector is already counted).
         std::size_t blk = Conv1dBlock<B>::workspace_bytes({.in = c.down_dims[0], .out = c.down_dims[0], .kernel = c.kernel_size}, batch, c.horizon);
         auto rb = [&](int in, int out, int L) {
-            blk = std::max(blk, ResBlock::workspace_bytes({.in = in, .out = out, .cond_dim = c.cond_dim(), .kernel = c.kernel_size,
+            blk = std::max(blk, ResBlock::workspace_bytes_given_film({.in = in, .out = out, .cond_dim = c.cond_dim(), .kernel = c.kernel_size,
                                                            .groups = c.n_groups}, batch, L));
         };
         for (int s = 0; s < S; ++s) {
@@ -205,6 +220,22 @@ public:
         ap.n = g.numel();
         ap.act = Activation::Mish;
         Ops<B>::activation(ap, ctx.stream);
+        // Every residual block's FiLM vector [batch, 2*out] from the shared g, packed in forward order, computed by
+        // linear_batch ops of up to kMaxLinearBatch blocks each (one launch on the GPU instead of one per block).
+        View<float, B> films = ws.template take<float>(Shape{std::int64_t(film_floats(c, batch))});
+        {
+            LinearBatchParams lb;
+            std::int64_t off = 0;
+            for_each_res_block([&](const ResBlock& blk) {
+                lb.items[lb.n_items++] = blk.film_params(g.data, films.data + off, batch);
+                off += std::int64_t(film_slice(batch, blk.config().out));
+                if (lb.n_items == kMaxLinearBatch) {
+                    Ops<B>::linear_batch(lb, ctx.stream);
+                    lb.n_items = 0;
+                }
+            });
+            if (lb.n_items > 0) Ops<B>::linear_batch(lb, ctx.stream);
+        }
         // Persistent buffers: skips and three rotating activations.
         float* skip[8] = {};
         for (int s = 0; s < S; ++s)
@@ -217,11 +248,13 @@ public:
                 if (r != a && r != b2) return r;
             return rot[0];  // unreachable: three buffers, two excluded
         };
-        View<const float, B> gv = g;
         View<const float, B> cur = xt;
+        std::int64_t film_at = 0;  // blocks run in for_each_res_block order, so their FiLM vectors come in sequence
         auto run_res = [&](const ResBlock& blk, View<const float, B> in, float* out_data) {
             View<float, B> out{out_data, Shape{batch, blk.config().out, in.dim(2)}};
-            blk.forward(ctx, in, gv, out);
+            const View<const float, B> film{films.data + film_at, Shape{batch, 2 * blk.config().out}};
+            film_at += std::int64_t(film_slice(batch, blk.config().out));
+            blk.forward_with_film(ctx, in, film, out);
             return View<const float, B>(out);
         };
         for (int s = 0; s < S; ++s) {
@@ -254,6 +287,8 @@ public:
             m_up[u].upsample.forward(ctx, b2, out);
             cur = out;
         }
+        if (film_at != films.numel()) [[unlikely]]
+            fail("diffusion", "FiLM vectors consumed out of order" + expected_got(films.numel(), film_at));
         View<float, B> fin{free_buf(cur.data, nullptr), Shape{batch, c.down_dims[0], H}};
         m_final_block.forward(ctx, cur, fin);
         m_final_conv.forward(ctx, fin, et);
@@ -278,6 +313,21 @@ public:
     }
 
 private:
+    /// Calls f(const ResBlock&) for every residual block in the order forward() runs them: down (r0, r1 per
+    /// stage), mid, up (r0, r1 per stage).
+    template <class F>
+    void for_each_res_block(F&& f) const {
+        for (const Down& d : m_down) {
+            f(d.r0);
+            f(d.r1);
+        }
+        for (const ResBlock& m : m_mid) f(m);
+        for (const Up& u : m_up) {
+            f(u.r0);
+            f(u.r1);
+        }
+    }
+
     struct Down {
         ResBlock r0, r1;
         std::optional<Conv1d<B>> downsample;
