@@ -173,6 +173,40 @@ TEST_CASE("tiny U-Net and samplers match the double-precision reference") {
     fs::remove_all(dir);
 }
 
+TEST_CASE("U-Nets with 16 and with more than kMaxLinearBatch residual blocks (FiLM batch split) match the reference") {
+    // 4 stages = 16 residual blocks (one full linear_batch of FiLM linears); 5 stages = 20 (a batch of 16 plus one of 4).
+    for (const std::vector<int>& dims : {std::vector<int>{8, 12, 16, 20}, std::vector<int>{8, 12, 16, 20, 24}}) {
+        DiffusionConfig c = dref::tiny_config();
+        c.down_dims = dims;
+        c.horizon = 16;
+        CAPTURE(dims.size());
+        REQUIRE(4 * int(dims.size()) >= kMaxLinearBatch);
+        const dref::Weights w = dref::random_weights(c, 23 + dims.size());
+        const fs::path dir = tiny_folder("deep" + std::to_string(dims.size()), c, w);
+        const int B = 2;
+        auto head = DiffusionHead<Cpu>::load(dir, {}, B);
+        dref::RefUnet ref{w, c};
+        const std::size_t per = std::size_t(c.horizon) * c.action_dim;
+        const std::vector<float> cond = seq(std::size_t(B) * c.global_cond_dim, 0.7, 1.3);
+        const std::vector<float> x = seq(std::size_t(B) * per, 0.37, 1.0);
+        std::vector<float> eps(std::size_t(B) * per);
+        head.denoise(cond, x, 37, eps, B);
+        double worst = 0, scale = 0;
+        for (int b = 0; b < B; ++b) {
+            const dref::Vec r = ref.eps(dref::Vec(x.begin() + std::ptrdiff_t(b * per), x.begin() + std::ptrdiff_t((b + 1) * per)), 37,
+                                        dref::Vec(cond.begin() + b * c.global_cond_dim, cond.begin() + (b + 1) * c.global_cond_dim));
+            for (std::size_t i = 0; i < per; ++i) {
+                worst = std::max(worst, std::fabs(double(eps[b * per + i]) - r[i]));
+                scale = std::max(scale, std::fabs(r[i]));
+            }
+        }
+        MESSAGE(dims.size() << " stages: max |eps - ref| = " << worst << " (max |ref| " << scale << ")");
+        CHECK(scale > 0);
+        CHECK(worst < 2e-5 * std::max(1.0, scale));
+        fs::remove_all(dir);
+    }
+}
+
 TEST_CASE("compact round trip is bit-exact and BF16 weights stay close") {
     const DiffusionConfig c = dref::tiny_config();
     const dref::Weights w = dref::random_weights(c, 23);
