@@ -5,13 +5,15 @@ torch.compile) vs flowedge (F32, BF16, F16 weights) on the same weights, conditi
 
 Usage: bench/pytorch_vs_flowedge_cuda.py MODEL.flowedge.safetensors [--batches 1 8 64] [--runs N] [--steps 10]
            [--json bench/results/dp_cuda_vs_pytorch.json] [--md bench/results/dp_cuda_vs_pytorch.md]
-           [--flowedge-path DIR] [--no-compile] [--compile-budget-s S]
+           [--flowedge-path DIR] [--no-compile] [--no-tf32] [--compile-budget-s S]
 
 Latency = host wall time of one call from numpy condition/noise to numpy actions (inputs copied to the device, the
 N-step sampler, result copied back), the way a robot control loop calls a policy; p50/p99/max over --runs calls after
 --warmup calls. Accuracy = max |a - b| of the normalised [B, horizon, A] actions (the sampler output before MIN_MAX
 un-normalisation) against flowedge F32 and against PyTorch eager. PyTorch runs float32 with TF32 OFF
-(torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False) so the F32 rows are a parity check.
+(torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False) so the F32 rows are a parity check;
+one more row, "torch cuda graph tf32", is PyTorch's default TF32 convolutions in one CUDA graph (its fastest F32 mode
+in ../shared/ANCHORS.md; diff reported, not bounded; --no-tf32 skips it).
 Exit 77 ("skipped: no CUDA device") without a usable GPU; 1 when a F32 variant exceeds SPEC 4's 10-step DDIM bound.
 """
 from __future__ import annotations
@@ -163,6 +165,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="numpy seed of the condition and noise")
     ap.add_argument("--dtypes", nargs="+", default=["f32", "bf16", "f16"], help="flowedge weight dtypes")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    ap.add_argument("--no-tf32", action="store_true", help="skip the 'torch cuda graph tf32' variant (PyTorch default TF32)")
     ap.add_argument("--compile-budget-s", type=float, default=180.0,
                     help="skip torch.compile for later batches once one compile took longer than this")
     ap.add_argument("--flowedge-path", default=None, help="folder with the flowedge package or the built _flowedge")
@@ -278,6 +281,21 @@ def main() -> int:
                 del g
         except Exception as e:  # noqa: BLE001
             rows.append({"batch": B, "impl": "torch cuda graph", "note": f"capture failed: {type(e).__name__}: {e}"})
+        if on_gpu and not args.no_tf32:
+            # PyTorch's default (cuDNN TF32 on) in its fastest mode: the whole loop in one CUDA graph. Not an F32
+            # parity row (TF32 rounds the conv inputs to 10 mantissa bits): its diff is reported, not bounded.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            try:
+                g = TorchCall(torch, sampler, dev, B, cfg, graph=True)
+                st, out = timed(lambda: g(cond, noise), args.warmup, args.runs)
+                add("torch cuda graph tf32", st, out)
+                del g
+            except Exception as e:  # noqa: BLE001
+                rows.append({"batch": B, "impl": "torch cuda graph tf32", "note": f"capture failed: {type(e).__name__}: {e}"})
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = False
         if compiled is not None and compile_spent <= args.compile_budget_s:
             try:
                 csampler = torch_dp_unet.Sampler(compiled, "ddim", args.steps, B, dev)
@@ -338,7 +356,7 @@ def markdown(r: dict) -> str:
         f"- driver {r['driver']}, torch {r['torch']} (CUDA {r['torch_cuda']}, cuDNN {r['cudnn']}), flowedge "
         f"{r['flowedge_version']} commit `{r['flowedge_commit']}`, {r['date']}",
         f"- model `{r['model']}`, {r['unet_parameters']:,} U-Net parameters; PyTorch U-Net: {r['torch_unet']}, float32, "
-        f"**TF32 off**; torch.compile: {r['torch_compile_note']}",
+        f"**TF32 off** (except the \"torch cuda graph tf32\" row: PyTorch default TF32 convolutions); torch.compile: {r['torch_compile_note']}",
         f"- DDIM {r['steps']} steps; {r['runs']} timed calls after {r['warmup']} warm-up; {r['timing']}",
         f"- diff: {r['diff_units']}; F32 parity bound (SPEC 4, 10-step DDIM) {r['ddim_bound']:g}",
         "",

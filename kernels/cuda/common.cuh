@@ -62,8 +62,13 @@ __device__ __forceinline__ void pdl_allow_next() {
 #endif
 }
 /// Waits for the completion (and memory flush) of the kernels this one depends on; no-op without PDL.
+/// Built with FLOWEDGE_CUDA_PDL_EARLY_TRIGGER=1 it first lets the next kernel launch (its blocks then sit at their
+/// own wait once they have issued their weight prefetch): an A/B experiment for chains of short kernels.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(FLOWEDGE_CUDA_PDL_EARLY_TRIGGER) && FLOWEDGE_CUDA_PDL_EARLY_TRIGGER
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }

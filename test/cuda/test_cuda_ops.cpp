@@ -413,6 +413,81 @@ TEST_CASE("cuda conv_transpose1d matches the CPU and a double reference") {
     }
 }
 
+// ---- conv1d_group_norm (fused) -----------------------------------------------------------------------
+
+/// Fused conv1d + GroupNorm (one launch, GroupNorm in the last block of each group) against the two separate CUDA
+/// ops (must be bit-identical: same conv kernel, same group_norm_group code) and the CPU op; the counters must be
+/// zero again afterwards (the next fused op relies on it) and a second call must give the same bits.
+void run_conv_group_norm(int batch, int in, int out, int len, int k, int stride, int groups, bool film, bool residual,
+                         DType dt, std::uint32_t seed) {
+    CAPTURE(batch); CAPTURE(in); CAPTURE(out); CAPTURE(len); CAPTURE(k); CAPTURE(stride); CAPTURE(groups);
+    CAPTURE(film); CAPTURE(residual); CAPTURE(int(dt));
+    const int pad = k / 2;
+    const int out_len = (len + 2 * pad - k) / stride + 1;
+    const std::size_t n_out = std::size_t(batch) * out * out_len;
+    const auto x = random_vec(std::size_t(batch) * in * len, seed);
+    const float wscale = 1.f / std::sqrt(float(in * k));
+    Weights w(random_vec(std::size_t(out) * in * k, seed + 1, -wscale, wscale), dt);
+    const auto bias = random_vec(out, seed + 2);
+    const auto gamma = random_vec(out, seed + 3, 0.5f, 1.5f);
+    const auto beta = random_vec(out, seed + 4);
+    const auto filmv = random_vec(std::size_t(batch) * 2 * out, seed + 5);
+    const auto res = random_vec(n_out, seed + 6);
+    DeviceArray<float> dx(x), dbias(bias), dg(gamma), db(beta), df(filmv), dr(res);
+    DeviceArray<float> dh(n_out), dy(n_out), dh2(n_out), dy2(n_out);
+    DeviceArray<std::uint32_t> sync(std::size_t(batch) * groups);
+
+    ConvGroupNormParams p;
+    p.conv.batch = batch; p.conv.in_channels = in; p.conv.out_channels = out; p.conv.in_length = len;
+    p.conv.out_length = out_len; p.conv.kernel = k; p.conv.stride = stride; p.conv.pad = pad;
+    p.conv.x = dx.get(); p.conv.w = w.gpu(); p.conv.bias = dbias.get(); p.conv.y = dh.get();
+    p.norm.batch = batch; p.norm.channels = out; p.norm.length = out_len; p.norm.groups = groups;
+    p.norm.act = Activation::Mish; p.norm.x = dh.get(); p.norm.y = dy.get(); p.norm.gamma = dg.get(); p.norm.beta = db.get();
+    p.norm.film = film ? df.get() : nullptr; p.norm.residual = residual ? dr.get() : nullptr;
+    p.group_sync = sync.get();
+    Ops<Cuda>::conv1d_group_norm(p, {});
+    const auto fused = dy.download();
+    for (std::uint32_t c : sync.download()) CHECK(c == 0u);
+    Ops<Cuda>::conv1d_group_norm(p, {});
+    CHECK(dy.download() == fused);
+
+    ConvGroupNormParams q = p;  // the two separate ops
+    q.group_sync = nullptr;
+    q.conv.y = dh2.get(); q.norm.x = dh2.get(); q.norm.y = dy2.get();
+    Ops<Cuda>::conv1d_group_norm(q, {});
+    const auto unfused = dy2.download();
+    CHECK(fused == unfused);
+
+    std::vector<float> h(n_out), cpu(n_out);
+    ConvGroupNormParams c = p;
+    c.conv.x = x.data(); c.conv.w = w.cpu(); c.conv.bias = bias.data(); c.conv.y = h.data();
+    c.norm.x = h.data(); c.norm.y = cpu.data(); c.norm.gamma = gamma.data(); c.norm.beta = beta.data();
+    c.norm.film = film ? filmv.data() : nullptr; c.norm.residual = residual ? res.data() : nullptr;
+    Ops<Cpu>::conv1d_group_norm(c, {});
+    CHECK(max_norm_rel(fused, cpu) < 1e-4);
+}
+
+TEST_CASE("cuda conv1d_group_norm: fused == conv1d + group_norm bit for bit, matches the CPU, counters left zero") {
+    std::uint32_t seed = 900;
+    for (DType dt : kAllDtypes) {
+        run_conv_group_norm(1, 512, 512, 16, 5, 1, 8, true, false, dt, seed++);    // PushT down0 conv1 (+FiLM)
+        run_conv_group_norm(1, 2048, 2048, 4, 5, 1, 8, false, true, dt, seed++);   // PushT mid conv2 (+residual)
+        run_conv_group_norm(2, 1024, 1024, 8, 5, 1, 8, true, true, dt, seed++);    // batch 2
+        run_conv_group_norm(3, 36, 36, 4, 3, 1, 4, true, true, dt, seed++);        // 9 channels per group: OB 1
+        run_conv_group_norm(1, 68, 96, 8, 3, 2, 3, false, false, dt, seed++);      // stride 2, 3 groups of 32
+    }
+    // Shapes the row convolution does not take (length 7): falls back to the two ops, same result as them.
+    run_conv_group_norm(2, 8, 16, 7, 5, 1, 4, true, true, DType::F32, seed++);
+}
+
+TEST_CASE("cuda conv1d_group_norm rejects norm.x != conv.y") {
+    ConvGroupNormParams p;
+    float a = 0, b = 0;
+    p.conv.y = &a;
+    p.norm.x = &b;
+    CHECK_THROWS_WITH_AS(Ops<Cuda>::conv1d_group_norm(p, {}), doctest::Contains("norm.x must be conv.y"), Error);
+}
+
 TEST_CASE("cuda group_norm with the fused act/FiLM/residual epilogue matches the CPU and a double reference") {
     run_group_norm(1, 512, 16, 8, Activation::Mish, false, 0, false, false);
     run_group_norm(1, 512, 16, 8, Activation::Mish, true, 0, false, false);
