@@ -84,7 +84,7 @@ Buffer<std::byte, Cuda> device_weights(std::size_t n, DType dt, std::uint32_t sa
 
 /// One distinct kernel shape of a U-Net call.
 struct KernelShape {
-    std::string kind;   // conv1d | conv1d_group_norm | conv_transpose1d | linear | linear_batch
+    std::string kind;   // conv1d | conv_transpose1d | group_norm | linear | linear_batch
     std::string label;  // where it occurs, e.g. "down0 res0 conv1"
     std::string key;    // the shape, deduplication key
     int calls = 0;      // per U-Net call
@@ -130,17 +130,13 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
                 std::to_string(L) + "->" + std::to_string(2 * L);
         add(e, label);
     };
-    // Conv1dBlock: conv1d + GroupNorm + Mish (+ FiLM / residual) as one conv1d_group_norm op (fused on CUDA).
-    auto conv_gn = [&](int in, int out, int L, bool film, bool residual, const std::string& label) {
+    auto gn = [&](int ch, int L, bool film, bool residual, const std::string& label) {
         KernelShape e;
-        e.kind = "conv1d_group_norm";
-        e.has_weights = true;
-        e.batch = b, e.in = in, e.out = out, e.in_len = L, e.kernel = c.kernel_size, e.stride = 1, e.pad = c.kernel_size / 2;
-        e.out_len = L;
-        e.channels = out, e.length = L, e.groups = c.n_groups, e.film = film, e.residual = residual;
+        e.kind = "group_norm";
+        e.batch = b, e.channels = ch, e.length = L, e.groups = c.n_groups, e.film = film, e.residual = residual;
         e.act = Activation::Mish;
-        e.key = "conv1d+gn b=" + std::to_string(b) + " " + std::to_string(in) + "->" + std::to_string(out) + " L=" +
-                std::to_string(L) + " k=" + std::to_string(c.kernel_size) + (film ? " +film" : "") + (residual ? " +res" : "");
+        e.key = "group_norm b=" + std::to_string(b) + " C=" + std::to_string(ch) + " L=" + std::to_string(L) + " G=" +
+                std::to_string(c.n_groups) + (film ? " +film" : "") + (residual ? " +residual" : "");
         add(e, label);
     };
     auto lin = [&](int rows, int in, int out, Activation act, const std::string& label) {
@@ -154,9 +150,11 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
     std::vector<int> film_outs;  // every residual block's FiLM linear, computed up front by linear_batch ops
     auto res = [&](int in, int out, int L, const std::string& label) {
         film_outs.push_back(2 * out);
-        conv_gn(in, out, L, true, false, label + " conv1");
+        conv(in, out, L, c.kernel_size, 1, c.kernel_size / 2, label + " conv1");
+        gn(out, L, true, false, label + " conv1 norm");
         if (in != out) conv(in, out, L, 1, 1, 0, label + " residual_conv");
-        conv_gn(out, out, L, false, true, label + " conv2");
+        conv(out, out, L, c.kernel_size, 1, c.kernel_size / 2, label + " conv2");
+        gn(out, L, false, true, label + " conv2 norm");
     };
     const int H = c.horizon, A = c.action_dim, td = c.step_embed_dim, S = c.stages();
     for (int i = 0; i < b; ++i) lin(A, A, H, Activation::None, "layout [H,A]->[A,H]");
@@ -178,7 +176,8 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
         res(lo, lo, L, "up" + std::to_string(S - 1 - s) + " res1");
         convt(lo, L, "up" + std::to_string(S - 1 - s) + " upsample");
     }
-    conv_gn(c.down_dims[0], c.down_dims[0], H, false, false, "final block");
+    conv(c.down_dims[0], c.down_dims[0], H, c.kernel_size, 1, c.kernel_size / 2, "final block conv");
+    gn(c.down_dims[0], H, false, false, "final block norm");
     conv(c.down_dims[0], A, H, 1, 1, 0, "final conv");
     for (int i = 0; i < b; ++i) lin(H, H, A, Activation::None, "layout [A,H]->[H,A]");
     // The FiLM linears as ConditionalUnet1d::forward runs them: right after g, in chunks of up to kMaxLinearBatch.
@@ -215,9 +214,7 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
     std::function<void()> launch;
     Buffer<float, Cuda> x, y, bias, film, resid, gamma, beta;
     Buffer<std::byte, Cuda> w;
-    Buffer<float, Cuda> h;
-    Buffer<std::uint32_t, Cuda> sync;
-    if (k.kind == "conv1d" || k.kind == "conv1d_group_norm" || k.kind == "conv_transpose1d") {
+    if (k.kind == "conv1d" || k.kind == "conv_transpose1d") {
         const std::size_t nw = std::size_t(k.in) * k.out * k.kernel;
         x = device_pattern(std::size_t(k.batch) * k.in * k.in_len, 1.f, 1);
         y = Buffer<float, Cuda>(std::size_t(k.batch) * k.out * k.out_len);
@@ -230,35 +227,6 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
             p.batch = k.batch, p.in_channels = k.in, p.out_channels = k.out, p.in_length = k.in_len, p.out_length = k.out_len;
             p.kernel = k.kernel, p.stride = k.stride, p.pad = k.pad;
             launch = [p, s] { Ops<Cuda>::conv1d(p, s); };
-        } else if (k.kind == "conv1d_group_norm") {
-            // conv output -> scratch h, GroupNorm + Mish (+ FiLM / residual) -> y; counters zeroed once (left zero).
-            const std::size_t n = std::size_t(k.batch) * k.out * k.out_len;
-            h = Buffer<float, Cuda>(n);
-            sync = Buffer<std::uint32_t, Cuda>(std::size_t(k.batch) * k.groups);
-            Memory<Cuda>::fill_zero(sync.data(), sync.bytes());
-            gamma = device_pattern(std::size_t(k.channels), 1.f, 5);
-            beta = device_pattern(std::size_t(k.channels), 0.1f, 6);
-            ConvGroupNormParams q;
-            Conv1dParams& p = q.conv;
-            p.x = x.data(), p.w = {w.data(), dt}, p.bias = bias.data(), p.y = h.data();
-            p.batch = k.batch, p.in_channels = k.in, p.out_channels = k.out, p.in_length = k.in_len, p.out_length = k.out_len;
-            p.kernel = k.kernel, p.stride = k.stride, p.pad = k.pad;
-            GroupNormParams& g = q.norm;
-            g.x = h.data(), g.gamma = gamma.data(), g.beta = beta.data(), g.y = y.data();
-            g.batch = k.batch, g.channels = k.channels, g.length = k.length, g.groups = k.groups, g.act = k.act;
-            t.bytes += 4.0 * (2.0 * double(n) + 2.0 * k.channels);  // h written and read back, gamma/beta
-            if (k.film) {
-                film = device_pattern(std::size_t(k.batch) * 2 * k.channels, 1.f, 7);
-                g.film = film.data();
-                t.bytes += 4.0 * double(k.batch) * 2 * k.channels;
-            }
-            if (k.residual) {
-                resid = device_pattern(n, 1.f, 8);
-                g.residual = resid.data();
-                t.bytes += 4.0 * double(n);
-            }
-            q.group_sync = sync.data();
-            launch = [q, s] { Ops<Cuda>::conv1d_group_norm(q, s); };
         } else {
             ConvTranspose1dParams p;
             p.x = x.data(), p.w = {w.data(), dt}, p.bias = bias.data(), p.y = y.data();
@@ -266,6 +234,27 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
             p.kernel = k.kernel, p.stride = k.stride, p.pad = k.pad;
             launch = [p, s] { Ops<Cuda>::conv_transpose1d(p, s); };
         }
+    } else if (k.kind == "group_norm") {
+        const std::size_t n = std::size_t(k.batch) * k.channels * k.length;
+        x = device_pattern(n, 1.f, 4);
+        y = Buffer<float, Cuda>(n);
+        gamma = device_pattern(std::size_t(k.channels), 1.f, 5);
+        beta = device_pattern(std::size_t(k.channels), 0.1f, 6);
+        GroupNormParams p;
+        p.x = x.data(), p.gamma = gamma.data(), p.beta = beta.data(), p.y = y.data();
+        p.batch = k.batch, p.channels = k.channels, p.length = k.length, p.groups = k.groups, p.act = k.act;
+        t.bytes = 4.0 * (2.0 * double(n) + 2.0 * k.channels);
+        if (k.film) {
+            film = device_pattern(std::size_t(k.batch) * 2 * k.channels, 1.f, 7);
+            p.film = film.data();
+            t.bytes += 4.0 * double(k.batch) * 2 * k.channels;
+        }
+        if (k.residual) {
+            resid = device_pattern(n, 1.f, 8);
+            p.residual = resid.data();
+            t.bytes += 4.0 * double(n);
+        }
+        launch = [p, s] { Ops<Cuda>::group_norm(p, s); };
     } else if (k.kind == "linear_batch") {
         // One weight/bias/y buffer holding every item back to back (256-byte aligned slices), one shared x.
         auto align = [](std::size_t n) { return (n + 255) / 256 * 256; };

@@ -94,17 +94,6 @@ struct GroupNormParams {
     const float* residual = nullptr;
 };
 
-/// conv1d followed by group_norm on its output, one op so a backend may fuse them (the CUDA row convolution
-/// normalises each group in the last block that finishes it: one launch instead of two).
-///   conv.y = conv1d(conv.x)  (scratch [batch, out, out_length]);  norm.x must be conv.y;  y = norm.y.
-/// group_sync: [batch * groups] uint32 counters owned by the caller, zero on entry and zero again on return
-/// (each op resets what it used, so one array serves every op of a stream in turn); null = no fusion.
-struct ConvGroupNormParams {
-    Conv1dParams conv;
-    GroupNormParams norm;
-    std::uint32_t* group_sync = nullptr;
-};
-
 /// RMSNorm as in Mamba: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. x, y: [rows, dim].
 struct RmsNormParams {
     const float* x = nullptr;

@@ -1,7 +1,6 @@
 // Bump arena for scratch activations: sized once at load so forward passes never allocate.
 #pragma once
 #include <cstddef>
-#include <cstdint>
 #include <string>
 
 #include "flowedge/tensor.hpp"
@@ -61,10 +60,6 @@ template <Backend B>
 struct Context {
     Stream stream{};
     Workspace<B>* workspace = nullptr;
-    /// Zeroed uint32 counters (ConvGroupNormParams::group_sync) for fused ops on this stream, at least
-    /// n_group_sync of them; null = ops run unfused.
-    std::uint32_t* group_sync = nullptr;
-    std::size_t n_group_sync = 0;
 };
 
 }  // namespace flowedge

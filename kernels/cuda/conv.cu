@@ -31,7 +31,6 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "group_norm_block.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
 namespace flowedge::cuda {
@@ -97,13 +96,8 @@ int choose_row_outputs_per_block(int out_channels, int in_channels, int batch, l
     return ob;
 }
 
-/// With group_sync set, the kernel is conv1d + GroupNorm (ConvGroupNormParams): a block's OB outputs lie in one
-/// group (OB divides channels/groups); after writing them it counts itself in group_sync[b * groups + g], and the
-/// block that completes a group re-reads the group's conv outputs from L2 and runs group_norm_group on them (then
-/// resets the counter). The conv writes are made visible device-wide (__threadfence) before the count.
 template <class T, int KS, int S, int LIN>
-__global__ void __launch_bounds__(kThreads)
-    conv1d_row_kernel(Conv1dParams p, int ob_per_block, GroupNormParams norm, std::uint32_t* group_sync) {
+__global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int ob_per_block) {
     constexpr int P = KS / 2;
     constexpr int LOUT = (LIN + 2 * P - KS) / S + 1;
     constexpr int D = row_depth<T>();
@@ -192,28 +186,10 @@ __global__ void __launch_bounds__(kThreads)
             p.y[(std::size_t(b) * p.out_channels + o2) * LOUT + t] = sum;
         }
     }
-    if (group_sync == nullptr) return;
-
-    __shared__ bool s_last;
-    __shared__ double gn_scratch[32];
-    __threadfence();  // this block's conv outputs reach L2 before the count below is seen
-    __syncthreads();
-    const int cpg = p.out_channels / norm.groups;
-    const int g = int(blockIdx.x) * ob_per_block / cpg;
-    if (threadIdx.x == 0) {
-        std::uint32_t* counter = group_sync + std::size_t(b) * norm.groups + g;
-        const unsigned arrived = atomicAdd(counter, 1u) + 1u;
-        s_last = arrived == unsigned(cpg / ob_per_block);
-        if (s_last) atomicExch(counter, 0u);  // every block of the group has counted: ready for the next op
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    detail::group_norm_group(norm, b, g, gn_scratch, [](const float* ptr) { return __ldcg(ptr); });
 }
 
 template <class T, int KS, int S, int LIN>
-void launch_conv1d_row(const Conv1dParams& p, const GroupNormParams* norm, std::uint32_t* group_sync, cudaStream_t st) {
+void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     // Blocks of this instantiation one SM holds at once (registers bound it), asked once per process: a process
     // mixing devices of different architectures would size the grid for the first one (still correct, maybe
     // a tail wave).
@@ -222,39 +198,34 @@ void launch_conv1d_row(const Conv1dParams& p, const GroupNormParams* norm, std::
         FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv1d_row_kernel<T, KS, S, LIN>, kThreads, 0));
         return n > 0 ? n : 1;
     }();
-    int ob = choose_row_outputs_per_block(p.out_channels, p.in_channels, p.batch, (long long)per_sm * detail::sm_count());
-    GroupNormParams np{};
-    if (group_sync) {
-        np = *norm;
-        while ((p.out_channels / np.groups) % ob != 0) ob /= 2;  // a block's outputs must lie in one group
-    }
+    const int ob = choose_row_outputs_per_block(p.out_channels, p.in_channels, p.batch,
+                                                (long long)per_sm * detail::sm_count());
     const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(p.batch));
-    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN>, grid, dim3(kThreads), 0, st, p, ob, np, group_sync);
+    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN>, grid, dim3(kThreads), 0, st, p, ob);
 }
 
 template <class T, int KS, int S>
-bool try_conv1d_row_lin(const Conv1dParams& p, const GroupNormParams* norm, std::uint32_t* sync, cudaStream_t st) {
+bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st) {
     switch (p.in_length) {
-        case 1: launch_conv1d_row<T, KS, S, 1>(p, norm, sync, st); return true;
-        case 2: launch_conv1d_row<T, KS, S, 2>(p, norm, sync, st); return true;
-        case 4: launch_conv1d_row<T, KS, S, 4>(p, norm, sync, st); return true;
-        case 8: launch_conv1d_row<T, KS, S, 8>(p, norm, sync, st); return true;
-        case 16: launch_conv1d_row<T, KS, S, 16>(p, norm, sync, st); return true;
+        case 1: launch_conv1d_row<T, KS, S, 1>(p, st); return true;
+        case 2: launch_conv1d_row<T, KS, S, 2>(p, st); return true;
+        case 4: launch_conv1d_row<T, KS, S, 4>(p, st); return true;
+        case 8: launch_conv1d_row<T, KS, S, 8>(p, st); return true;
+        case 16: launch_conv1d_row<T, KS, S, 16>(p, st); return true;
         default: return false;
     }
 }
 
-/// Launches the row path when it applies (with the fused GroupNorm when `sync` is set); false otherwise.
 template <class T>
-bool try_conv1d_row(const Conv1dParams& p, const GroupNormParams* norm, std::uint32_t* sync, cudaStream_t st) {
+bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     const std::size_t wal = sizeof(T) == 4 ? 16 : 8;
     if (p.in_channels % 4 != 0 || p.pad != p.kernel / 2 || !detail::aligned(p.w.data, wal) ||
         !detail::aligned(p.x, 16))
         return false;
-    if (p.kernel == 5 && p.stride == 1) return try_conv1d_row_lin<T, 5, 1>(p, norm, sync, st);
-    if (p.kernel == 3 && p.stride == 1) return try_conv1d_row_lin<T, 3, 1>(p, norm, sync, st);
-    if (p.kernel == 3 && p.stride == 2) return try_conv1d_row_lin<T, 3, 2>(p, norm, sync, st);
-    if (p.kernel == 1 && p.stride == 1) return try_conv1d_row_lin<T, 1, 1>(p, norm, sync, st);
+    if (p.kernel == 5 && p.stride == 1) return try_conv1d_row_lin<T, 5, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 1) return try_conv1d_row_lin<T, 3, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 2) return try_conv1d_row_lin<T, 3, 2>(p, st);
+    if (p.kernel == 1 && p.stride == 1) return try_conv1d_row_lin<T, 1, 1>(p, st);
     return false;
 }
 
@@ -536,8 +507,8 @@ bool try_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
 
 }  // namespace
 
-namespace {
-void check_conv1d(const Conv1dParams& p, std::string_view comp) {
+void conv1d(const Conv1dParams& p, Stream s) {
+    constexpr std::string_view comp = "cuda conv1d";
     check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
               p.stride > 0 && p.pad >= 0,
           comp, "sizes must be positive (pad non-negative)");
@@ -545,40 +516,13 @@ void check_conv1d(const Conv1dParams& p, std::string_view comp) {
     const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
     check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
           "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
-}
-}  // namespace
-
-void conv1d(const Conv1dParams& p, Stream s) {
-    check_conv1d(p, "cuda conv1d");
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
-        if (try_conv1d_row<T>(p, nullptr, nullptr, st) || try_conv1d_fast<T>(p, st)) return;
+        if (try_conv1d_row<T>(p, st) || try_conv1d_fast<T>(p, st)) return;
         const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
         detail::launch_pdl(conv1d_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0, st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
-}
-
-void conv1d_group_norm(const ConvGroupNormParams& p, Stream s) {
-    constexpr std::string_view comp = "cuda conv1d_group_norm";
-    check(p.norm.x == p.conv.y, comp, "norm.x must be conv.y");
-    const Conv1dParams& c = p.conv;
-    const GroupNormParams& n = p.norm;
-    const bool fusable = p.group_sync != nullptr && n.batch == c.batch && n.channels == c.out_channels &&
-                         n.length == c.out_length && n.groups > 0 && n.channels % n.groups == 0;
-    if (fusable) {
-        check_conv1d(c, comp);
-        detail::check_group_norm(n, comp);
-        const cudaStream_t st = detail::resolve(s);
-        bool launched = false;
-        detail::dispatch_dtype(c.w.dtype, [&]<class T>() { launched = try_conv1d_row<T>(c, &n, p.group_sync, st); });
-        if (launched) {
-            FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_group_norm");
-            return;
-        }
-    }
-    conv1d(c, s);
-    group_norm(n, s);
 }
 
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {

@@ -1,25 +1,101 @@
 // GroupNorm (with the fused act -> FiLM -> residual epilogue of the U-Net residual block) and Mamba's RMSNorm.
 //
-// group_norm: one block of 256 threads per (batch, group) running detail::group_norm_group (group_norm_block.cuh:
-//   the group read once into registers, mean and biased variance in double with a fixed-order block reduction,
-//   one pass for gamma/beta, activation, FiLM and residual; y may alias x). conv.cu's fused conv1d + GroupNorm
-//   runs the same function, so fused and unfused results are bit-identical.
+// group_norm: one block of 256 threads per (batch, group); the group's (channels/groups) x length
+//   elements are contiguous. The group is read once into registers (up to 8 per thread; larger groups re-read
+//   from L1/L2); mean, then the biased variance around it, are summed in double (fixed-order block
+//   reduction: deterministic); then one pass normalises, applies
+//   gamma/beta, the activation, FiLM (scale*a + bias) and the residual, in float, and writes y
+//   (y may alias x: each element is read and written by the same thread).
 // rms_norm: one block of 256 threads per row; sum of squares in double, y = x * rsqrt(mean + eps) * w.
 #include "common.cuh"
-#include "group_norm_block.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
 namespace flowedge::cuda {
 namespace {
 
-constexpr int kThreads = detail::kGroupNormThreads;
+constexpr int kThreads = 256;
+
+/// Sum over the block in a fixed order (lanes, then warps); every thread receives the result.
+__device__ double block_sum(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = detail::warp_sum(v);
+    __syncthreads();  // scratch may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double total = 0.0;
+    const int n_warps = (blockDim.x + 31) >> 5;
+    for (int w = 0; w < n_warps; ++w) total += scratch[w];
+    return total;
+}
+
+/// Elements per thread kept in registers; larger groups (> kThreads * kRegs elements) re-read x from L1/L2.
+constexpr int kRegs = 8;
 
 __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[32];
     detail::pdl_wait();  // launched with launch_pdl: x is the previous kernel's output
     detail::pdl_allow_next();
-    detail::group_norm_group(p, blockIdx.x / p.groups, blockIdx.x % p.groups, scratch,
-                             [](const float* ptr) { return *ptr; });
+    const int cpg = p.channels / p.groups;
+    const int b = blockIdx.x / p.groups, g = blockIdx.x % p.groups;
+    const std::int64_t n = std::int64_t(cpg) * p.length;
+    const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * p.length;
+    const float* x = p.x + base;
+    const bool in_regs = n <= std::int64_t(kThreads) * kRegs;  // every PushT group: 1024 elements
+
+    // One read of the group into registers (element threadIdx.x + r * kThreads), then both reductions from there.
+    float v[kRegs];
+    double s = 0.0;
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            v[r] = i < n ? x[i] : 0.f;
+            s += double(v[r]);
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+    }
+    const double mean = block_sum(s, scratch) / double(n);
+    double q = 0.0;
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            const double d = double(v[r]) - mean;
+            q += i < n ? d * d : 0.0;
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const double d = double(x[i]) - mean;
+            q += d * d;
+        }
+    }
+    const double var = block_sum(q, scratch) / double(n);
+    const float mean_f = float(mean);
+    const float rstd_f = float(1.0 / sqrt(var + double(p.eps)));
+
+    const int fs = p.film_stride ? p.film_stride : 2 * p.channels;
+    auto finish = [&](std::int64_t i, float xi) {
+        const int c = g * cpg + int(i / p.length);
+        const float scale = p.gamma ? p.gamma[c] * rstd_f : rstd_f;  // same float evaluation order as Ops<Cpu>
+        float a = (xi - mean_f) * scale + (p.beta ? p.beta[c] : 0.f);
+        a = detail::apply_act(p.act, a);
+        if (p.film) {
+            const float* f = p.film + std::size_t(b) * fs;
+            a = f[c] * a + f[p.channels + c];
+        }
+        if (p.residual) a += p.residual[base + i];
+        p.y[base + i] = a;
+    };
+    if (in_regs) {
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+            const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
+            if (i < n) finish(i, v[r]);
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) finish(i, x[i]);
+    }
 }
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
@@ -30,28 +106,23 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     float* y = p.y + std::size_t(blockIdx.x) * p.dim;
     double s = 0.0;
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) s += double(x[i]) * double(x[i]);
-    const double ms = detail::block_sum(s, scratch) / double(p.dim);
+    const double ms = block_sum(s, scratch) / double(p.dim);
     const float scale = float(1.0 / sqrt(ms + double(p.eps)));
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) y[i] = x[i] * scale * (p.weight ? p.weight[i] : 1.f);
 }
 
 }  // namespace
 
-namespace detail {
-void check_group_norm(const GroupNormParams& p, std::string_view comp) {
+void group_norm(const GroupNormParams& p, Stream s) {
+    constexpr std::string_view comp = "cuda group_norm";
     check(p.batch > 0 && p.channels > 0 && p.length > 0 && p.groups > 0, comp, "sizes must be positive");
     check(p.channels % p.groups == 0, comp,
           "channels must be divisible by groups" + expected_got("a multiple of " + std::to_string(p.groups), p.channels));
     check(p.x && p.y, comp, "null x or y pointer");
     check(p.film_stride == 0 || p.film_stride >= 2 * p.channels, comp,
           "FiLM row stride too small" + expected_got(">= " + std::to_string(2 * p.channels), p.film_stride));
-    check((long long)p.batch * p.groups <= 0x7fffffffLL, comp, "too many (batch, group) pairs");
-}
-}  // namespace detail
-
-void group_norm(const GroupNormParams& p, Stream s) {
-    detail::check_group_norm(p, "cuda group_norm");
     const long long n_blocks = (long long)p.batch * p.groups;
+    check(n_blocks <= 0x7fffffffLL, comp, "too many (batch, group) pairs");
     detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_kernel");
 }

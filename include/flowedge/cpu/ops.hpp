@@ -314,13 +314,6 @@ struct Ops<Cpu> {
         cpu::with_weights(p.w, [&](auto w) { cpu::conv_transpose1d_impl(p, w); });
     }
 
-    /// conv1d then group_norm on its output (nothing to fuse on the CPU: group_sync is not used).
-    static void conv1d_group_norm(const ConvGroupNormParams& p, Stream s = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.norm.x == p.conv.y, "conv1d_group_norm", "norm.x must be conv.y");
-        conv1d(p.conv, s);
-        group_norm(p.norm, s);
-    }
-
     /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual epilogue. Statistics in double.
     static void group_norm(const GroupNormParams& p, Stream = {}) {
         FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.channels > 0 && p.length > 0 && p.groups > 0, "group_norm",

@@ -16,9 +16,6 @@ void linear_batch(const LinearBatchParams& p, Stream s);
 void conv1d(const Conv1dParams& p, Stream s);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);
-/// conv1d then group_norm; one launch (GroupNorm in the last block of each group) when the row convolution applies
-/// and p.group_sync is set, else the two ops. Results equal the two ops bit for bit.
-void conv1d_group_norm(const ConvGroupNormParams& p, Stream s);
 void rms_norm(const RmsNormParams& p, Stream s);
 void activation(const ActivationParams& p, Stream s);
 void axpby(const AxpbyParams& p, Stream s);

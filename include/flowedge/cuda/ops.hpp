@@ -23,7 +23,6 @@ struct Ops<Cuda> {
     static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { cuda::conv_transpose1d(p, s); }
     static void group_norm(const GroupNormParams& p, Stream s = {}) { cuda::group_norm(p, s); }
-    static void conv1d_group_norm(const ConvGroupNormParams& p, Stream s = {}) { cuda::conv1d_group_norm(p, s); }
     static void rms_norm(const RmsNormParams& p, Stream s = {}) { cuda::rms_norm(p, s); }
     static void activation(const ActivationParams& p, Stream s = {}) { cuda::activation(p, s); }
     static void axpby(const AxpbyParams& p, Stream s = {}) { cuda::axpby(p, s); }

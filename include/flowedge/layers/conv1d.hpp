@@ -45,10 +45,7 @@ public:
     }
 
     /// y = conv1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)].
-    void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const { Ops<B>::conv1d(params(x, y), ctx.stream); }
-
-    /// The op parameters of forward(x, y), shapes checked (for fused ops that start with this convolution).
-    Conv1dParams params(View<const float, B> x, View<float, B> y) const {
+    void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
         if (!(x.shape.rank == 3)) [[unlikely]] fail("conv1d", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv1d", "input");
@@ -67,7 +64,7 @@ public:
         p.kernel = m_cfg.kernel;
         p.stride = m_cfg.stride;
         p.pad = m_cfg.pad;
-        return p;
+        Ops<B>::conv1d(p, ctx.stream);
     }
 
     const Parameter<B>& weight() const { return m_weight; }

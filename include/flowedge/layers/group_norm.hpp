@@ -48,11 +48,6 @@ public:
 
     /// y = epilogue(groupnorm(x)). x, y: [batch, channels, length] (y may not alias x or residual).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y, const GroupNormEpilogue& epi = {}) const {
-        Ops<B>::group_norm(params(x, y, epi), ctx.stream);
-    }
-
-    /// The op parameters of forward(x, y, epi), shapes checked (for fused ops that end with this norm).
-    GroupNormParams params(View<const float, B> x, View<float, B> y, const GroupNormEpilogue& epi = {}) const {
         if (!(x.shape.rank == 3)) [[unlikely]] fail("group_norm", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.channels, len}, "group_norm", "input");
@@ -71,7 +66,7 @@ public:
         p.film = epi.film;
         p.film_stride = epi.film_stride;
         p.residual = epi.residual;
-        return p;
+        Ops<B>::group_norm(p, ctx.stream);
     }
 
     std::int64_t n_parameters() const { return 2 * std::int64_t(m_cfg.channels); }

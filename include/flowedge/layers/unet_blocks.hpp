@@ -11,8 +11,7 @@
 namespace flowedge {
 
 /// LeRobot DiffusionConv1dBlock: Conv1d(in, out, k, padding k//2) -> GroupNorm(groups, out) -> Mish,
-/// executed as one conv1d_group_norm op (the norm's epilogue may add FiLM and a residual after Mish; a backend may
-/// fuse the two: CUDA does when ctx.group_sync provides counters).
+/// executed as one conv1d op plus one fused group_norm op (the epilogue may add FiLM and a residual after Mish).
 /// x: [batch, in, length] -> y: [batch, out, length]. State-dict names: block.0.{weight,bias}, block.1.{weight,bias}.
 template <Backend B>
 class Conv1dBlock {
@@ -49,10 +48,9 @@ public:
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y, GroupNormEpilogue epi = {}) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);
         View<float, B> h = ctx.workspace->template take<float>(Shape{x.dim(0), m_cfg.out, x.dim(2)});
+        m_conv.forward(ctx, x, h);
         epi.act = Activation::Mish;
-        ConvGroupNormParams p{m_conv.params(x, h), m_norm.params(h, y, epi)};
-        if (ctx.group_sync && ctx.n_group_sync >= std::size_t(x.dim(0)) * std::size_t(m_cfg.groups)) p.group_sync = ctx.group_sync;
-        Ops<B>::conv1d_group_norm(p, ctx.stream);
+        m_norm.forward(ctx, h, y, epi);
     }
 
     std::int64_t n_parameters() const { return m_conv.n_parameters() + m_norm.n_parameters(); }

@@ -391,10 +391,6 @@ public:
         m_action_min = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_action_max = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_ws = Workspace<B>(workspace_bytes(cfg, max_batch));
-        // One zeroed counter per (sample, group) for the fused conv + GroupNorm ops (each op leaves them zero).
-        m_group_sync = Buffer<std::uint32_t, B>(std::size_t(max_batch) * std::size_t(cfg.n_groups));
-        Memory<B>::fill_zero(m_group_sync.data(), m_group_sync.bytes());
-        Memory<B>::synchronize();
     }
 
     DiffusionHead(DiffusionHead&&) noexcept = default;
@@ -429,7 +425,7 @@ public:
     /// Bytes held on B: parameters, staging buffers, workspace.
     std::size_t device_bytes() {
         return m_unet.device_bytes() + m_cond_in.bytes() + m_x_in.bytes() + m_out.bytes() + m_seed.bytes() +
-               m_action_min.bytes() + m_action_max.bytes() + m_ws.capacity() + m_group_sync.bytes();
+               m_action_min.bytes() + m_action_max.bytes() + m_ws.capacity();
     }
     const std::vector<float>& action_min() const { return m_min_host; }
     const std::vector<float>& action_max() const { return m_max_host; }
@@ -455,7 +451,7 @@ public:
         check_inputs(cond, sample, eps, batch, "sample");
         stage_inputs(cond, sample, batch);
         const std::uint64_t key = 3u | (std::uint64_t(timestep) << 8) | (std::uint64_t(batch) << 32);
-        Context<B> ctx = context();
+        Context<B> ctx{m_stream, &m_ws};
         m_graph.run(m_stream, key, [&] {
             m_ws.reset();
             m_unet.forward(ctx, x_in(batch), float(timestep), cond_in(batch), out(batch));
@@ -541,7 +537,7 @@ private:
     /// `after_step(i, state)` runs after each step (a no-op except in the non-finite diagnosis).
     template <class Hook>
     void enqueue_sample(const SampleOptions& opts, int batch, bool unnormalize_out, Hook&& after_step) {
-        Context<B> ctx = context();
+        Context<B> ctx{m_stream, &m_ws};
         m_ws.reset();
         const Shape shp{batch, m_cfg.horizon, m_cfg.action_dim};
         View<float, B> state = m_ws.template take<float>(shp);
@@ -614,8 +610,6 @@ private:
         fail("diffusion", "non-finite output after un-normalisation (action range produces inf/nan)");
     }
 
-    Context<B> context() { return {m_stream, &m_ws, m_group_sync.data(), m_group_sync.size()}; }
-
     Config m_cfg{};
     int m_max_batch = 1;
     ConditionalUnet1d<B> m_unet;
@@ -625,7 +619,6 @@ private:
     Buffer<float, B> m_action_min, m_action_max;
     std::vector<float> m_min_host, m_max_host;
     Workspace<B> m_ws;
-    Buffer<std::uint32_t, B> m_group_sync;
     Graph<B> m_graph;
     Stream m_stream{};
 };
