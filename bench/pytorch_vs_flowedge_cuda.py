@@ -273,29 +273,20 @@ def main() -> int:
         eager = TorchCall(torch, sampler, dev, B, cfg, graph=False)
         st, out = timed(lambda: eager(cond, noise), args.warmup, args.runs)
         add("torch eager", st, out)
-        try:
-            if on_gpu:
-                g = TorchCall(torch, sampler, dev, B, cfg, graph=True)
-                st, out = timed(lambda: g(cond, noise), args.warmup, args.runs)
-                add("torch cuda graph", st, out)
-                del g
-        except Exception as e:  # noqa: BLE001
-            rows.append({"batch": B, "impl": "torch cuda graph", "note": f"capture failed: {type(e).__name__}: {e}"})
-        if on_gpu and not args.no_tf32:
-            # PyTorch's default (cuDNN TF32 on) in its fastest mode: the whole loop in one CUDA graph. Not an F32
-            # parity row (TF32 rounds the conv inputs to 10 mantissa bits): its diff is reported, not bounded.
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        # The whole loop in one CUDA graph, TF32 off (an F32 parity row) and, unless --no-tf32, with PyTorch's default
+        # TF32 convolutions (its fastest F32 mode; TF32 rounds conv inputs to 10 mantissa bits: diff reported only).
+        graph_variants = [("torch cuda graph", False)] + ([] if args.no_tf32 else [("torch cuda graph tf32", True)])
+        for name, tf32 in graph_variants if on_gpu else []:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             try:
                 g = TorchCall(torch, sampler, dev, B, cfg, graph=True)
                 st, out = timed(lambda: g(cond, noise), args.warmup, args.runs)
-                add("torch cuda graph tf32", st, out)
+                add(name, st, out)
                 del g
             except Exception as e:  # noqa: BLE001
-                rows.append({"batch": B, "impl": "torch cuda graph tf32", "note": f"capture failed: {type(e).__name__}: {e}"})
+                rows.append({"batch": B, "impl": name, "note": f"capture failed: {type(e).__name__}: {e}"})
             finally:
-                torch.backends.cuda.matmul.allow_tf32 = False
-                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         if compiled is not None and compile_spent <= args.compile_budget_s:
             try:
                 csampler = torch_dp_unet.Sampler(compiled, "ddim", args.steps, B, dev)
