@@ -339,21 +339,31 @@ struct Ops<Cpu> {
                 }
                 const float rstd = float(1.0 / std::sqrt(ss / count + double(p.eps)));
                 const float meanf = float(mean);
+                // Three passes over the group (contiguous in y): affine, activation over the whole group at once
+                // (vectorised Mish: the U-Net's every GroupNorm), then FiLM and residual. y may alias x.
                 for (int cc = 0; cc < cpg; ++cc) {
                     const int c = g * cpg + cc;
                     const float scale = p.gamma ? p.gamma[c] * rstd : rstd;
                     const float shift = p.beta ? p.beta[c] : 0.f;
-                    float fs = 1.f, fb = 0.f;
-                    if (p.film) {
-                        fs = p.film[std::size_t(b) * fstride + std::size_t(c)];
-                        fb = p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)];
-                    }
                     const std::size_t off = base + std::size_t(cc) * L;
-                    for (int t = 0; t < L; ++t) {
-                        float a = cpu::activate(p.act, (p.x[off + t] - meanf) * scale + shift);
-                        if (p.film) a = fs * a + fb;
-                        if (p.residual) a += p.residual[off + t];
-                        p.y[off + t] = a;
+                    for (int t = 0; t < L; ++t) p.y[off + t] = (p.x[off + t] - meanf) * scale + shift;
+                }
+                cpu::activate_inplace(p.act, p.y + base, static_cast<long long>(n));
+                if (p.film || p.residual) {
+                    for (int cc = 0; cc < cpg; ++cc) {
+                        const int c = g * cpg + cc;
+                        float fs = 1.f, fb = 0.f;
+                        if (p.film) {
+                            fs = p.film[std::size_t(b) * fstride + std::size_t(c)];
+                            fb = p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)];
+                        }
+                        const std::size_t off = base + std::size_t(cc) * L;
+                        for (int t = 0; t < L; ++t) {
+                            float a = p.y[off + t];
+                            if (p.film) a = fs * a + fb;
+                            if (p.residual) a += p.residual[off + t];
+                            p.y[off + t] = a;
+                        }
                     }
                 }
             }
