@@ -8,6 +8,7 @@
 
 #include "flowedge/cpu/simd.hpp"
 
+FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu {
 
 /// Largest number of activation columns one micro-kernel call multiplies against a weight row block.
@@ -313,3 +314,4 @@ inline void axpy_rows(const WT* w, std::size_t ldw, const float* xs, int nc, flo
 }
 
 }  // namespace flowedge::cpu
+FLOWEDGE_SIMD_WARNINGS_ON

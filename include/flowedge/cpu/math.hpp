@@ -5,6 +5,7 @@
 #include "flowedge/cpu/simd.hpp"
 #include "flowedge/op_params.hpp"
 
+FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu {
 
 /// torch.nn.SiLU: x * sigmoid(x), as x / (1 + exp(-x)) (exp overflow gives -0 for very negative x).
@@ -145,3 +146,4 @@ inline void activate_inplace(Activation act, float* v, long long n) {
 }
 
 }  // namespace flowedge::cpu
+FLOWEDGE_SIMD_WARNINGS_ON

@@ -33,6 +33,7 @@
         if (!(cond)) [[unlikely]] ::flowedge::fail(std::string("cpu ") + (op), (msg)); \
     } while (0)
 
+FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge {
 namespace cpu {
 
@@ -642,3 +643,4 @@ struct Ops<Cpu> {
 };
 
 }  // namespace flowedge
+FLOWEDGE_SIMD_WARNINGS_ON

@@ -11,6 +11,21 @@
 #include <immintrin.h>
 #endif
 
+// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized / -Wuninitialized (`__m512 __Y = __Y;` in
+// _mm512_undefined_ps, GCC bug 105593, fixed in GCC 13) wherever their intrinsics are inlined into a kernel: ~800
+// false warnings per build. The CPU kernel headers switch those two warnings off around their own code only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#define FLOWEDGE_SIMD_WARNINGS_OFF                                     \
+    _Pragma("GCC diagnostic push")                                     \
+    _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")       \
+    _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define FLOWEDGE_SIMD_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define FLOWEDGE_SIMD_WARNINGS_OFF
+#define FLOWEDGE_SIMD_WARNINGS_ON
+#endif
+
+FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu {
 
 #if defined(__AVX512F__)
@@ -102,3 +117,4 @@ inline float widen(bf16 v) { return to_float(v); }
 inline float widen(f16 v) { return to_float(v); }
 
 }  // namespace flowedge::cpu
+FLOWEDGE_SIMD_WARNINGS_ON
