@@ -5,8 +5,8 @@
 //
 // conv1d row path (the PushT shapes: 'same' padding pad = K/2, K in {1,3,5}, stride 1 or 2, whole input row
 // of L_in in {1,2,4,8,16} positions, in_channels % 4 == 0, aligned weights and input):
-//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}, smaller when that
-//   is needed to put >= 2 blocks on every SM) for one batch element and ALL output positions; the 8/OB warps
+//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}: the smallest whose
+//   grid still fits in one wave of resident blocks) for one batch element and ALL output positions; the 8/OB warps
 //   of one output split in_channels. Each lane owns 4 consecutive channels per step of 128*(8/OB) channels:
 //   their 4*K weights are K 16-byte (F32) or 8-byte (BF16/F16) loads kept raw in registers, row_depth() steps
 //   ahead (weights are constants, so the first row_depth() steps are issued before griddepcontrol.wait and
