@@ -1,4 +1,5 @@
-// Scalar activation functions for the CPU ops, written once with PyTorch's float32 semantics.
+// Activation functions for the CPU ops, written once with PyTorch's float32 semantics (scalar, and AVX-512 vector
+// forms used by activate_inplace).
 #pragma once
 #include <cmath>
 
@@ -98,17 +99,6 @@ inline __m512 vmish(__m512 x) {
     const __m512 m = _mm512_mul_ps(e, _mm512_add_ps(e, _mm512_set1_ps(2.f)));
     const __m512 y = _mm512_mul_ps(x, _mm512_div_ps(m, _mm512_add_ps(m, _mm512_set1_ps(2.f))));
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(20.f), _CMP_GT_OQ), x);
-}
-
-/// Applies `act` to 16 floats.
-inline __m512 vactivate(Activation act, __m512 x) {
-    switch (act) {
-        case Activation::None: return x;
-        case Activation::Silu: return vsilu(x);
-        case Activation::Softplus: return vsoftplus(x);
-        case Activation::Mish: return vmish(x);
-    }
-    return x;
 }
 #endif
 
