@@ -19,6 +19,16 @@
 #   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`), then
 #             bench/pytorch_vs_flowedge_cuda.py: PyTorch eager / CUDA graph / torch.compile vs flowedge F32/BF16/F16
 #             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3)
+#   lerobot   issue 7 on the GPU: LeRobot + gym-pusht from carried wheels (.whl, see below) into /tmp/site_lerobot,
+#             `FLOWEDGE_BACKEND=cuda pip install .` (sm_90) into /tmp/site_flowedge, models/dp_pusht made by LeRobot
+#             itself (tools/make_reference_diffusion.py --pusht --policy-only), then flowedge-lerobot-replay --device
+#             cuda (dp_small and PushT) and flowedge-lerobot-rollout --env pusht --device cuda --backend both
+#             -> $OUT/lerobot_{replay_cuda,replay_pusht_cuda,rollout_pusht_cuda}.{json,md}, rollout histogram PNG.
+#             Wheels (cp312, --no-deps): lerobot 0.4.4 and the modules its DiffusionPolicy / processor / dataset-
+#             metadata imports need that the GPU image lacks (diffusers, draccus, datasets, deepdiff, dill,
+#             multiprocess, pydantic(_core), gymnasium, gym-pusht, pymunk, pygame, shapely, ...). PyAV (a 40 MB
+#             wheel: video decoding, never called with live or recorded array observations) does not fit the 64 MiB
+#             carry, so an import-only stand-in is written whose functions raise if anything ever calls them.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -245,15 +255,48 @@ stage_pytorch() {
     return "$rc"
 }
 
+stage_lerobot() {
+    local site=/tmp/site_lerobot fe=/tmp/site_flowedge rc=0
+    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried (see the lerobot stage comment)"; return 3; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
+    if ! PYTHONPATH=$site python3 -c "import av" 2> /dev/null; then
+        mkdir -p "$site/av"
+        cat > "$site/av/__init__.py" << 'PYEOF'
+"""Import-only stand-in for PyAV on the GPU box (the real wheel exceeds the carry limit). LeRobot's
+video_utils imports av at module level; nothing in a replay/rollout decodes video. Any use raises."""
+import types as _types
+logging = _types.SimpleNamespace(WARNING=30, ERROR=40, INFO=20, DEBUG=10,
+                                 set_level=lambda *a, **k: None, restore_default_callback=lambda *a, **k: None)
+def __getattr__(name):
+    raise RuntimeError(f"av.{name}: PyAV is not installed on this machine (import-only stand-in)")
+PYEOF
+    fi
+    FLOWEDGE_BACKEND=cuda python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
+        --upgrade --target "$fe" -C cmake.define.FLOWEDGE_CUDA_ARCHITECTURES=90 -C build-dir=build-pip-cuda . || return $?
+    export PYTHONPATH=$fe:$site
+    python3 -c "import flowedge, lerobot, torch; print('flowedge', flowedge.__version__, 'cuda', flowedge.cuda, '| lerobot', lerobot.__version__, '| torch', torch.__version__)" || return $?
+    [ -f models/dp_pusht/config.json ] || python3 tools/make_reference_diffusion.py --pusht --policy-only --threads "$JOBS" || return $?
+    python3 -m flowedge.replay test/fixtures/dp_small --device cuda --steps 50 --warmup 2 --threads 4 \
+        --save-obs "$OUT/lerobot_replay_cuda_obs.npz" \
+        --output "$OUT/lerobot_replay_cuda.json" --markdown "$OUT/lerobot_replay_cuda.md" || rc=$?
+    python3 -m flowedge.replay models/dp_pusht --device cuda --steps 50 --warmup 2 --threads 4 \
+        --save-obs /tmp/pusht_obs_cuda.npz \
+        --output "$OUT/lerobot_replay_pusht_cuda.json" --markdown "$OUT/lerobot_replay_pusht_cuda.md" || rc=$?
+    python3 -m flowedge.rollout --env pusht --policy models/dp_pusht --device cuda --steps ${ROLLOUT_STEPS:-150} \
+        --episodes ${ROLLOUT_EPISODES:-2} --backend both --threads 4 --period-ms 100 --no-progress \
+        --output "$OUT/lerobot_rollout_pusht_cuda.json" --histogram "$OUT/lerobot_rollout_pusht_cuda.png" || rc=$?
+    return "$rc"
+}
+
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
 EXPANDED=()
 for s in "${STAGES[@]}"; do
     case $s in
-        all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch asan) ;;
+        all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

@@ -170,13 +170,16 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="policy folder (default test/fixtures/dp_small or models/dp_pusht)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--policy-only", action="store_true",
+                    help="save the policy folder (config, weights, processors) and skip the reference outputs")
     args = ap.parse_args()
 
     out = args.out or (os.path.join(REPO, "models", "dp_pusht") if args.pusht
                        else os.path.join(REPO, "test", "fixtures", "dp_small"))
     ref = out.rstrip("/") + "_ref"
     os.makedirs(out, exist_ok=True)
-    os.makedirs(ref, exist_ok=True)
+    if not args.policy_only:
+        os.makedirs(ref, exist_ok=True)
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -200,6 +203,9 @@ def main() -> int:
     pre, post = make_diffusion_pre_post_processors(cfg, dataset_stats=stats)
     pre.save_pretrained(out)
     post.save_pretrained(out)
+    if args.policy_only:
+        print(f"policy saved to {out} (--policy-only: no references)")
+        return 0
 
     H, A = cfg.horizon, cfg.action_feature.shape[0]
     gcd = policy.diffusion.unet.down_modules[0][0].cond_encoder[1].in_features - cfg.diffusion_step_embed_dim

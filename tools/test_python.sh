@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and tests the Python package: creates/reuses a venv, `pip install .[test]`, runs pytest, prints timings.
-# Usage: tools/test_python.sh [pytest args...]   (VENV=path overrides .venv-py; FLOWEDGE_NATIVE=ON opts into -march=native)
+# Usage: tools/test_python.sh [pytest args...]   (VENV=path overrides .venv-py; FLOWEDGE_NATIVE=OFF builds without -march=native)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv-py}"
