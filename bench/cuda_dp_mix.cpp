@@ -1,6 +1,7 @@
 // flowedge_cuda_dp_mix: where the time of a Diffusion Policy sample goes on the GPU. Times every distinct kernel
 // shape of one U-Net call in isolation, counts the launches of one captured 10-step DDIM sample, and measures
-// native DDIM/DDPM sample latency per batch and weight dtype (issue 6 item 1).
+// native DDIM/DDPM sample latency per batch and weight dtype (issue 6 item 1), and the opt-in tensor-core math
+// modes (MathMode TF32/BF16) at batch 8 and 64 with their action difference from the F32 path (issue 6).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -346,9 +347,10 @@ SampleTiming time_sample(DiffusionHead<Cuda>& h, const std::vector<float>& cond,
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: flowedge_cuda_dp_mix MODEL [--json out.json] [--iters N] [--sample-iters N] [--no-cpu-check]\n"
+                 "usage: flowedge_cuda_dp_mix MODEL [--json out.json] [--iters N] [--sample-iters N] [--no-cpu-check] [--math-only | --no-math]\n"
                  "  MODEL: LeRobot Diffusion Policy folder or *.flowedge.safetensors (e.g. models/diffusion_pusht.flowedge.safetensors)\n"
-                 "  --iters: timed launches per kernel shape (default 200); --sample-iters: timed samples per config (default 30)\n");
+                 "  --iters: timed launches per kernel shape (default 200); --sample-iters: timed samples per config (default 30)\n"
+                 "  --math-only: only section 5 (tensor-core MathMode TF32/BF16 at batch 8 and 64 vs the F32 path); --no-math: skip it\n");
     return 2;
 }
 
@@ -357,7 +359,7 @@ int usage() {
 int main(int argc, char** argv) {
     std::string model, json_path;
     int iters = 200, sample_iters = 30;
-    bool cpu_check = true;
+    bool cpu_check = true, math_only = false, with_math = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -371,6 +373,8 @@ int main(int argc, char** argv) {
         else if (a == "--iters") iters = std::max(1, std::atoi(next().c_str()));
         else if (a == "--sample-iters") sample_iters = std::max(1, std::atoi(next().c_str()));
         else if (a == "--no-cpu-check") cpu_check = false;
+        else if (a == "--math-only") math_only = true;
+        else if (a == "--no-math") with_math = false;
         else if (a == "-h" || a == "--help") return usage();
         else if (!a.empty() && a[0] == '-') {
             std::fprintf(stderr, "flowedge: cuda_dp_mix: unknown option '%s'\n", a.c_str());
@@ -404,6 +408,75 @@ int main(int argc, char** argv) {
                     cfg.action_dim);
         for (int d : cfg.down_dims) std::printf(" %d", d);
         std::printf(", load %.0f ms, %zu cudaMalloc\n", load_ms, Memory<Cuda>::allocation_count() - a0);
+
+        // ---- 5. (runs last; first and alone with --math-only) tensor-core math: MathMode TF32/BF16 at batch 8 and 64 ----
+        // Each row: 10-step DDIM latency (as section 4) and the max abs difference of its normalised actions ([-1, 1]
+        // units, same cond/noise) from the exact path (F32 weights, F32 math) of the same batch in this run.
+        auto math_section = [&] {
+            const char* math_names[] = {"F32", "TF32", "BF16"};
+            struct MathRow {
+                std::string weights, math;
+                int batch = 0;
+                SampleTiming t;
+                double max_abs_diff = 0;
+            };
+            std::vector<MathRow> rows;
+            std::map<int, std::vector<float>> ref;
+            std::printf("\ntensor-core math (MathMode, DiffusionHead::set_math): 10-step DDIM, %d reps; max|d| = max abs difference of the\n"
+                        "normalised actions from F32 weights + F32 math at the same batch (this run)\n", sample_iters);
+            std::printf("  %-7s %-5s %6s | %9s %9s %9s | %10s\n", "weights", "math", "batch", "p50 ms", "p99 ms", "min ms", "max|d|");
+            for (DType wdt : {DType::F32, DType::BF16}) {
+                head.reset();
+                Memory<Cuda>::synchronize();
+                LoadOptions lo;
+                lo.weight_dtype = wdt;
+                head = std::make_unique<DiffusionHead<Cuda>>(DiffusionHead<Cuda>::load(model, lo, kMaxBatch));
+                const std::string wname(dtype_name(wdt));
+                for (int batch : {8, 64}) {
+                    const std::span<const float> cs(cond.data(), std::size_t(batch) * cfg.global_cond_dim);
+                    const std::span<const float> ns(noise.data(), std::size_t(batch) * per);
+                    const SampleOptions o{.steps = 10, .scheduler = Scheduler::Ddim};
+                    for (MathMode mm : {MathMode::F32, MathMode::TF32, MathMode::BF16}) {
+                        if (wdt == DType::BF16 && mm == MathMode::TF32) continue;
+                        head->set_math(mm);
+                        std::vector<float> out(std::size_t(batch) * per);
+                        head->sample_normalized(cs, ns, out, o, batch);
+                        if (wdt == DType::F32 && mm == MathMode::F32) ref[batch] = out;
+                        double e = 0;
+                        const std::vector<float>& r = ref.at(batch);
+                        for (std::size_t i = 0; i < out.size(); ++i) e = std::max(e, std::fabs(double(out[i]) - double(r[i])));
+                        MathRow row{wname, math_names[int(mm)], batch,
+                                    time_sample(*head, cond, noise, batch, Scheduler::Ddim, 10, sample_iters, wname.c_str()), e};
+                        std::printf("  %-7s %-5s %6d | %9.3f %9.3f %9.3f | %10.3g\n", row.weights.c_str(), row.math.c_str(), batch, row.t.p50_ms,
+                                    row.t.p99_ms, row.t.min_ms, e);
+                        rows.push_back(row);
+                    }
+                }
+                head->set_math(MathMode::F32);
+            }
+            js << "  \"math_modes\": [\n";
+            for (std::size_t i = 0; i < rows.size(); ++i) {
+                const MathRow& r = rows[i];
+                js << "    {\"weights\": " << json_str(r.weights) << ", \"math\": " << json_str(r.math) << ", \"scheduler\": \"ddim\", \"steps\": 10"
+                   << ", \"batch\": " << r.batch << ", \"reps\": " << r.t.reps << ", \"p50_ms\": " << r.t.p50_ms << ", \"p99_ms\": " << r.t.p99_ms
+                   << ", \"min_ms\": " << r.t.min_ms << ", \"max_abs_diff_vs_f32\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "")
+                   << "\n";
+            }
+            js << "  ]";
+        };
+        auto write_json = [&] {
+            if (json_path.empty()) return;
+            std::ofstream f(json_path);
+            f << js.str();
+            if (!f) fail("cuda_dp_mix", "cannot write '" + json_path + "'");
+            std::printf("\nwrote %s\n", json_path.c_str());
+        };
+        if (math_only) {
+            math_section();
+            js << "\n}\n";
+            write_json();
+            return 0;
+        }
 
         // ---- 2. launch census of one captured native 10-step DDIM sample (batch 1) --------------------------
         {
@@ -534,13 +607,13 @@ int main(int argc, char** argv) {
                << ", \"batch\": " << s.batch << ", \"reps\": " << s.reps << ", \"p50_ms\": " << s.p50_ms << ", \"p99_ms\": " << s.p99_ms
                << ", \"min_ms\": " << s.min_ms << "}" << (i + 1 < samples.size() ? "," : "") << "\n";
         }
-        js << "  ]\n}\n";
-        if (!json_path.empty()) {
-            std::ofstream f(json_path);
-            f << js.str();
-            if (!f) fail("cuda_dp_mix", "cannot write '" + json_path + "'");
-            std::printf("\nwrote %s\n", json_path.c_str());
+        js << "  ]";
+        if (with_math) {
+            js << ",\n";
+            math_section();
         }
+        js << "\n}\n";
+        write_json();
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());

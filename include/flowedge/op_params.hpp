@@ -51,6 +51,19 @@ struct LinearBatchParams {
 };
 static_assert(sizeof(LinearBatchParams) <= 2048, "flowedge: LinearBatchParams must stay well under the 4 KB CUDA kernel-parameter limit");
 
+/// Arithmetic a backend may use for the big contractions (today: Conv1d). A request, not a guarantee: F32 is the
+/// exact path (float products, float accumulation; SPEC 4 tolerances). TF32 / BF16 let a backend with tensor cores
+/// (CUDA, sm_80+) round both operands (weights and activations) to TF32 (10-bit mantissa, round-to-nearest) or BF16
+/// (7-bit mantissa, round-to-nearest-even) and multiply them on tensor cores with float accumulation, for batched
+/// calls where that pays off. Backends or shapes without such a path (the CPU backend, batch-1 calls) ignore the
+/// request and compute exactly, so a result is always within the F32 tolerance or within the mode's bound:
+/// TF32 |err| <= ~1.3e-3 * sum|w||x| per output, BF16 |err| <= ~8.1e-3 * sum|w||x| (see kernels/cuda/conv_mma.cu).
+enum class MathMode : std::uint8_t {
+    F32 = 0,  ///< exact float math (default)
+    TF32,     ///< tensor cores, TF32 operands, float accumulation (opt-in)
+    BF16,     ///< tensor cores, BF16 operands, float accumulation (opt-in)
+};
+
 /// torch.nn.Conv1d (groups 1, dilation 1): y[b, o, t] = bias[o] + sum_{i,k} w[o, i, k] * x[b, i, t*stride + k - pad],
 /// x outside [0, in_length) reads as zero. x: [batch, in_channels, in_length]; w: [out, in, kernel]; y: [batch, out, out_length].
 struct Conv1dParams {
@@ -60,6 +73,8 @@ struct Conv1dParams {
     float* y = nullptr;
     int batch = 1, in_channels = 0, out_channels = 0, in_length = 0, out_length = 0;
     int kernel = 1, stride = 1, pad = 0;
+    /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> always computes exactly.
+    MathMode math = MathMode::F32;
 };
 
 /// torch.nn.ConvTranspose1d (groups 1, dilation 1, output_padding folded into out_length):

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <string>
 
+#include "flowedge/op_params.hpp"
 #include "flowedge/tensor.hpp"
 
 namespace flowedge {
@@ -55,11 +56,13 @@ private:
     std::size_t m_used = 0;
 };
 
-/// Everything an op needs besides its tensors: the stream and the scratch arena.
+/// Everything an op needs besides its tensors: the stream, the scratch arena and the requested math mode
+/// (layers copy it into the params of the ops that honour it, e.g. Conv1dParams::math).
 template <Backend B>
 struct Context {
     Stream stream{};
     Workspace<B>* workspace = nullptr;
+    MathMode math = MathMode::F32;
 };
 
 }  // namespace flowedge

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -471,4 +472,56 @@ TEST_CASE("graph census: a captured 10-step DDIM sample is one graph of kernel n
     CHECK(listed == c.kernel_nodes);
     CHECK(c.kernel_nodes > 10 * 20);  // 10 U-Net calls of dozens of launches each
     CHECK(c.memcpy_nodes >= 1);       // state = noise
+}
+
+TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at batch 16: bounded, re-captured, no malloc") {
+    // dp_small at batch 16: every U-Net conv has batch*length >= 64, so set_math routes all of them to conv1d_mma.
+    // Reference scale: the same head with BF16-rounded weights in exact F32 math (d_w below). BF16 math rounds the
+    // weights the same way plus every activation (u = 2^-8 each), so its action difference is expected within ~2 d_w;
+    // TF32 rounds both to u = 2^-11 (8x finer), expected ~d_w / 4. Asserted: BF16 <= 4 d_w + 1e-3 and <= 0.15,
+    // TF32 <= d_w + 1e-4 and <= 0.02 (normalised action units, 10-step DDIM), and both strictly > 0 (the
+    // request really changed the arithmetic).
+    constexpr int kB = 16;
+    const DpData d;
+    auto h = DiffusionHead<Cuda>::load(kDpFolder, {}, kB);
+    auto hw = DiffusionHead<Cuda>::load(kDpFolder, {.weight_dtype = DType::BF16}, kB);
+    const std::size_t per = std::size_t(h.config().horizon) * h.config().action_dim;
+    std::vector<float> cond(std::size_t(kB) * h.config().global_cond_dim), noise(std::size_t(kB) * per);
+    for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = d.cond[i % d.cond.size()] + 0.25f * std::sin(0.37f * float(i));
+    const auto nz = random_vec(noise.size(), 4242u, -1.7f, 1.7f);
+    for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = nz[i];
+    const SampleOptions o{.steps = 10, .scheduler = Scheduler::Ddim};
+    auto run = [&](DiffusionHead<Cuda>& head) {
+        std::vector<float> out(noise.size());
+        head.sample_normalized(cond, noise, out, o, kB);
+        return out;
+    };
+    CHECK(h.math() == MathMode::F32);
+    const auto ref = run(h);
+    const double d_w = max_abs_diff(run(hw), ref);
+    const DeviceSnapshot s0 = DeviceSnapshot::now();
+    h.set_math(MathMode::TF32);
+    const auto tf32 = run(h);
+    h.set_math(MathMode::BF16);
+    const auto bf16m = run(h);
+    const double d_tf32 = max_abs_diff(tf32, ref), d_bf16 = max_abs_diff(bf16m, ref);
+    MESSAGE("dp_small batch 16, 10-step DDIM, max abs normalised-action difference vs F32 math: TF32 " << d_tf32 << ", BF16 "
+                                                                                                     << d_bf16 << "; BF16 weights in F32 math " << d_w);
+    CHECK(d_tf32 > 0);
+    CHECK(d_bf16 > 0);
+    CHECK(d_tf32 <= d_w + 1e-4);
+    CHECK(d_tf32 <= 0.02);
+    CHECK(d_bf16 <= 4 * d_w + 1e-3);
+    CHECK(d_bf16 <= 0.15);
+    // Back to F32: the graph is re-captured with the exact kernels and reproduces the first result bit for bit.
+    h.set_math(MathMode::F32);
+    const auto again = run(h);
+    CHECK(std::memcmp(again.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    // Same mode twice: same graph, bitwise identical; switching modes never allocates device memory.
+    h.set_math(MathMode::BF16);
+    CHECK(std::memcmp(run(h).data(), bf16m.data(), bf16m.size() * sizeof(float)) == 0);
+    const DeviceSnapshot s1 = DeviceSnapshot::now();
+    CHECK(s1.allocs == s0.allocs);
+    CHECK(s1.frees == s0.frees);
+    CHECK_THROWS_WITH_AS(h.set_math(MathMode(7)), doctest::Contains("unknown math mode"), Error);
 }

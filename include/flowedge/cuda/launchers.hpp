@@ -13,7 +13,16 @@ namespace flowedge::cuda {
 void linear(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
+/// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_mma; otherwise the exact float kernels.
 void conv1d(const Conv1dParams& p, Stream s);
+/// Tensor-core implicit GEMM (kernels/cuda/conv_mma.cu): D[o, b*out_length + t] = bias[o] + sum_{i,k} W[o, i*kernel + k] *
+/// X[b, i, t*stride + k - pad], operands rounded to p.math (TF32 or BF16, float accumulation), deterministic.
+/// Any shape conv1d accepts; p.math must not be F32 and the device must be sm_80+ (flowedge::Error otherwise).
+/// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32 (tests).
+void conv1d_mma(const Conv1dParams& p, Stream s, int tile = 0);
+/// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
+/// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
+bool conv1d_mma_selected(const Conv1dParams& p);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);
 void rms_norm(const RmsNormParams& p, Stream s);

@@ -44,7 +44,7 @@ public:
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
-    /// y = conv1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)].
+    /// y = conv1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)]. Uses ctx.math (MathMode).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
         if (!(x.shape.rank == 3)) [[unlikely]] fail("conv1d", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
@@ -64,6 +64,7 @@ public:
         p.kernel = m_cfg.kernel;
         p.stride = m_cfg.stride;
         p.pad = m_cfg.pad;
+        p.math = ctx.math;
         Ops<B>::conv1d(p, ctx.stream);
     }
 

@@ -437,6 +437,20 @@ public:
         m_graph.reset();
     }
 
+    /// Arithmetic of the U-Net convolutions (MathMode, default F32 = exact). TF32/BF16 are an opt-in for batched
+    /// calls on tensor-core GPUs (CUDA sm_80+: used where batch*length >= 32, i.e. not at batch 1); the CPU
+    /// backend ignores the request and computes exactly. Changing it drops the recorded graphs (re-captured on the
+    /// next call; no device allocation). Error vs F32: per-conv bounds in op_params.hpp (MathMode); end-to-end on
+    /// the test configuration see test/cuda/test_cuda_models.cpp.
+    void set_math(MathMode m) {
+        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
+            fail("diffusion", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
+        if (m == m_math) return;
+        m_math = m;
+        m_graph.reset();
+    }
+    MathMode math() const { return m_math; }
+
     /// Lists every U-Net parameter (names under diffusion.unet.).
     template <class F>
     void visit_parameters(F&& f) { m_unet.visit_parameters(std::forward<F>(f)); }
@@ -451,7 +465,7 @@ public:
         check_inputs(cond, sample, eps, batch, "sample");
         stage_inputs(cond, sample, batch);
         const std::uint64_t key = 3u | (std::uint64_t(timestep) << 8) | (std::uint64_t(batch) << 32);
-        Context<B> ctx{m_stream, &m_ws};
+        Context<B> ctx{m_stream, &m_ws, m_math};
         m_graph.run(m_stream, key, [&] {
             m_ws.reset();
             m_unet.forward(ctx, x_in(batch), float(timestep), cond_in(batch), out(batch));
@@ -537,7 +551,7 @@ private:
     /// `after_step(i, state)` runs after each step (a no-op except in the non-finite diagnosis).
     template <class Hook>
     void enqueue_sample(const SampleOptions& opts, int batch, bool unnormalize_out, Hook&& after_step) {
-        Context<B> ctx{m_stream, &m_ws};
+        Context<B> ctx{m_stream, &m_ws, m_math};
         m_ws.reset();
         const Shape shp{batch, m_cfg.horizon, m_cfg.action_dim};
         View<float, B> state = m_ws.template take<float>(shp);
@@ -621,6 +635,7 @@ private:
     Workspace<B> m_ws;
     Graph<B> m_graph;
     Stream m_stream{};
+    MathMode m_math = MathMode::F32;
 };
 
 /// Writes checkpoint `src` (LeRobot folder or compact file) as a compact *.flowedge.safetensors file (SPEC 2) at `dst`:

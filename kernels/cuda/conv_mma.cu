@@ -1,0 +1,366 @@
+// Opt-in tensor-core torch.nn.Conv1d for batched calls (MathMode::TF32 / BF16): an implicit GEMM on WMMA, so the
+// weights are read once per block column for all batch rows instead of once per batch row (the exact row kernels
+// of conv.cu are weight streams per batch element).
+//
+// GEMM view: D[o, n] = bias[o] + sum_kk A[o, kk] * B[kk, n] with M = out_channels, N = batch*out_length,
+// Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k; A = the weights [out, in, kernel] as stored
+// (row-major M x Kg), B[kk, n] = X[b, i, t*stride + k - pad] (zero outside [0, in_length)), gathered im2col-style.
+//
+// Block: 128 threads = 4 warps in a 2 x 2 grid; block tile BM x BN (64x64, 32x64 or 32x32), K step kBK = 32.
+// Pipeline: kStages = 4 raw stages in shared memory filled with cp.async (A: 16-byte copies of the stored dtype
+// when Kg and the weight pointer allow it, else plain loads; B: 4-byte zero-filling copies of the gathered
+// floats), so 3 K-steps of weights and activations are in flight while one is multiplied. Each K-step, the block
+// converts the raw stage into the compute tiles (TF32: float rounded to nearest by __float_to_tf32; BF16: rounded
+// to nearest-even), padded so every WMMA pointer is 32-byte aligned, then each warp runs
+// (BM/32) x (BN/32) 16x16 fragments over the step (tf32 m16n16k8 or bf16 m16n16k16), float accumulators.
+// Epilogue: accumulators -> shared memory -> bias added -> y[b, o, t] (coalesced along t). No split-K, no atomics:
+// every output is one fixed-order accumulation chain, so results are bitwise reproducible run to run.
+//
+// Tile rule (host): the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid has at least 3/4 of
+// a wave of blocks (>= 0.75 * SM count); else 32x32. PushT at batch 64 on 132 SMs: every conv gets 64..128+
+// blocks. Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32
+// (FLOWEDGE_CUDA_MMA_MIN_N overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels.
+//
+// Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
+// 16-bit stored weights are exact in TF32, BF16 weights exact in BF16), so each product is off by at most
+// (2u + u^2)|w||x|; the float accumulation is a chain of ceil(Kg/kK) MMA steps (kK = 8 / 16) plus the in-MMA sums,
+// bounded by (ceil(Kg/kK) + kK + 1) * 2^-23 * sum|w||x| allowing truncating adds. Per output:
+//   |y - y_exact| <= ((2u + u^2) + (ceil(Kg/kK) + kK + 1) * 2^-23) * sum_{i,k} |w||x|   (+ bias rounding 2^-24|y|).
+// TF32 at Kg = 20480: 9.8e-4 + 3.1e-4 = 1.3e-3; BF16: 7.8e-3 + 1.5e-4 = 8.0e-3.
+// Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "common.cuh"
+#include "flowedge/cuda/launchers.hpp"
+
+namespace flowedge::cuda {
+namespace {
+
+constexpr int kMmaThreads = 128;
+constexpr int kBK = 32;
+constexpr int kStages = 4;
+
+constexpr int round_up(int v, int a) { return (v + a - 1) / a * a; }
+
+template <MathMode M>
+struct MmaMath;
+template <>
+struct MmaMath<MathMode::TF32> {
+    using Elem = float;
+    static constexpr int kK = 8;
+    static constexpr int kPad = 4;  // ldm multiple of 4 floats; rows 16 apart stay 32-byte aligned
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major>;
+    using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major>;
+    using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+    __device__ static Elem cvt(float v) { return nvcuda::wmma::__float_to_tf32(v); }
+#endif
+};
+template <>
+struct MmaMath<MathMode::BF16> {
+    using Elem = __nv_bfloat16;
+    static constexpr int kK = 16;
+    static constexpr int kPad = 8;  // ldm multiple of 8 bf16
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major>;
+    using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major>;
+    using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+    __device__ static Elem cvt(float v) { return __float2bfloat16_rn(v); }
+#endif
+};
+
+/// Shared-memory layout of one block (bytes, every region 128-byte aligned).
+template <class T, MathMode M, int BM, int BN>
+struct MmaLayout {
+    using Elem = typename MmaMath<M>::Elem;
+    static constexpr int kLdA = kBK + MmaMath<M>::kPad;  // compute tile A: BM x kLdA (Elem)
+    static constexpr int kLdB = BN + MmaMath<M>::kPad;   // compute tile B: kBK x kLdB (Elem)
+    static constexpr int kLdC = BN + 4;                  // epilogue tile: BM x kLdC (float)
+    static constexpr int kRawA = round_up(BM * kBK * int(sizeof(T)), 128);  // one raw A stage (stored dtype)
+    static constexpr int kRawB = round_up(kBK * BN * 4, 128);               // one raw B stage (float)
+    static constexpr int kOffRawB = kStages * kRawA;
+    static constexpr int kOffA = kOffRawB + kStages * kRawB;
+    static constexpr int kOffB = kOffA + round_up(BM * kLdA * int(sizeof(Elem)), 128);
+    static constexpr int kBytes = kOffB + round_up(kBK * kLdB * int(sizeof(Elem)), 128);
+    static_assert(BM * kLdC * 4 <= kOffA, "epilogue tile must fit in the raw stages it reuses");
+};
+
+__device__ __forceinline__ float widen_raw(float v) { return v; }
+__device__ __forceinline__ float widen_raw(bf16 v) { return detail::widen(v); }
+__device__ __forceinline__ float widen_raw(f16 v) { return detail::widen(v); }
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+/// 16-byte async copy global -> shared; src_bytes 0 fills the destination with zeros (src must still be valid).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+/// 4-byte async copy global -> shared with zero fill (src_bytes 0 or 4).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/// Arguments besides Conv1dParams, computed once on the host.
+struct MmaArgs {
+    int m = 0, n = 0, kg = 0;
+    std::uint32_t kdiv = 0;  // ceil(2^32 / kernel) for kernel > 1: i = umulhi(kk, kdiv) (exact: (Kg + kBK) * kernel < 2^32)
+    bool vec_a = false;      // Kg % (16 / sizeof(T)) == 0 and 16-byte aligned weights: A stages by 16-byte cp.async
+};
+
+template <class T, MathMode M, int BM, int BN>
+__global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p, MmaArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    namespace wmma = nvcuda::wmma;
+    using L = MmaLayout<T, M, BM, BN>;
+    using Mm = MmaMath<M>;
+    using Elem = typename Mm::Elem;
+    constexpr int kWTM = BM / 2, kWTN = BN / 2;    // warp tile (2 x 2 warps)
+    constexpr int kFM = kWTM / 16, kFN = kWTN / 16;  // 16x16 fragments per warp
+    constexpr int kAChunkElems = 16 / int(sizeof(T));
+    constexpr int kAChunks = BM * kBK / kAChunkElems;  // 16-byte chunks per raw A stage
+    static_assert(kAChunks % kMmaThreads == 0, "A chunks must split evenly over the block");
+    constexpr int kBRowStep = kMmaThreads / BN;  // B: each thread owns one column, rows tid/BN + j*kBRowStep
+    constexpr int kBPerThread = kBK / kBRowStep;
+    static_assert(kMmaThreads % BN == 0 && kBK % kBRowStep == 0, "B tile must split evenly over the block");
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = int(threadIdx.x);
+    const int warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;
+    const int n0 = int(blockIdx.x) * BN, m0 = int(blockIdx.y) * BM;
+    const int n_k = (a.kg + kBK - 1) / kBK;
+    const T* w = static_cast<const T*>(p.w.data);
+
+    // A stage `slot` <- weights [m0, m0+BM) x [k0, k0+kBK). Weights are constants: issued before the PDL wait.
+    auto load_a = [&](int slot, int k0) {
+        T* dst = reinterpret_cast<T*>(smem + slot * L::kRawA);
+        if (a.vec_a) {
+#pragma unroll
+            for (int j = 0; j < kAChunks / kMmaThreads; ++j) {
+                const int q = tid + j * kMmaThreads;
+                const int r = q / (kBK / kAChunkElems), c = (q % (kBK / kAChunkElems)) * kAChunkElems;
+                const int o = m0 + r, kk = k0 + c;
+                const bool ok = o < a.m && kk < a.kg;  // Kg % kAChunkElems == 0: a chunk is all in or all out
+                const T* src = ok ? w + std::size_t(o) * a.kg + kk : w;
+                cp_async16(dst + r * kBK + c, src, ok ? 16 : 0);
+            }
+        } else {
+            for (int e = tid; e < BM * kBK; e += kMmaThreads) {
+                const int r = e / kBK, c = e % kBK;
+                const int o = m0 + r, kk = k0 + c;
+                T v{};
+                if (o < a.m && kk < a.kg) v = w[std::size_t(o) * a.kg + kk];
+                dst[e] = v;
+            }
+        }
+    };
+    // B stage `slot` <- im2col columns [n0, n0+BN) x rows [k0, k0+kBK); zero fill for padding and tails.
+    const int col = tid % BN, row0 = tid / BN;
+    const int n = n0 + col;
+    const bool n_ok = n < a.n;
+    const int bb = n_ok ? n / p.out_length : 0;
+    const int pos0 = (n_ok ? n - bb * p.out_length : 0) * p.stride - p.pad;
+    const float* xb = p.x + std::size_t(bb) * p.in_channels * p.in_length;
+    auto load_b = [&](int slot, int k0) {
+        float* dst = reinterpret_cast<float*>(smem + L::kOffRawB + slot * L::kRawB);
+#pragma unroll
+        for (int j = 0; j < kBPerThread; ++j) {
+            const int r = row0 + j * kBRowStep;
+            const int kk = k0 + r;
+            const int i = p.kernel == 1 ? kk : int(__umulhi(std::uint32_t(kk), a.kdiv));
+            const int pos = pos0 + (kk - i * p.kernel);
+            const bool ok = n_ok && kk < a.kg && pos >= 0 && pos < p.in_length;
+            const float* src = ok ? xb + std::size_t(i) * p.in_length + pos : p.x;
+            cp_async4(dst + r * BN + col, src, ok ? 4 : 0);
+        }
+    };
+
+    // Prologue: stages 0..kStages-2. Group s holds B(s) (group 0 also every A of the prologue).
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+        if (s < n_k) load_a(s, s * kBK);
+    detail::pdl_wait();  // launched with launch_pdl (common.cuh): x comes from earlier kernels
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_k) load_b(s, s * kBK);
+        cp_async_commit();
+    }
+
+    typename Mm::FragC acc[kFM][kFN];
+#pragma unroll
+    for (int fm = 0; fm < kFM; ++fm)
+#pragma unroll
+        for (int fn = 0; fn < kFN; ++fn) wmma::fill_fragment(acc[fm][fn], 0.f);
+
+    Elem* As = reinterpret_cast<Elem*>(smem + L::kOffA);
+    Elem* Bs = reinterpret_cast<Elem*>(smem + L::kOffB);
+    for (int kt = 0; kt < n_k; ++kt) {
+        const int slot = kt % kStages;
+        cp_async_wait<kStages - 2>();  // this thread's copies of stage kt have landed
+        __syncthreads();               // everyone's have; everyone is done with the compute tiles and slot kt-1
+        {
+            const int nxt = kt + kStages - 1;  // refills slot (kt-1) % kStages, converted last iteration
+            if (nxt < n_k) {
+                load_a(nxt % kStages, nxt * kBK);
+                load_b(nxt % kStages, nxt * kBK);
+            }
+            cp_async_commit();  // possibly empty: keeps one group per iteration for the wait count
+        }
+        // Raw stage -> compute tiles, rounding to the math mode.
+        const T* ra = reinterpret_cast<const T*>(smem + slot * L::kRawA);
+        const float* rb = reinterpret_cast<const float*>(smem + L::kOffRawB + slot * L::kRawB);
+#pragma unroll 4
+        for (int e = tid; e < BM * kBK; e += kMmaThreads)
+            As[(e / kBK) * L::kLdA + (e % kBK)] = Mm::cvt(widen_raw(ra[e]));
+#pragma unroll 4
+        for (int e = tid; e < kBK * BN; e += kMmaThreads)
+            Bs[(e / BN) * L::kLdB + (e % BN)] = Mm::cvt(rb[e]);
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < kBK / Mm::kK; ++s) {
+            typename Mm::FragA fa[kFM];
+            typename Mm::FragB fb[kFN];
+#pragma unroll
+            for (int fm = 0; fm < kFM; ++fm)
+                wmma::load_matrix_sync(fa[fm], As + (wm * kWTM + fm * 16) * L::kLdA + s * Mm::kK, L::kLdA);
+#pragma unroll
+            for (int fn = 0; fn < kFN; ++fn)
+                wmma::load_matrix_sync(fb[fn], Bs + (s * Mm::kK) * L::kLdB + wn * kWTN + fn * 16, L::kLdB);
+#pragma unroll
+            for (int fm = 0; fm < kFM; ++fm)
+#pragma unroll
+                for (int fn = 0; fn < kFN; ++fn) wmma::mma_sync(acc[fm][fn], fa[fm], fb[fn], acc[fm][fn]);
+        }
+    }
+
+    // Epilogue through shared memory (reuses the raw stages: all copies done, all warps past their last MMA).
+    cp_async_wait<0>();
+    __syncthreads();
+    float* Cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int fm = 0; fm < kFM; ++fm)
+#pragma unroll
+        for (int fn = 0; fn < kFN; ++fn)
+            wmma::store_matrix_sync(Cs + (wm * kWTM + fm * 16) * L::kLdC + wn * kWTN + fn * 16, acc[fm][fn], L::kLdC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < BM * BN; e += kMmaThreads) {
+        const int r = e / BN, c = e % BN;
+        const int o = m0 + r, nn = n0 + c;
+        if (o >= a.m || nn >= a.n) continue;
+        const int b = nn / p.out_length, t = nn - b * p.out_length;
+        float v = Cs[r * L::kLdC + c];
+        if (p.bias) v += p.bias[o];
+        p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
+    }
+#else
+    __trap();  // host code never launches this below sm_80 (conv1d_mma checks the device)
+#endif
+}
+
+/// Compute capability major of the current device (cached per device).
+int device_major() {
+    static std::atomic<int> cached_device{-1};
+    static std::atomic<int> cached_major{0};
+    int dev = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+    if (cached_device.load(std::memory_order_acquire) == dev) return cached_major.load(std::memory_order_relaxed);
+    int major = 0;
+    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cached_major.store(major, std::memory_order_relaxed);
+    cached_device.store(dev, std::memory_order_release);
+    return major;
+}
+
+long long mma_min_n() {
+    static const long long v = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_MMA_MIN_N");
+        if (!e || !*e) return 32LL;
+        char* end = nullptr;
+        const long long r = std::strtoll(e, &end, 10);
+        return (end && *end == '\0' && r >= 1) ? r : 32LL;
+    }();
+    return v;
+}
+
+template <class T, MathMode M, int BM, int BN>
+void launch_mma(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
+    using L = MmaLayout<T, M, BM, BN>;
+    auto kernel = conv1d_mma_kernel<T, M, BM, BN>;
+    // Dynamic shared memory above 48 KiB needs an opt-in per function and device (host-side, capture-safe).
+    static std::atomic<std::uint64_t> done_mask{0};
+    int dev = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+    const std::uint64_t bit = std::uint64_t(1) << (dev & 63);
+    if (!(done_mask.load(std::memory_order_acquire) & bit)) {
+        FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+        done_mask.fetch_or(bit, std::memory_order_release);
+    }
+    const dim3 grid(unsigned((a.n + BN - 1) / BN), unsigned((a.m + BM - 1) / BM));
+    detail::launch_pdl(kernel, grid, dim3(kMmaThreads), std::size_t(L::kBytes), st, p, a);
+}
+
+template <class T, MathMode M>
+void launch_mma_tiles(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st, int tile) {
+    if (tile == 1) return launch_mma<T, M, 64, 64>(p, a, st);
+    if (tile == 2) return launch_mma<T, M, 32, 64>(p, a, st);
+    if (tile == 3) return launch_mma<T, M, 32, 32>(p, a, st);
+    const long long want = (3LL * detail::sm_count()) / 4;
+    auto blocks = [&](int bm, int bn) { return (long long)((a.m + bm - 1) / bm) * ((a.n + bn - 1) / bn); };
+    if (a.n > 32 && blocks(64, 64) >= want) return launch_mma<T, M, 64, 64>(p, a, st);
+    if (a.n > 32 && blocks(32, 64) >= want) return launch_mma<T, M, 32, 64>(p, a, st);
+    launch_mma<T, M, 32, 32>(p, a, st);
+}
+
+}  // namespace
+
+bool conv1d_mma_selected(const Conv1dParams& p) {
+    if (p.math == MathMode::F32) return false;
+    if (std::int64_t(p.batch) * p.out_length < mma_min_n()) return false;
+    if ((std::int64_t(p.in_channels) * p.kernel + kBK) * p.kernel >= (std::int64_t(1) << 32)) return false;
+    return device_major() >= 8;
+}
+
+void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
+    constexpr std::string_view comp = "cuda conv1d_mma";
+    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
+              p.stride > 0 && p.pad >= 0,
+          comp, "sizes must be positive (pad non-negative)");
+    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
+    const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
+    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
+          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    check(p.math == MathMode::TF32 || p.math == MathMode::BF16, comp,
+          "math mode must be TF32 or BF16" + expected_got("1 or 2", int(p.math)));
+    const std::int64_t n = std::int64_t(p.batch) * p.out_length;
+    const std::int64_t kg = std::int64_t(p.in_channels) * p.kernel;
+    check(n < (std::int64_t(1) << 31) / 2 && (kg + kBK) * p.kernel < (std::int64_t(1) << 32), comp,
+          "problem too large for 32-bit tile indexing" + expected_got("batch*out_length < 2^30, (Kg+32)*kernel < 2^32",
+                                                                       std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
+    check(std::int64_t(p.out_channels + 63) / 64 <= 65535, comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
+    check(tile >= 0 && tile <= 3, comp, "unknown tile choice" + expected_got("0..3", tile));
+    check(device_major() >= 8, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", device_major()));
+    MmaArgs a;
+    a.m = p.out_channels;
+    a.n = int(n);
+    a.kg = int(kg);
+    a.kdiv = p.kernel > 1 ? std::uint32_t(((std::uint64_t(1) << 32) + std::uint64_t(p.kernel) - 1) / std::uint64_t(p.kernel)) : 0u;
+    const cudaStream_t st = detail::resolve(s);
+    detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
+        a.vec_a = kg % (16 / std::int64_t(sizeof(T))) == 0 && detail::aligned(p.w.data, 16);
+        if (p.math == MathMode::TF32) launch_mma_tiles<T, MathMode::TF32>(p, a, st, tile);
+        else launch_mma_tiles<T, MathMode::BF16>(p, a, st, tile);
+    });
+    FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_mma");
+}
+
+}  // namespace flowedge::cuda
