@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "flowedge/backend.hpp"
@@ -104,6 +106,39 @@ __device__ __forceinline__ float load_w(const T* p, std::size_t i) {
     else return widen(T{__ldg(reinterpret_cast<const unsigned short*>(p) + i)});
 }
 
+/// Widens one 32-bit word of stored 16-bit weights into its two elements (lo = the element at the lower address).
+/// BF16 is the top half of an F32, so both are one integer op; F16 converts the pair at once.
+template <class T>
+__device__ __forceinline__ void widen_word(std::uint32_t w, float& lo, float& hi) {
+    static_assert(sizeof(T) == 2, "widen_word: 16-bit weight types only");
+    if constexpr (std::is_same_v<T, bf16>) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    } else {
+        __half2 h;
+        static_assert(sizeof(h) == sizeof(w));
+        memcpy(&h, &w, sizeof(w));
+        const float2 f = __half22float2(h);
+        lo = f.x;
+        hi = f.y;
+    }
+}
+
+/// Widens a raw 16-byte (uint4) or 8-byte (uint2) load of stored weights to float, in address order:
+/// 16 / sizeof(T) or 8 / sizeof(T) elements into out[0..]. Exact for every dtype.
+template <class T, class Raw>
+__device__ __forceinline__ void widen_raw(const Raw& r, float* out) {
+    static_assert(std::is_same_v<Raw, uint4> || std::is_same_v<Raw, uint2>, "widen_raw: uint4 or uint2");
+    constexpr int n_words = int(sizeof(Raw) / 4);
+    std::uint32_t w[n_words];
+    memcpy(w, &r, sizeof(Raw));
+#pragma unroll
+    for (int j = 0; j < n_words; ++j) {
+        if constexpr (sizeof(T) == 4) out[j] = __uint_as_float(w[j]);
+        else widen_word<T>(w[j], out[2 * j], out[2 * j + 1]);
+    }
+}
+
 /// 16 bytes of weights widened to float: 4 (F32) or 8 (BF16/F16) elements. `p` must be 16-byte aligned.
 template <class T>
 struct Vec16 {
@@ -111,20 +146,7 @@ struct Vec16 {
 };
 template <class T>
 __device__ __forceinline__ void load_w16(const T* p, float (&out)[Vec16<T>::n]) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    if constexpr (sizeof(T) == 4) {
-        out[0] = __uint_as_float(raw.x);
-        out[1] = __uint_as_float(raw.y);
-        out[2] = __uint_as_float(raw.z);
-        out[3] = __uint_as_float(raw.w);
-    } else {
-        const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            out[2 * j] = widen(T{static_cast<std::uint16_t>(w[j] & 0xffffu)});
-            out[2 * j + 1] = widen(T{static_cast<std::uint16_t>(w[j] >> 16)});
-        }
-    }
+    widen_raw<T>(__ldg(reinterpret_cast<const uint4*>(p)), out);
 }
 
 /// 8 bytes of weights widened to float: 2 (F32) or 4 (BF16/F16) elements. `p` must be 8-byte aligned.
@@ -134,16 +156,7 @@ struct Vec8 {
 };
 template <class T>
 __device__ __forceinline__ void load_w8(const T* p, float (&out)[Vec8<T>::n]) {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
-    if constexpr (sizeof(T) == 4) {
-        out[0] = __uint_as_float(raw.x);
-        out[1] = __uint_as_float(raw.y);
-    } else {
-        out[0] = widen(T{static_cast<std::uint16_t>(raw.x & 0xffffu)});
-        out[1] = widen(T{static_cast<std::uint16_t>(raw.x >> 16)});
-        out[2] = widen(T{static_cast<std::uint16_t>(raw.y & 0xffffu)});
-        out[3] = widen(T{static_cast<std::uint16_t>(raw.y >> 16)});
-    }
+    widen_raw<T>(__ldg(reinterpret_cast<const uint2*>(p)), out);
 }
 
 /// Stable softplus with PyTorch's threshold 20 (beta 1): x > 20 ? x : log1p(exp(x)).

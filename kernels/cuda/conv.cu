@@ -5,22 +5,28 @@
 //
 // conv1d row path (the PushT shapes: 'same' padding pad = K/2, K in {1,3,5}, stride 1 or 2, whole input row
 // of L_in in {1,2,4,8,16} positions, in_channels % 4 == 0, aligned weights and input):
-//   256 threads = 8 warps per block; a block computes OB output channels (OB in {8,4,2,1}: the smallest whose
-//   grid still fits in one wave of resident blocks) for one batch element and ALL output positions; the 8/OB warps
-//   of one output split in_channels. Each lane owns 4 consecutive channels per step of 128*(8/OB) channels:
-//   their 4*K weights are K 16-byte (F32) or 8-byte (BF16/F16) loads kept raw in registers, row_depth() steps
-//   ahead (weights are constants, so the first row_depth() steps are issued before griddepcontrol.wait and
-//   overlap the previous kernel's tail), and their 4 input rows (4*L_in contiguous floats, L1/L2 resident)
-//   are read as float4. Every tap/position index is a compile-time constant and the channel loop has no
-//   barrier, so nothing serialises the weight stream. (The first version staged the input window per chunk
-//   in shared memory between two __syncthreads and kept one chunk in flight: 1.4-2.0 TB/s on the big PushT
-//   convs; a 4-stage cp.async ring on top of that staging measured slower, 10.0 vs 8.2 ms per sample.)
-// conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the same lane layout
-//   over tiles of LT output positions, with the input window (LT-1)*stride+K wide staged in shared memory
+//   256 threads = 8 warps per block; a block computes G x OW output channels (G groups of OW outputs; G in
+//   {8,4,2,1}: the smallest whose grid still fits in one wave of resident blocks) for one batch element and ALL
+//   output positions; the 8/G warps of one group split in_channels. Each lane owns CPL consecutive channels per
+//   step of 32*CPL*(8/G) channels: CPL = 4 (F32: K 16-byte loads per output; 16-bit weights whose rows do not
+//   allow 16-byte loads: K 8-byte loads) or CPL = 8 (16-bit weights, in_channels % 8 == 0: K 16-byte loads, so
+//   a 16-bit stream needs as few load instructions per byte as F32; BF16 widens by a shift or mask, F16 by one
+//   pair conversion). OW = 4 for k = 1 on rows of <= 8 positions (one read of the lane's input rows serves 4
+//   weight rows: a k = 1 conv has one weight per input value, so with OW = 1 the input reads dominated), else 1.
+//   The raw weights are kept in registers row_depth() (~160 bytes per lane) steps ahead (weights are constants,
+//   so the first steps are issued before griddepcontrol.wait and overlap the previous kernel's tail), and the
+//   lane's input rows (CPL*L_in contiguous floats, L1/L2 resident) are read as float4. Every tap/position index
+//   is a compile-time constant and the channel loop has no barrier, so nothing serialises the weight stream.
+//   (The first version staged the input window per chunk in shared memory between two __syncthreads and kept
+//   one chunk in flight: 1.4-2.0 TB/s on the big PushT convs; a 4-stage cp.async ring on top of that staging
+//   measured slower, 10.0 vs 8.2 ms per sample.) FLOWEDGE_CUDA_CONV_NO_W16=1 / FLOWEDGE_CUDA_CONV_NO_OW=1 turn
+//   CPL = 8 / OW = 4 off for A/B timing.
+// conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the row path's lane layout with
+//   CPL = 4, OW = 1 over tiles of LT output positions, with the input window (LT-1)*stride+K wide staged in shared memory
 //   per chunk as float4 (4 channels) per position (odd row length: conflict-free), one chunk of weights
 //   prefetched in registers.
-// Both: lane partials are reduced by a warp butterfly and the warps of one output in a fixed order through
-// shared memory: deterministic, float accumulation.
+// Both end in reduce_and_store(): lane partials are reduced by a warp butterfly and the warps of one output in
+// a fixed order through shared memory: deterministic, float accumulation.
 // conv_transpose1d fast path (kernel 4, stride 2, pad 1, out_length = 2*in_length <= 32):
 //   weights [in, out, 4] are streamed along i: in a warp, lanes form (32/OT) x OT (i, o) pairs so each
 //   load instruction reads whole 32-byte sectors (OT consecutive o of 4 taps per i); 8 warps split i;
@@ -28,6 +34,8 @@
 //   order. grid = ceil(out/OT) x batch, OT in {2,4,8} chosen to fill the SMs.
 // Generic paths: one thread per output element, float accumulation in (i, k) order.
 // Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "common.cuh"
@@ -40,26 +48,22 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDynSmem = 46 * 1024;  // + static reduction scratch stays under the 48 KiB default
 
+/// The raw load unit of `n` consecutive stored weights: 16 bytes (uint4) or 8 bytes (uint2).
+template <class T, int n>
+using RawUnit = std::conditional_t<n * sizeof(T) == 16, uint4, uint2>;
+
 /// 4 consecutive weights widened to float: one 16-byte load (F32) or one 8-byte load (BF16/F16).
 template <class T>
 __device__ __forceinline__ void load4(const T* p, float* out) {
-    float v[4];
-    if constexpr (sizeof(T) == 4) detail::load_w16<T>(p, v);
-    else detail::load_w8<T>(p, v);
-    out[0] = v[0]; out[1] = v[1]; out[2] = v[2]; out[3] = v[3];
+    detail::widen_raw<T>(__ldg(reinterpret_cast<const RawUnit<T, 4>*>(p)), out);
 }
 
-/// 4 consecutive stored weights, unwidened: 16 bytes (F32) or 8 bytes (BF16/F16), so that the row path keeps
-/// twice as many 16-bit weights in flight per register.
-template <class T>
-using Raw4 = std::conditional_t<sizeof(T) == 4, uint4, uint2>;
-
-/// Read-only load of 4 weights with an L2 prefetch hint of 256 bytes (a warp's loads walk one contiguous
+/// Read-only load of one raw unit with an L2 prefetch hint of 256 bytes (a warp's loads walk one contiguous
 /// stretch of the weight row, so the neighbouring sectors are always wanted next).
-template <class T>
-__device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
-    Raw4<T> r;
-    if constexpr (sizeof(T) == 4)
+template <class U>
+__device__ __forceinline__ U load_raw(const void* p) {
+    U r;
+    if constexpr (sizeof(U) == 16)
         asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
             : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     else
@@ -67,64 +71,93 @@ __device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
     return r;
 }
 
-template <class T>
-__device__ __forceinline__ void widen4(const Raw4<T>& r, float* out) {
-    if constexpr (sizeof(T) == 4) {
-        out[0] = __uint_as_float(r.x); out[1] = __uint_as_float(r.y);
-        out[2] = __uint_as_float(r.z); out[3] = __uint_as_float(r.w);
-    } else {
-        out[0] = detail::widen(T{static_cast<std::uint16_t>(r.x & 0xffffu)});
-        out[1] = detail::widen(T{static_cast<std::uint16_t>(r.x >> 16)});
-        out[2] = detail::widen(T{static_cast<std::uint16_t>(r.y & 0xffffu)});
-        out[3] = detail::widen(T{static_cast<std::uint16_t>(r.y >> 16)});
+/// Ends a block of the row or tiled path. Each lane holds NV partial sums (its outputs x positions); `red` is
+/// the block's [kWarps][NV] shared scratch. Lanes are reduced by a warp butterfly, then the `wpo` warps that
+/// share one output group (warps g*wpo .. g*wpo+wpo-1) are summed in warp order, so the result is deterministic.
+/// store(g, v, sum) is called once per (group g < n_groups, value v < NV) with the fixed-order sum (no bias).
+template <int NV, class Store>
+__device__ __forceinline__ void reduce_and_store(float (&acc)[NV], float (*red)[NV], int wpo, int n_groups,
+                                                 Store&& store) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+        const float s = detail::warp_sum(acc[v]);
+        if (lane == 0) red[warp][v] = s;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n_groups * NV; idx += kThreads) {
+        const int g = idx / NV, v = idx % NV;
+        float sum = 0.f;
+        for (int w2 = 0; w2 < wpo; ++w2) sum += red[g * wpo + w2][v];
+        store(g, v, sum);
     }
 }
 
-/// Weight steps kept in flight per lane by the row path: 2 steps of F32 weights (160 B per lane at K = 5, ~80 KB
-/// per SM at 2 blocks) or 4 steps of 16-bit weights (the same bytes); <= 80 registers for every instantiation.
-template <class T>
-__host__ __device__ constexpr int row_depth() { return sizeof(T) == 4 ? 2 : 4; }
+// ---- conv1d row path -----------------------------------------------------------------------------------
+// Template parameters: T weight type, KS kernel, S stride, LIN input length, CPL channels per lane per step
+// (4, or 8 for 16-bit weights: one 16-byte load per tap), OW outputs per warp (1, or 4 for k = 1 so that one
+// read of the input row serves 4 weight rows).
 
-/// Output channels per block of the row path: the smallest OB in {8,4,2,1} whose grid still fits in one wave of
-/// resident blocks (`slots` = SMs x blocks per SM: no tail wave, and as many SMs streaming as possible), never
-/// splitting a row so finely that a warp's channel step (128 * 8/OB) exceeds it.
-int choose_row_outputs_per_block(int out_channels, int in_channels, int batch, long long slots) {
-    int ob = 8;
-    while (ob > 1 && (long long)((out_channels + ob / 2 - 1) / (ob / 2)) * batch <= slots &&
-           128LL * (kWarps / (ob / 2)) <= in_channels)
-        ob /= 2;
-    return ob;
+/// Weight steps kept in flight per lane: ~160 bytes of raw weights (2 steps of F32 at K = 5, 4 steps of 16-bit
+/// with 4 channels per lane), clamped to 1..4.
+template <class T, int KS, int CPL, int OW>
+__host__ __device__ constexpr int row_depth() {
+    constexpr int step_bytes = OW * KS * CPL * int(sizeof(T));
+    constexpr int d = 160 / step_bytes;
+    return d < 1 ? 1 : (d > 4 ? 4 : d);
 }
 
-template <class T, int KS, int S, int LIN>
-__global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int ob_per_block) {
+/// Output groups per block of the row path (a block covers groups x OW output channels; the 8/groups warps of a
+/// group split in_channels): the smallest count in {8,4,2,1} whose grid still fits in one wave of resident
+/// blocks (`slots` = SMs x blocks per SM: no tail wave, and as many SMs streaming as possible), never splitting
+/// a row so finely that a warp's channel step (32 * cpl * 8/groups) exceeds it.
+int choose_row_groups(int out_channels, int in_channels, int batch, long long slots, int cpl, int ow) {
+    int g = 8;
+    while (g > 1) {
+        const int next = g / 2;
+        const long long blocks = (long long)((out_channels + next * ow - 1) / (next * ow)) * batch;
+        if (blocks > slots || 32LL * cpl * (kWarps / next) > in_channels) break;
+        g = next;
+    }
+    return g;
+}
+
+template <class T, int KS, int S, int LIN, int CPL, int OW>
+__global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int n_groups) {
+    static_assert(CPL * sizeof(T) == 16 || CPL * sizeof(T) == 8, "a lane's channels of one tap are 8 or 16 bytes");
     constexpr int P = KS / 2;
     constexpr int LOUT = (LIN + 2 * P - KS) / S + 1;
-    constexpr int D = row_depth<T>();
-    __shared__ float red[kWarps][LOUT];
+    constexpr int D = row_depth<T, KS, CPL, OW>();
+    constexpr int NV = OW * LOUT;
+    using U = RawUnit<T, CPL>;
+    __shared__ float red[kWarps][NV];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wpo = kWarps / ob_per_block;
-    const int ob = warp / wpo, ws = warp % wpo;
-    const int o = blockIdx.x * ob_per_block + ob;
-    const bool o_ok = o < p.out_channels;
+    const int wpo = kWarps / n_groups;
+    const int g = warp / wpo, ws = warp % wpo;
+    const int o0 = (blockIdx.x * n_groups + g) * OW;  // this warp's first output channel
     const int b = blockIdx.y;
     const int in = p.in_channels;
-    const int step = 128 * wpo;  // channels per step of the warps of one output
-    const int c_first = 4 * (ws * 32 + lane);
-    const T* wrow = static_cast<const T*>(p.w.data) + std::size_t(o_ok ? o : 0) * in * KS;
+    const int step = 32 * CPL * wpo;  // channels per step of the warps of one group
+    const int c_first = CPL * (ws * 32 + lane);
+    const T* w = static_cast<const T*>(p.w.data);
     const float* xb = p.x + std::size_t(b) * in * LIN;
 
-    // wbuf[d][q]: taps 4q..4q+3 of the flattened [4 channels][K] weights of one step (K loads per step).
-    Raw4<T> wbuf[D][KS];
-    auto load_step = [&](int c, Raw4<T>* dst) {
-        if (o_ok && c < in) {
-            const T* src = wrow + std::size_t(c) * KS;
+    // wbuf[d][ow][q]: unit q (elements CPL*q .. CPL*q+CPL-1) of the flattened [CPL channels][K] weights of
+    // output o0+ow at one step. in % CPL == 0, so a lane's CPL channels are either all in range or none.
+    U wbuf[D][OW][KS];
+    auto load_step = [&](int c, U (*dst)[KS]) {
 #pragma unroll
-            for (int q = 0; q < KS; ++q) dst[q] = load_raw4<T>(src + 4 * q);
-        } else {
+        for (int ow = 0; ow < OW; ++ow) {
+            const int o = o0 + ow;
+            if (o < p.out_channels && c < in) {
+                const T* src = w + (std::size_t(o) * in + c) * KS;
 #pragma unroll
-            for (int q = 0; q < KS; ++q) dst[q] = Raw4<T>{};
+                for (int q = 0; q < KS; ++q) dst[ow][q] = load_raw<U>(src + CPL * q);
+            } else {
+#pragma unroll
+                for (int q = 0; q < KS; ++q) dst[ow][q] = U{};
+            }
         }
     };
 #pragma unroll
@@ -133,32 +166,39 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
     detail::pdl_wait();  // the input (previous kernel's output) is complete from here on
     detail::pdl_allow_next();
 
-    float acc[LOUT];
+    float acc[NV];
 #pragma unroll
-    for (int t = 0; t < LOUT; ++t) acc[t] = 0.f;
+    for (int v = 0; v < NV; ++v) acc[v] = 0.f;
 
-    // y[t] += sum_{cc,k} w[cc][k] * x[cc][t*S + k - P] for the lane's 4 channels c..c+3.
-    auto fma_step = [&](int c, const Raw4<T>* wr) {
+    // y[o][t] += sum_{cc,k} w[o][cc][k] * x[cc][t*S + k - P] over the lane's CPL channels c..c+CPL-1.
+    auto fma_step = [&](int c, const U (*wr)[KS]) {
         if (c >= in) return;
-        float w[4 * KS];
+        const float4* xr = reinterpret_cast<const float4*>(xb + std::size_t(c) * LIN);  // rows c.., contiguous
 #pragma unroll
-        for (int q = 0; q < KS; ++q) widen4<T>(wr[q], w + 4 * q);
-        float x[4 * LIN];  // rows c..c+3, contiguous in memory
-        const float4* xr = reinterpret_cast<const float4*>(xb + std::size_t(c) * LIN);
+        for (int half = 0; half < CPL / 4; ++half) {  // 4 channels at a time keeps the live input at 4*LIN floats
+            float x[4 * LIN];
 #pragma unroll
-        for (int j = 0; j < LIN; ++j) {
-            const float4 v = __ldg(xr + j);
-            x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
+            for (int j = 0; j < LIN; ++j) {
+                const float4 v = __ldg(xr + half * LIN + j);
+                x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
+            }
+#pragma unroll
+            for (int ow = 0; ow < OW; ++ow) {
+                float wf[CPL * KS];
+#pragma unroll
+                for (int q = 0; q < KS; ++q) detail::widen_raw<T>(wr[ow][q], wf + CPL * q);
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+                    for (int t = 0; t < LOUT; ++t)
+#pragma unroll
+                        for (int k = 0; k < KS; ++k) {
+                            const int pos = t * S + k - P;
+                            if (pos >= 0 && pos < LIN)
+                                acc[ow * LOUT + t] += wf[(half * 4 + cc) * KS + k] * x[cc * LIN + pos];
+                        }
+            }
         }
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-#pragma unroll
-            for (int t = 0; t < LOUT; ++t)
-#pragma unroll
-                for (int k = 0; k < KS; ++k) {
-                    const int pos = t * S + k - P;
-                    if (pos >= 0 && pos < LIN) acc[t] += w[cc * KS + k] * x[cc * LIN + pos];
-                }
     };
 
     for (int c = c_first; c < in; c += D * step) {
@@ -169,49 +209,89 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
         }
     }
 
-#pragma unroll
-    for (int t = 0; t < LOUT; ++t) {
-        const float s = detail::warp_sum(acc[t]);
-        if (lane == 0) red[warp][t] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < ob_per_block * LOUT) {
-        const int obi = threadIdx.x / LOUT;
-        const int t = threadIdx.x % LOUT;
-        const int o2 = blockIdx.x * ob_per_block + obi;
-        if (o2 < p.out_channels) {
-            float sum = 0.f;
-            for (int w2 = 0; w2 < wpo; ++w2) sum += red[obi * wpo + w2][t];
-            if (p.bias) sum += p.bias[o2];
-            p.y[(std::size_t(b) * p.out_channels + o2) * LOUT + t] = sum;
+    reduce_and_store<NV>(acc, red, wpo, n_groups, [&](int g2, int v, float sum) {
+        const int o = (blockIdx.x * n_groups + g2) * OW + v / LOUT;
+        const int t = v % LOUT;
+        if (o < p.out_channels) {
+            if (p.bias) sum += p.bias[o];
+            p.y[(std::size_t(b) * p.out_channels + o) * LOUT + t] = sum;
         }
-    }
+    });
 }
 
-template <class T, int KS, int S, int LIN>
-void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
-    // Blocks of this instantiation one SM holds at once (registers bound it), asked once per process: a process
-    // mixing devices of different architectures would size the grid for the first one (still correct, maybe
-    // a tail wave).
+/// A/B switches of the row path, read once per process (any value but "0" turns the feature off):
+/// FLOWEDGE_CUDA_CONV_NO_W16: 16-bit weights use 4 channels per lane (8-byte loads) as before 2026-12-03;
+/// FLOWEDGE_CUDA_CONV_NO_OW: k = 1 convolutions compute one output per warp (input re-read per output).
+bool env_off(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v && std::string_view(v) != "0";
+}
+bool row_w16_enabled() {
+    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_W16");
+    return on;
+}
+bool row_ow_enabled() {
+    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_OW");
+    return on;
+}
+
+/// Resident blocks of one row-path instantiation on the whole device (SMs x blocks per SM; registers bound the
+/// latter), asked once per process: a process mixing devices of different architectures would size the grid for
+/// the first one (still correct, maybe a tail wave).
+template <class T, int KS, int S, int LIN, int CPL, int OW>
+long long row_slots() {
     static const int per_sm = [] {
         int n = 0;
-        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv1d_row_kernel<T, KS, S, LIN>, kThreads, 0));
+        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, conv1d_row_kernel<T, KS, S, LIN, CPL, OW>, kThreads, 0));
         return n > 0 ? n : 1;
     }();
-    const int ob = choose_row_outputs_per_block(p.out_channels, p.in_channels, p.batch,
-                                                (long long)per_sm * detail::sm_count());
-    const dim3 grid(unsigned((p.out_channels + ob - 1) / ob), unsigned(p.batch));
-    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN>, grid, dim3(kThreads), 0, st, p, ob);
+    return (long long)per_sm * detail::sm_count();
+}
+
+template <class T, int KS, int S, int LIN, int CPL, int OW>
+int row_groups(const Conv1dParams& p) {
+    return choose_row_groups(p.out_channels, p.in_channels, p.batch, row_slots<T, KS, S, LIN, CPL, OW>(), CPL, OW);
+}
+
+template <class T, int KS, int S, int LIN, int CPL, int OW>
+void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st, int groups) {
+    const dim3 grid(unsigned((p.out_channels + groups * OW - 1) / (groups * OW)), unsigned(p.batch));
+    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW>, grid, dim3(kThreads), 0, st, p, groups);
+}
+
+/// Picks the lane layout. 8 channels per lane for 16-bit weights when the rows allow 16-byte loads and the grid
+/// keeps as many blocks as with 4 (at 512 input channels, 8 per lane would halve the blocks: 1 step per lane
+/// either way, so the 4-channel layout's extra parallelism wins). 4 outputs per warp for k = 1 on rows of <= 8
+/// positions (k = 1 has one weight per input value, so one input read per weight row made the input dominate).
+template <class T, int KS, int S, int LIN>
+void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st) {
+    constexpr int OW = KS == 1 && LIN <= 8 ? 4 : 1;
+    const bool ow_on = OW > 1 && row_ow_enabled();
+    if constexpr (sizeof(T) == 2) {
+        if (row_w16_enabled() && p.in_channels % 8 == 0 && detail::aligned(p.w.data, 16)) {
+            const auto blocks = [&](int groups, int ow) { return (p.out_channels + groups * ow - 1) / (groups * ow); };
+            if (ow_on) {
+                const int g8 = row_groups<T, KS, S, LIN, 8, OW>(p), g4 = row_groups<T, KS, S, LIN, 4, OW>(p);
+                if (blocks(g8, OW) >= blocks(g4, OW)) return launch_conv1d_row<T, KS, S, LIN, 8, OW>(p, st, g8);
+            } else {
+                const int g8 = row_groups<T, KS, S, LIN, 8, 1>(p), g4 = row_groups<T, KS, S, LIN, 4, 1>(p);
+                if (blocks(g8, 1) >= blocks(g4, 1)) return launch_conv1d_row<T, KS, S, LIN, 8, 1>(p, st, g8);
+            }
+        }
+    }
+    if (ow_on) return launch_conv1d_row<T, KS, S, LIN, 4, OW>(p, st, row_groups<T, KS, S, LIN, 4, OW>(p));
+    launch_conv1d_row<T, KS, S, LIN, 4, 1>(p, st, row_groups<T, KS, S, LIN, 4, 1>(p));
 }
 
 template <class T, int KS, int S>
 bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st) {
     switch (p.in_length) {
-        case 1: launch_conv1d_row<T, KS, S, 1>(p, st); return true;
-        case 2: launch_conv1d_row<T, KS, S, 2>(p, st); return true;
-        case 4: launch_conv1d_row<T, KS, S, 4>(p, st); return true;
-        case 8: launch_conv1d_row<T, KS, S, 8>(p, st); return true;
-        case 16: launch_conv1d_row<T, KS, S, 16>(p, st); return true;
+        case 1: launch_conv1d_row_layout<T, KS, S, 1>(p, st); return true;
+        case 2: launch_conv1d_row_layout<T, KS, S, 2>(p, st); return true;
+        case 4: launch_conv1d_row_layout<T, KS, S, 4>(p, st); return true;
+        case 8: launch_conv1d_row_layout<T, KS, S, 8>(p, st); return true;
+        case 16: launch_conv1d_row_layout<T, KS, S, 16>(p, st); return true;
         default: return false;
     }
 }
@@ -305,23 +385,13 @@ __global__ void __launch_bounds__(kThreads) conv1d_fast_kernel(Conv1dParams p, i
         }
     }
 
-#pragma unroll
-    for (int t = 0; t < LT; ++t) {
-        const float s = detail::warp_sum(acc[t]);
-        if (lane == 0) red[warp][t] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < ob_per_block * LT) {
-        const int obi = threadIdx.x / LT;
-        const int t = threadIdx.x % LT;
+    reduce_and_store<LT>(acc, red, wpo, ob_per_block, [&](int obi, int t, float sum) {
         const int o2 = blockIdx.x * ob_per_block + obi;
         if (o2 < p.out_channels && t0 + t < p.out_length) {
-            float sum = 0.f;
-            for (int w2 = 0; w2 < wpo; ++w2) sum += red[obi * wpo + w2][t];
             if (p.bias) sum += p.bias[o2];
             p.y[(std::size_t(b) * p.out_channels + o2) * p.out_length + t0 + t] = sum;
         }
-    }
+    });
 }
 
 template <class T>
@@ -516,7 +586,6 @@ void conv1d(const Conv1dParams& p, Stream s) {
     const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
     check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
           "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
-    if (conv1d_mma_selected(p)) return conv1d_mma(p, s);  // opt-in TF32/BF16 tensor-core path: conv_mma.cu
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv1d_row<T>(p, st) || try_conv1d_fast<T>(p, st)) return;

@@ -218,24 +218,31 @@ namespace {
 
 // ---- conv1d ------------------------------------------------------------------------------------------
 
-void run_conv1d(int batch, int in, int out, int len, int k, int stride, int pad, DType dt, std::uint32_t seed) {
+/// `w_skip` > 0 stores the weights `w_skip` elements past the start of their allocation (a misaligned weight
+/// pointer: 16-bit weights at w_skip = 4 are 8- but not 16-byte aligned).
+void run_conv1d(int batch, int in, int out, int len, int k, int stride, int pad, DType dt, std::uint32_t seed,
+                int w_skip = 0) {
     CAPTURE(batch); CAPTURE(in); CAPTURE(out); CAPTURE(len); CAPTURE(k); CAPTURE(stride); CAPTURE(pad); CAPTURE(int(dt));
+    CAPTURE(w_skip);
     const int out_len = (len + 2 * pad - k) / stride + 1;
     const auto x = random_vec(std::size_t(batch) * in * len, seed);
     const float wscale = 1.f / std::sqrt(float(in * k));
-    Weights w(random_vec(std::size_t(out) * in * k, seed + 1, -wscale, wscale), dt);
+    auto wvals = random_vec(std::size_t(out) * in * k, seed + 1, -wscale, wscale);
+    wvals.insert(wvals.begin(), std::size_t(w_skip), 0.f);
+    Weights w(wvals, dt);
+    const std::size_t w_off = std::size_t(w_skip) * dtype_size(dt);
     const auto bias = random_vec(out, seed + 2);
     DeviceArray<float> dx(x), dbias(bias), dy(std::size_t(batch) * out * out_len);
 
     Conv1dParams p;
     p.batch = batch; p.in_channels = in; p.out_channels = out; p.in_length = len; p.out_length = out_len;
     p.kernel = k; p.stride = stride; p.pad = pad;
-    p.x = dx.get(); p.w = w.gpu(); p.bias = dbias.get(); p.y = dy.get();
+    p.x = dx.get(); p.w = {w.device.get() + w_off, dt}; p.bias = dbias.get(); p.y = dy.get();
     Ops<Cuda>::conv1d(p, {});
     const auto gpu = dy.download();
 
     std::vector<float> cpu(gpu.size());
-    p.x = x.data(); p.w = w.cpu(); p.bias = bias.data(); p.y = cpu.data();
+    p.x = x.data(); p.w = {w.host.data() + w_off, dt}; p.bias = bias.data(); p.y = cpu.data();
     Ops<Cpu>::conv1d(p, {});
 
     std::vector<double> ref(gpu.size());
@@ -247,7 +254,8 @@ void run_conv1d(int batch, int in, int out, int len, int k, int stride, int pad,
                     for (int kk = 0; kk < k; ++kk) {
                         const int pos = t * stride + kk - pad;
                         if (pos >= 0 && pos < len)
-                            s += double(w.widened[(std::size_t(o) * in + i) * k + kk]) * x[(std::size_t(b) * in + i) * len + pos];
+                            s += double(w.widened[std::size_t(w_skip) + (std::size_t(o) * in + i) * k + kk]) *
+                                 x[(std::size_t(b) * in + i) * len + pos];
                     }
                 ref[(std::size_t(b) * out + o) * out_len + t] = s;
             }
@@ -380,6 +388,42 @@ TEST_CASE("cuda conv1d matches the CPU and a double reference: odd sizes and gen
         run_conv1d(2, 4, 5, 2, 5, 1, 2, dt, seed++);      // k5 over a row of 2 (most taps in the padding)
         run_conv1d(1, 516, 33, 1, 1, 1, 0, dt, seed++);   // 1x1 on a row of 1
         run_conv1d(1, 4100, 3, 4, 5, 1, 2, dt, seed++);   // many steps per warp, 3 outputs
+    }
+}
+
+TEST_CASE("cuda conv1d row path: 8 channels per lane (16-bit), 4 outputs per warp (k = 1), their fallbacks") {
+    // Which layout runs depends on the card's resident-block count (conv.cu launch_conv1d_row_layout); the
+    // comments name the layout on an H100/H200. Every case is checked against the CPU and a double loop anyway.
+    std::uint32_t seed = 200;
+    for (DType dt : kAllDtypes) {
+        // in % 8 == 0 and in < 256: 16-bit weights take 8 channels per lane (16-byte loads) on any card.
+        run_conv1d(1, 8, 5, 4, 5, 1, 2, dt, seed++);       // one lane's worth of channels, 5 outputs
+        run_conv1d(2, 24, 19, 8, 5, 1, 2, dt, seed++);     // 3 lanes, 2 batches
+        run_conv1d(1, 248, 37, 16, 5, 1, 2, dt, seed++);   // L 16, 31 of 32 lanes
+        run_conv1d(1, 16, 3, 2, 5, 1, 2, dt, seed++);      // row of 2
+        run_conv1d(1, 40, 9, 1, 3, 2, 1, dt, seed++);      // row of 1, stride 2
+        run_conv1d(1, 120, 9, 8, 3, 1, 1, dt, seed++);     // k3 s1
+        // 2048 outputs keep the grid at one wave, so 8 channels per lane (several steps, a tail of 8 channels).
+        run_conv1d(1, 1032, 2048, 8, 3, 2, 1, dt, seed++);
+        run_conv1d(1, 1032, 2050, 8, 1, 1, 0, dt, seed++);  // and 4 outputs per warp, 2 outputs past a warp's 4
+        // Few outputs: 8 channels per lane would halve the blocks, so 4 channels per lane (8-byte loads).
+        run_conv1d(1, 264, 37, 16, 5, 1, 2, dt, seed++);   // step tail (264 = 256 + 8)
+        // in % 8 == 4: 16-bit weights always take 4 channels per lane.
+        run_conv1d(1, 20, 13, 4, 5, 1, 2, dt, seed++);
+        run_conv1d(2, 1036, 6, 8, 5, 1, 2, dt, seed++);
+        // in % 8 == 0 but the weights only 8-byte aligned (16-bit) / 16-byte aligned (F32): 4 channels per lane.
+        run_conv1d(1, 32, 9, 4, 5, 1, 2, dt, seed++, 4);
+        run_conv1d(1, 264, 5, 8, 1, 1, 0, dt, seed++, 4);
+        // k = 1 on rows of <= 8: 4 outputs per warp; output counts not a multiple of 4, channel tails.
+        run_conv1d(1, 12, 37, 8, 1, 1, 0, dt, seed++);     // in % 8 == 4
+        run_conv1d(1, 2056, 6, 8, 1, 1, 0, dt, seed++);    // 2 outputs past the last full warp of 4
+        run_conv1d(2, 264, 513, 4, 1, 1, 0, dt, seed++);   // many blocks, 2 batches
+        run_conv1d(3, 40, 5, 2, 1, 1, 0, dt, seed++);
+        run_conv1d(1, 1028, 3, 1, 1, 1, 0, dt, seed++);    // fewer outputs than one warp's 4
+        run_conv1d(1, 4104, 130, 8, 1, 1, 0, dt, seed++);  // several steps per lane
+        run_conv1d(1, 2048, 512, 8, 1, 1, 0, dt, seed++);  // up1 residual 1x1 (PushT)
+        run_conv1d(1, 1024, 2048, 4, 1, 1, 0, dt, seed++); // down2 residual 1x1 (PushT)
+        run_conv1d(1, 12, 7, 16, 1, 1, 0, dt, seed++);     // k = 1 at L 16 keeps one output per warp
     }
 }
 
