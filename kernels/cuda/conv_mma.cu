@@ -6,15 +6,17 @@
 // Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k; A = the weights [out, in, kernel] as stored
 // (row-major M x Kg), B[kk, n] = X[b, i, t*stride + k - pad] (zero outside [0, in_length)), gathered im2col-style.
 //
-// Block: 128 threads = 4 warps in a 2 x 2 grid; block tile BM x BN (64x64, 32x64 or 32x32), K step kBK = 32.
+// Block: 256 threads = 8 warps = 2 K-groups of 4 warps in a 2 x 2 grid over the block tile BM x BN (64x64, 32x64
+// or 32x32); K step kBK = 32, whose MMA steps are split between the two K-groups (more warps per SM to hide
+// latency without smaller tiles; their partial sums are added in a fixed order in the epilogue).
 // Pipeline: kStages = 4 raw stages in shared memory filled with cp.async (A: 16-byte copies of the stored dtype
 // when Kg and the weight pointer allow it, else plain loads; B: 4-byte zero-filling copies of the gathered
 // floats), so 3 K-steps of weights and activations are in flight while one is multiplied. Each K-step, the block
 // converts the raw stage into the compute tiles (TF32: float rounded to nearest by __float_to_tf32; BF16: rounded
 // to nearest-even), padded so every WMMA pointer is 32-byte aligned, then each warp runs
 // (BM/32) x (BN/32) 16x16 fragments over the step (tf32 m16n16k8 or bf16 m16n16k16), float accumulators.
-// Epilogue: accumulators -> shared memory -> bias added -> y[b, o, t] (coalesced along t). No split-K, no atomics:
-// every output is one fixed-order accumulation chain, so results are bitwise reproducible run to run.
+// Epilogue: accumulators -> shared memory (K-group 0, then + K-group 1) -> bias added -> y[b, o, t] (coalesced
+// along t). No split-K across blocks, no atomics: every output is a fixed-order sum, bitwise reproducible run to run.
 //
 // Tile rule (host): the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid has at least 3/4 of
 // a wave of blocks (>= 0.75 * SM count); else 32x32. PushT at batch 64 on 132 SMs: every conv gets 64..128+
@@ -23,8 +25,9 @@
 //
 // Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
 // 16-bit stored weights are exact in TF32, BF16 weights exact in BF16), so each product is off by at most
-// (2u + u^2)|w||x|; the float accumulation is a chain of ceil(Kg/kK) MMA steps (kK = 8 / 16) plus the in-MMA sums,
-// bounded by (ceil(Kg/kK) + kK + 1) * 2^-23 * sum|w||x| allowing truncating adds. Per output:
+// (2u + u^2)|w||x|; the float accumulation is two chains (K-groups) of ~ceil(Kg/kK)/2 MMA steps each (kK = 8 / 16)
+// plus the in-MMA sums and one final add, bounded (loosely) by (ceil(Kg/kK) + kK + 1) * 2^-23 * sum|w||x| even with
+// truncating adds. Per output:
 //   |y - y_exact| <= ((2u + u^2) + (ceil(Kg/kK) + kK + 1) * 2^-23) * sum_{i,k} |w||x|   (+ bias rounding 2^-24|y|).
 // TF32 at Kg = 20480: 9.8e-4 + 3.1e-4 = 1.3e-3; BF16: 7.8e-3 + 1.5e-4 = 8.0e-3.
 // Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
@@ -41,7 +44,8 @@
 namespace flowedge::cuda {
 namespace {
 
-constexpr int kMmaThreads = 128;
+constexpr int kMmaThreads = 256;  // 8 warps: 2 K-groups x (2 x 2) warps over the block tile
+constexpr int kKGroups = 2;       // warps 0-3 multiply the first half of each K step, warps 4-7 the second half
 constexpr int kBK = 32;
 constexpr int kStages = 4;
 
@@ -127,7 +131,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     constexpr int kFM = kWTM / 16, kFN = kWTN / 16;  // 16x16 fragments per warp
     constexpr int kAChunkElems = 16 / int(sizeof(T));
     constexpr int kAChunks = BM * kBK / kAChunkElems;  // 16-byte chunks per raw A stage
-    static_assert(kAChunks % kMmaThreads == 0, "A chunks must split evenly over the block");
+    constexpr int kSteps = kBK / Mm::kK;                // MMA steps per K step, split over the K-groups
+    static_assert(kSteps % kKGroups == 0, "MMA steps must split evenly over the K-groups");
     constexpr int kBRowStep = kMmaThreads / BN;  // B: each thread owns one column, rows tid/BN + j*kBRowStep
     constexpr int kBPerThread = kBK / kBRowStep;
     static_assert(kMmaThreads % BN == 0 && kBK % kBRowStep == 0, "B tile must split evenly over the block");
@@ -135,7 +140,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = int(threadIdx.x);
     const int warp = tid >> 5;
-    const int wm = warp >> 1, wn = warp & 1;
+    const int kgrp = warp >> 2;  // K-group
+    const int wm = (warp & 3) >> 1, wn = warp & 1;
     const int n0 = int(blockIdx.x) * BN, m0 = int(blockIdx.y) * BM;
     const int n_k = (a.kg + kBK - 1) / kBK;
     const T* w = static_cast<const T*>(p.w.data);
@@ -145,8 +151,7 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
         T* dst = reinterpret_cast<T*>(smem + slot * L::kRawA);
         if (a.vec_a) {
 #pragma unroll
-            for (int j = 0; j < kAChunks / kMmaThreads; ++j) {
-                const int q = tid + j * kMmaThreads;
+            for (int q = tid; q < kAChunks; q += kMmaThreads) {
                 const int r = q / (kBK / kAChunkElems), c = (q % (kBK / kAChunkElems)) * kAChunkElems;
                 const int o = m0 + r, kk = k0 + c;
                 const bool ok = o < a.m && kk < a.kg;  // Kg % kAChunkElems == 0: a chunk is all in or all out
@@ -226,7 +231,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
             Bs[(e / BN) * L::kLdB + (e % BN)] = Mm::cvt(rb[e]);
         __syncthreads();
 #pragma unroll
-        for (int s = 0; s < kBK / Mm::kK; ++s) {
+        for (int ss = 0; ss < kSteps / kKGroups; ++ss) {
+            const int s = kgrp * (kSteps / kKGroups) + ss;
             typename Mm::FragA fa[kFM];
             typename Mm::FragB fb[kFN];
 #pragma unroll
@@ -243,15 +249,32 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     }
 
     // Epilogue through shared memory (reuses the raw stages: all copies done, all warps past their last MMA).
+    // The two K-groups' partial sums meet in a fixed order: C = group 0 + group 1.
     cp_async_wait<0>();
     __syncthreads();
     float* Cs = reinterpret_cast<float*>(smem);
+    if (kgrp == 0) {
 #pragma unroll
-    for (int fm = 0; fm < kFM; ++fm)
+        for (int fm = 0; fm < kFM; ++fm)
 #pragma unroll
-        for (int fn = 0; fn < kFN; ++fn)
-            wmma::store_matrix_sync(Cs + (wm * kWTM + fm * 16) * L::kLdC + wn * kWTN + fn * 16, acc[fm][fn], L::kLdC,
-                                    wmma::mem_row_major);
+            for (int fn = 0; fn < kFN; ++fn)
+                wmma::store_matrix_sync(Cs + (wm * kWTM + fm * 16) * L::kLdC + wn * kWTN + fn * 16, acc[fm][fn], L::kLdC,
+                                        wmma::mem_row_major);
+    }
+    __syncthreads();
+    if (kgrp == 1) {
+#pragma unroll
+        for (int fm = 0; fm < kFM; ++fm)
+#pragma unroll
+            for (int fn = 0; fn < kFN; ++fn) {
+                float* c = Cs + (wm * kWTM + fm * 16) * L::kLdC + wn * kWTN + fn * 16;
+                typename Mm::FragC g0;
+                wmma::load_matrix_sync(g0, c, L::kLdC, wmma::mem_row_major);
+#pragma unroll
+                for (int e = 0; e < g0.num_elements; ++e) g0.x[e] += acc[fm][fn].x[e];
+                wmma::store_matrix_sync(c, g0, L::kLdC, wmma::mem_row_major);
+            }
+    }
     __syncthreads();
     for (int e = tid; e < BM * BN; e += kMmaThreads) {
         const int r = e / BN, c = e % BN;
