@@ -24,9 +24,12 @@
 #             itself (tools/make_reference_diffusion.py --pusht --policy-only), then flowedge-lerobot-replay --device
 #             cuda (dp_small and PushT) and flowedge-lerobot-rollout --env pusht --device cuda --backend both
 #             -> $OUT/lerobot_{replay_cuda,replay_pusht_cuda,rollout_pusht_cuda}.{json,md}, rollout histogram PNG.
+#             LEROBOT_PARTS="replay rollout" (default) picks the parts; ROLLOUT_STEPS / ROLLOUT_EPISODES size the rollout.
 #             Wheels (cp312, --no-deps): lerobot 0.4.4 and the modules its DiffusionPolicy / processor / dataset-
 #             metadata imports need that the GPU image lacks (diffusers, draccus, datasets, deepdiff, dill,
-#             multiprocess, pydantic(_core), gymnasium, gym-pusht, pymunk, pygame, shapely, ...). PyAV (a 40 MB
+#             multiprocess, pydantic(_core), gymnasium, gym-pusht, pymunk, pygame, shapely, ...), plus transformers
+#             4.57.6 / tokenizers 0.22.2 / huggingface_hub 0.35.3 (LeRobot 0.4.4's range: the image's transformers 5
+#             breaks the import of lerobot.policies, whose groot config dataclass it rejects). PyAV (a 40 MB
 #             wheel: video decoding, never called with live or recorded array observations) does not fit the 64 MiB
 #             carry, so an import-only stand-in is written whose functions raise if anything ever calls them.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
@@ -276,12 +279,15 @@ PYEOF
     export PYTHONPATH=$fe:$site
     python3 -c "import flowedge, lerobot, torch; print('flowedge', flowedge.__version__, 'cuda', flowedge.cuda, '| lerobot', lerobot.__version__, '| torch', torch.__version__)" || return $?
     [ -f models/dp_pusht/config.json ] || python3 tools/make_reference_diffusion.py --pusht --policy-only --threads "$JOBS" || return $?
+    if [[ " ${LEROBOT_PARTS:-replay rollout} " == *" replay "* ]]; then
     python3 -m flowedge.replay test/fixtures/dp_small --device cuda --steps 50 --warmup 2 --threads 4 \
         --save-obs "$OUT/lerobot_replay_cuda_obs.npz" \
         --output "$OUT/lerobot_replay_cuda.json" --markdown "$OUT/lerobot_replay_cuda.md" || rc=$?
     python3 -m flowedge.replay models/dp_pusht --device cuda --steps 50 --warmup 2 --threads 4 \
         --save-obs /tmp/pusht_obs_cuda.npz \
         --output "$OUT/lerobot_replay_pusht_cuda.json" --markdown "$OUT/lerobot_replay_pusht_cuda.md" || rc=$?
+    fi
+    [[ " ${LEROBOT_PARTS:-replay rollout} " == *" rollout "* ]] || return "$rc"
     python3 -m flowedge.rollout --env pusht --policy models/dp_pusht --device cuda --steps ${ROLLOUT_STEPS:-150} \
         --episodes ${ROLLOUT_EPISODES:-2} --backend both --threads 4 --period-ms 100 --no-progress \
         --output "$OUT/lerobot_rollout_pusht_cuda.json" --histogram "$OUT/lerobot_rollout_pusht_cuda.png" || rc=$?

@@ -208,7 +208,23 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
     episodes: List[Dict[str, Any]] = []
     error = None
     env = make_env()
+    warmup_s: List[float] = []
     try:
+        # Untimed warm-up: the first inference of a fresh process pays one-off costs (cuDNN/cuBLAS handles and
+        # autotuning in PyTorch, CUDA graph capture in flowedge) that a robot pays before it starts the loop, not
+        # at tick 0. Full select_action calls on the first episode's reset observation, then the queues are reset.
+        if args.warmup > 0:
+            obs, _ = env.reset(args.seed)
+            for _ in range(args.warmup):
+                policy.reset()
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    post(policy.select_action(pre(obs)))
+                if bk.torch_device.type == "cuda":
+                    torch.cuda.synchronize(bk.torch_device)
+                warmup_s.append(time.perf_counter() - t0)
+            bk.sampler_timer.times.clear()
+            bk.encoder_timer.times.clear()
         for ep in range(args.episodes):
             seed = args.seed + ep
             torch.manual_seed(seed)  # LeRobot draws x_T from the global torch RNG inside select_action
@@ -273,7 +289,7 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
     finally:
         env.close()
     return {"tick_s": tick_s, "infer_s": infer_s, "misses": misses, "episodes": episodes, "error": error,
-            "missed_ticks": missed_ticks}
+            "missed_ticks": missed_ticks, "warmup_s": warmup_s}
 
 
 def summarise(run: Dict[str, Any], bk: Backends, backend: str, args) -> Dict[str, Any]:
@@ -286,6 +302,7 @@ def summarise(run: Dict[str, Any], bk: Backends, backend: str, args) -> Dict[str
         "sampler_ms": percentiles_ms(bk.sampler_timer.times),
         "encoder_ms": percentiles_ms(bk.encoder_timer.times),
         "missed_deadlines": run["misses"],
+        "warmup_ms": [round(t * 1e3, 3) for t in run["warmup_s"]],
         "episodes": [{k: v for k, v in e.items() if not isinstance(v, np.ndarray)} for e in run["episodes"]],
     }
     if run["error"]:
@@ -372,6 +389,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--period-ms", type=float, default=100.0, help="deadline per tick; 0 disables (default 100)")
     ap.add_argument("--on-miss", choices=ON_MISS, default="hold")
     ap.add_argument("--no-pace", action="store_true", help="do not sleep out the rest of each period")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed select_action calls per backend before the episodes (default 1; 0 = none)")
     ap.add_argument("--backend", choices=("flowedge", "lerobot", "both"), default="flowedge")
     ap.add_argument("--output", help="JSON result path (default: stdout)")
     ap.add_argument("--histogram", help="PNG histogram of tick latencies (needs matplotlib)")
@@ -379,6 +398,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.episodes < 1:
         ap.error("--steps and --episodes must be >= 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
 
     t_import = time.perf_counter()
     import torch
