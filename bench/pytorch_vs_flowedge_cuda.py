@@ -164,6 +164,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0, help="numpy seed of the condition and noise")
     ap.add_argument("--dtypes", nargs="+", default=["f32", "bf16", "f16"], help="flowedge weight dtypes")
+    ap.add_argument("--maths", nargs="+", default=["f32"], choices=["f32", "tf32", "bf16"],
+                    help="flowedge math modes (DiffusionHead.math) timed for every weight dtype; rows 'flowedge <dtype> math=<m>'")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     ap.add_argument("--no-tf32", action="store_true", help="skip the 'torch cuda graph tf32' variant (PyTorch default TF32)")
     ap.add_argument("--compile-budget-s", type=float, default=180.0,
@@ -266,9 +268,13 @@ def main() -> int:
             rows.append({"batch": B, "impl": name, **st, **(extra or {})})
 
         for dt, (h, _) in heads.items():
-            st, out = timed(lambda: h.sample(cond, noise, steps=args.steps, scheduler="ddim", normalized=True),
-                            args.warmup, args.runs)
-            add(f"flowedge {dt}", st, out)
+            for mth in args.maths:
+                if mth != "f32":
+                    h.math = mth
+                st, out = timed(lambda: h.sample(cond, noise, steps=args.steps, scheduler="ddim", normalized=True),
+                                args.warmup, args.runs)
+                add(f"flowedge {dt}" if mth == "f32" else f"flowedge {dt} math={mth}", st, out)
+                h.math = "f32"
         sampler = torch_dp_unet.Sampler(unet, "ddim", args.steps, B, dev)
         eager = TorchCall(torch, sampler, dev, B, cfg, graph=False)
         st, out = timed(lambda: eager(cond, noise), args.warmup, args.runs)

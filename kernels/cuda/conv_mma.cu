@@ -63,6 +63,9 @@ struct MmaMath<MathMode::TF32> {
     using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major>;
     using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
     __device__ static Elem cvt(float v) { return nvcuda::wmma::__float_to_tf32(v); }
+    __device__ static void store4(Elem* d, const float (&v)[4]) {
+        *reinterpret_cast<float4*>(d) = make_float4(cvt(v[0]), cvt(v[1]), cvt(v[2]), cvt(v[3]));
+    }
 #endif
 };
 template <>
@@ -75,6 +78,11 @@ struct MmaMath<MathMode::BF16> {
     using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major>;
     using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
     __device__ static Elem cvt(float v) { return __float2bfloat16_rn(v); }
+    __device__ static void store4(Elem* d, const float (&v)[4]) {
+        __nv_bfloat162* d2 = reinterpret_cast<__nv_bfloat162*>(d);
+        d2[0] = __floats2bfloat162_rn(v[0], v[1]);
+        d2[1] = __floats2bfloat162_rn(v[2], v[3]);
+    }
 #endif
 };
 
@@ -94,9 +102,23 @@ struct MmaLayout {
     static_assert(BM * kLdC * 4 <= kOffA, "epilogue tile must fit in the raw stages it reuses");
 };
 
-__device__ __forceinline__ float widen_raw(float v) { return v; }
 __device__ __forceinline__ float widen_raw(bf16 v) { return detail::widen(v); }
 __device__ __forceinline__ float widen_raw(f16 v) { return detail::widen(v); }
+
+/// 4 consecutive raw elements (16-byte aligned for float, 8-byte for 16-bit types) widened to float (exact).
+template <class T>
+__device__ __forceinline__ void load4_raw(const T* p, float (&v)[4]) {
+    if constexpr (sizeof(T) == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        v[0] = widen_raw(T{static_cast<std::uint16_t>(u.x & 0xffffu)});
+        v[1] = widen_raw(T{static_cast<std::uint16_t>(u.x >> 16)});
+        v[2] = widen_raw(T{static_cast<std::uint16_t>(u.y & 0xffffu)});
+        v[3] = widen_raw(T{static_cast<std::uint16_t>(u.y >> 16)});
+    }
+}
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -220,15 +242,22 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
             }
             cp_async_commit();  // possibly empty: keeps one group per iteration for the wait count
         }
-        // Raw stage -> compute tiles, rounding to the math mode.
+        // Raw stage -> compute tiles, rounding to the math mode, 4 consecutive elements per access (row starts and
+        // padded strides keep every quad 16-byte (float) / 8-byte (bf16) aligned).
         const T* ra = reinterpret_cast<const T*>(smem + slot * L::kRawA);
         const float* rb = reinterpret_cast<const float*>(smem + L::kOffRawB + slot * L::kRawB);
-#pragma unroll 4
-        for (int e = tid; e < BM * kBK; e += kMmaThreads)
-            As[(e / kBK) * L::kLdA + (e % kBK)] = Mm::cvt(widen_raw(ra[e]));
-#pragma unroll 4
-        for (int e = tid; e < kBK * BN; e += kMmaThreads)
-            Bs[(e / BN) * L::kLdB + (e % BN)] = Mm::cvt(rb[e]);
+#pragma unroll
+        for (int q = tid; q < BM * kBK / 4; q += kMmaThreads) {
+            float v[4];
+            load4_raw<T>(ra + 4 * q, v);
+            Mm::store4(As + (q / (kBK / 4)) * L::kLdA + (q % (kBK / 4)) * 4, v);
+        }
+#pragma unroll
+        for (int q = tid; q < kBK * BN / 4; q += kMmaThreads) {
+            float v[4];
+            load4_raw<float>(rb + 4 * q, v);
+            Mm::store4(Bs + (q / (BN / 4)) * L::kLdB + (q % (BN / 4)) * 4, v);
+        }
         __syncthreads();
 #pragma unroll
         for (int ss = 0; ss < kSteps / kKGroups; ++ss) {

@@ -271,6 +271,22 @@ NB_MODULE(_flowedge, m) {
         .def_prop_ro("n_parameters", [](PyDiffusion& s) { return s.get([](auto& h) { return h.n_parameters(); }); })
         .def_prop_ro("action_min", [](PyDiffusion& s) { return s.get([](auto& h) { return h.action_min(); }); })
         .def_prop_ro("action_max", [](PyDiffusion& s) { return s.get([](auto& h) { return h.action_max(); }); })
+        .def_prop_rw(
+            "math",
+            [](PyDiffusion& s) {
+                const MathMode m = s.get([](auto& h) { return h.math(); });
+                return std::string(m == MathMode::TF32 ? "tf32" : m == MathMode::BF16 ? "bf16" : "f32");
+            },
+            [](PyDiffusion& s, const std::string& v) {
+                MathMode m = MathMode::F32;
+                if (v == "f32") m = MathMode::F32;
+                else if (v == "tf32") m = MathMode::TF32;
+                else if (v == "bf16") m = MathMode::BF16;
+                else bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+                s.run([&](auto& h) { h.set_math(m); });
+            },
+            "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"
+            "(CUDA sm_80+, used where batch*length >= 32; ignored on the CPU, which computes exactly).")
         .def(
             "sample",
             [](PyDiffusion& s, nb::handle cond_obj, nb::handle noise_obj, int steps, const std::string& scheduler,
