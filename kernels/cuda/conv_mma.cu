@@ -9,7 +9,7 @@
 // Block: 256 threads = 8 warps = 2 K-groups of 4 warps in a 2 x 2 grid over the block tile BM x BN (64x64, 32x64
 // or 32x32); K step kBK = 32, whose MMA steps are split between the two K-groups (more warps per SM to hide
 // latency without smaller tiles; their partial sums are added in a fixed order in the epilogue).
-// Pipeline: kStages = 4 raw stages in shared memory filled with cp.async (A: 16-byte copies of the stored dtype
+// Pipeline: kStages = 4 (or 6, FLOWEDGE_CUDA_MMA_STAGES=6) raw stages in shared memory filled with cp.async (A: 16-byte copies of the stored dtype
 // when Kg and the weight pointer allow it, else plain loads; B: 4-byte zero-filling copies of the gathered
 // floats), so 3 K-steps of weights and activations are in flight while one is multiplied. Each K-step, the block
 // converts the raw stage into the compute tiles (TF32: float rounded to nearest by __float_to_tf32; BF16: rounded
@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
@@ -47,7 +48,6 @@ namespace {
 constexpr int kMmaThreads = 256;  // 8 warps: 2 K-groups x (2 x 2) warps over the block tile
 constexpr int kKGroups = 2;       // warps 0-3 multiply the first half of each K step, warps 4-7 the second half
 constexpr int kBK = 32;
-constexpr int kStages = 4;
 
 constexpr int round_up(int v, int a) { return (v + a - 1) / a * a; }
 
@@ -87,7 +87,7 @@ struct MmaMath<MathMode::BF16> {
 };
 
 /// Shared-memory layout of one block (bytes, every region 128-byte aligned).
-template <class T, MathMode M, int BM, int BN>
+template <class T, MathMode M, int BM, int BN, int kStages>
 struct MmaLayout {
     using Elem = typename MmaMath<M>::Elem;
     static constexpr int kLdA = kBK + MmaMath<M>::kPad;  // compute tile A: BM x kLdA (Elem)
@@ -142,11 +142,11 @@ struct MmaArgs {
     bool vec_a = false;      // Kg % (16 / sizeof(T)) == 0 and 16-byte aligned weights: A stages by 16-byte cp.async
 };
 
-template <class T, MathMode M, int BM, int BN>
+template <class T, MathMode M, int BM, int BN, int kStages>
 __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p, MmaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     namespace wmma = nvcuda::wmma;
-    using L = MmaLayout<T, M, BM, BN>;
+    using L = MmaLayout<T, M, BM, BN, kStages>;
     using Mm = MmaMath<M>;
     using Elem = typename Mm::Elem;
     constexpr int kWTM = BM / 2, kWTN = BN / 2;    // warp tile (2 x 2 warps)
@@ -344,10 +344,10 @@ long long mma_min_n() {
     return v;
 }
 
-template <class T, MathMode M, int BM, int BN>
-void launch_mma(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
-    using L = MmaLayout<T, M, BM, BN>;
-    auto kernel = conv1d_mma_kernel<T, M, BM, BN>;
+template <class T, MathMode M, int BM, int BN, int ST>
+void launch_mma_st(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
+    using L = MmaLayout<T, M, BM, BN, ST>;
+    auto kernel = conv1d_mma_kernel<T, M, BM, BN, ST>;
     // Dynamic shared memory above 48 KiB needs an opt-in per function and device (host-side, capture-safe).
     static std::atomic<std::uint64_t> done_mask{0};
     int dev = 0;
@@ -359,6 +359,22 @@ void launch_mma(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
     }
     const dim3 grid(unsigned((a.n + BN - 1) / BN), unsigned((a.m + BM - 1) / BM));
     detail::launch_pdl(kernel, grid, dim3(kMmaThreads), std::size_t(L::kBytes), st, p, a);
+}
+
+/// Pipeline depth: 4 stages (default; 83 KB of shared memory for TF32 64x64, two blocks fit an SM) or 6
+/// (FLOWEDGE_CUDA_MMA_STAGES=6, read once: 5 K steps in flight, ~115 KB, one block per SM; for A/B timing).
+int mma_stages() {
+    static const int v = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_MMA_STAGES");
+        return (e && std::string_view(e) == "6") ? 6 : 4;
+    }();
+    return v;
+}
+
+template <class T, MathMode M, int BM, int BN>
+void launch_mma(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
+    if (mma_stages() == 6) launch_mma_st<T, M, BM, BN, 6>(p, a, st);
+    else launch_mma_st<T, M, BM, BN, 4>(p, a, st);
 }
 
 template <class T, MathMode M>
