@@ -13,18 +13,19 @@
 //   a 16-bit stream needs as few load instructions per byte as F32; BF16 widens by a shift or mask, F16 by one
 //   pair conversion). OW = 4 for k = 1 on rows of <= 8 positions (one read of the lane's input rows serves 4
 //   weight rows: a k = 1 conv has one weight per input value, so with OW = 1 the input reads dominated), else 1.
-//   The raw weights are kept in registers row_depth() (~160 bytes per lane) steps ahead (weights are constants,
-//   so the first steps are issued before griddepcontrol.wait and overlap the previous kernel's tail), and the
-//   lane's input rows (CPL*L_in contiguous floats, L1/L2 resident) are read as float4. Every tap/position index
-//   is a compile-time constant and the channel loop has no barrier, so nothing serialises the weight stream.
+//   The raw weights are kept in registers row_depth() steps ahead (~160 bytes per lane; 3 steps = 240 bytes for
+//   K = 5 with 16-byte units; weights are constants, so the first steps are issued before griddepcontrol.wait
+//   and overlap the previous kernel's tail), and the lane's input rows (CPL*L_in contiguous floats, L1/L2
+//   resident) are read as float4. Every tap/position index is a compile-time constant and the channel loop has
+//   no barrier, so nothing serialises the weight stream.
 //   (The first version staged the input window per chunk in shared memory between two __syncthreads and kept
 //   one chunk in flight: 1.4-2.0 TB/s on the big PushT convs; a 4-stage cp.async ring on top of that staging
-//   measured slower, 10.0 vs 8.2 ms per sample.) FLOWEDGE_CUDA_CONV_NO_W16=1 / FLOWEDGE_CUDA_CONV_NO_OW=1 turn
-//   CPL = 8 / OW = 4 off for A/B timing.
-// conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the row path's lane layout with
-//   CPL = 4, OW = 1 over tiles of LT output positions, with the input window (LT-1)*stride+K wide staged in shared memory
-//   per chunk as float4 (4 channels) per position (odd row length: conflict-free), one chunk of weights
-//   prefetched in registers.
+//   measured slower, 10.0 vs 8.2 ms per sample.) FLOWEDGE_CUDA_CONV_NO_W16=1 / FLOWEDGE_CUDA_CONV_NO_OW=1 /
+//   FLOWEDGE_CUDA_CONV_SHALLOW=1 turn CPL = 8 / OW = 4 / the 240-byte depth off for A/B timing.
+// conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the row path's lane
+//   layout with CPL = 4, OW = 1 over tiles of LT output positions, with the input window (LT-1)*stride+K wide
+//   staged in shared memory per chunk as float4 (4 channels) per position (odd row length: conflict-free), one
+//   chunk of weights prefetched in registers.
 // Both end in reduce_and_store(): lane partials are reduced by a warp butterfly and the warps of one output in
 // a fixed order through shared memory: deterministic, float accumulation.
 // conv_transpose1d fast path (kernel 4, stride 2, pad 1, out_length = 2*in_length <= 32):
@@ -98,13 +99,19 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[NV], float (*red)[
 // (4, or 8 for 16-bit weights: one 16-byte load per tap), OW outputs per warp (1, or 4 for k = 1 so that one
 // read of the input row serves 4 weight rows).
 
-/// Weight steps kept in flight per lane: ~160 bytes of raw weights (2 steps of F32 at K = 5, 4 steps of 16-bit
-/// with 4 channels per lane), clamped to 1..4.
+/// Weight steps kept in flight per lane. Base: ~160 bytes of raw weights (2 steps of F32 at K = 5, 4 steps of
+/// 16-bit with 4 channels per lane), clamped to 1..4. Deep (OW = 1 only): ~240 bytes, at most 3 steps, never fewer
+/// than the base; it differs from the base for K = 5 with 16-byte units (F32, and 16-bit with 8 channels per lane:
+/// 3 steps instead of 2, <= 104 registers, so 2 blocks of 256 threads per SM, which is what the PushT grids of
+/// <= 256 blocks use anyway). A lane waits on its oldest step while the others stay in flight, so deep keeps
+/// 2 instead of 1 step (160 instead of 80 bytes per lane) in flight during each wait.
 template <class T, int KS, int CPL, int OW>
-__host__ __device__ constexpr int row_depth() {
-    constexpr int step_bytes = OW * KS * CPL * int(sizeof(T));
-    constexpr int d = 160 / step_bytes;
-    return d < 1 ? 1 : (d > 4 ? 4 : d);
+__host__ __device__ constexpr int row_depth(bool deep) {
+    const int step_bytes = OW * KS * CPL * int(sizeof(T));
+    const int d = 160 / step_bytes;
+    const int base = d < 1 ? 1 : (d > 4 ? 4 : d);
+    const int dd = 240 / step_bytes > 3 ? 3 : 240 / step_bytes;
+    return deep && OW == 1 && dd > base ? dd : base;
 }
 
 /// Output groups per block of the row path (a block covers groups x OW output channels; the 8/groups warps of a
@@ -122,12 +129,11 @@ int choose_row_groups(int out_channels, int in_channels, int batch, long long sl
     return g;
 }
 
-template <class T, int KS, int S, int LIN, int CPL, int OW>
+template <class T, int KS, int S, int LIN, int CPL, int OW, int D>
 __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int n_groups) {
     static_assert(CPL * sizeof(T) == 16 || CPL * sizeof(T) == 8, "a lane's channels of one tap are 8 or 16 bytes");
     constexpr int P = KS / 2;
     constexpr int LOUT = (LIN + 2 * P - KS) / S + 1;
-    constexpr int D = row_depth<T, KS, CPL, OW>();
     constexpr int NV = OW * LOUT;
     using U = RawUnit<T, CPL>;
     __shared__ float red[kWarps][NV];
@@ -221,7 +227,8 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
 
 /// A/B switches of the row path, read once per process (any value but "0" turns the feature off):
 /// FLOWEDGE_CUDA_CONV_NO_W16: 16-bit weights use 4 channels per lane (8-byte loads) as before 2026-12-03;
-/// FLOWEDGE_CUDA_CONV_NO_OW: k = 1 convolutions compute one output per warp (input re-read per output).
+/// FLOWEDGE_CUDA_CONV_NO_OW: k = 1 convolutions compute one output per warp (input re-read per output);
+/// FLOWEDGE_CUDA_CONV_SHALLOW: the base prefetch depth of row_depth() instead of the deep one.
 bool env_off(const char* name) {
     const char* v = std::getenv(name);
     return v && *v && std::string_view(v) != "0";
@@ -234,30 +241,44 @@ bool row_ow_enabled() {
     static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_OW");
     return on;
 }
+bool row_deep_enabled() {
+    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_SHALLOW");
+    return on;
+}
 
 /// Resident blocks of one row-path instantiation on the whole device (SMs x blocks per SM; registers bound the
 /// latter), asked once per process: a process mixing devices of different architectures would size the grid for
 /// the first one (still correct, maybe a tail wave).
-template <class T, int KS, int S, int LIN, int CPL, int OW>
+template <class T, int KS, int S, int LIN, int CPL, int OW, int D>
 long long row_slots() {
     static const int per_sm = [] {
         int n = 0;
         FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, conv1d_row_kernel<T, KS, S, LIN, CPL, OW>, kThreads, 0));
+            &n, conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D>, kThreads, 0));
         return n > 0 ? n : 1;
     }();
     return (long long)per_sm * detail::sm_count();
 }
 
-template <class T, int KS, int S, int LIN, int CPL, int OW>
+/// Output groups per block for the base-depth instantiation (used to compare lane layouts).
+template <class T, int KS, int S, int LIN, int CPL, int OW, int D = row_depth<T, KS, CPL, OW>(false)>
 int row_groups(const Conv1dParams& p) {
-    return choose_row_groups(p.out_channels, p.in_channels, p.batch, row_slots<T, KS, S, LIN, CPL, OW>(), CPL, OW);
+    return choose_row_groups(p.out_channels, p.in_channels, p.batch, row_slots<T, KS, S, LIN, CPL, OW, D>(), CPL, OW);
 }
 
+/// Launches the layout (CPL, OW) with the deep prefetch where it differs from the base (and is not switched off);
+/// `groups` is row_groups() of the base depth.
 template <class T, int KS, int S, int LIN, int CPL, int OW>
 void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st, int groups) {
-    const dim3 grid(unsigned((p.out_channels + groups * OW - 1) / (groups * OW)), unsigned(p.batch));
-    detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW>, grid, dim3(kThreads), 0, st, p, groups);
+    constexpr int base = row_depth<T, KS, CPL, OW>(false), deep = row_depth<T, KS, CPL, OW>(true);
+    auto go = [&]<int D>(int g) {
+        const dim3 grid(unsigned((p.out_channels + g * OW - 1) / (g * OW)), unsigned(p.batch));
+        detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D>, grid, dim3(kThreads), 0, st, p, g);
+    };
+    if constexpr (deep != base) {
+        if (row_deep_enabled()) return go.template operator()<deep>(row_groups<T, KS, S, LIN, CPL, OW, deep>(p));
+    }
+    go.template operator()<base>(groups);
 }
 
 /// Picks the lane layout. 8 channels per lane for 16-bit weights when the rows allow 16-byte loads and the grid
