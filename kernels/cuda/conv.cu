@@ -15,13 +15,18 @@
 //   weight rows: a k = 1 conv has one weight per input value, so with OW = 1 the input reads dominated), else 1.
 //   The raw weights are kept in registers row_depth() steps ahead (~160 bytes per lane; 3 steps = 240 bytes for
 //   K = 5 with 16-byte units; weights are constants, so the first steps are issued before griddepcontrol.wait
-//   and overlap the previous kernel's tail), and the lane's input rows (CPL*L_in contiguous floats, L1/L2
-//   resident) are read as float4. Every tap/position index is a compile-time constant and the channel loop has
-//   no barrier, so nothing serialises the weight stream.
+//   and overlap the previous kernel's tail). After the wait the block stages its batch element's input once in
+//   shared memory, transposed to [position][channel] (swizzled, <= 96 KiB; else lanes read their rows from
+//   global memory), so a lane reads its 4 channels at one position as one conflict-free 16-byte shared load: read
+//   from global memory, a lane's rows are one 128-byte line per lane per load (32 L1 wavefronts per warp load;
+//   counting wavefronts reproduces the measured 1024->1024 k5 F32 times, 17.3 us at L = 8 vs 10.9 us at L = 4
+//   for the same weights, before staging). Every tap/position index is a compile-time constant and the channel
+//   loop has no barrier after the one that publishes the staged input, so nothing serialises the weight stream.
 //   (The first version staged the input window per chunk in shared memory between two __syncthreads and kept
 //   one chunk in flight: 1.4-2.0 TB/s on the big PushT convs; a 4-stage cp.async ring on top of that staging
 //   measured slower, 10.0 vs 8.2 ms per sample.) FLOWEDGE_CUDA_CONV_NO_W16=1 / FLOWEDGE_CUDA_CONV_NO_OW=1 /
-//   FLOWEDGE_CUDA_CONV_SHALLOW=1 turn CPL = 8 / OW = 4 / the 240-byte depth off for A/B timing.
+//   FLOWEDGE_CUDA_CONV_SHALLOW=1 / FLOWEDGE_CUDA_CONV_NO_XS=1 turn CPL = 8 / OW = 4 / the 240-byte depth / the
+//   staged input off for A/B timing.
 // conv1d tiled path (any other length with kernel/stride in {5/1, 3/1, 3/2, 1/1}): the row path's lane
 //   layout with CPL = 4, OW = 1 over tiles of LT output positions, with the input window (LT-1)*stride+K wide
 //   staged in shared memory per chunk as float4 (4 channels) per position (odd row length: conflict-free), one
@@ -102,9 +107,10 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[NV], float (*red)[
 /// Weight steps kept in flight per lane. Base: ~160 bytes of raw weights (2 steps of F32 at K = 5, 4 steps of
 /// 16-bit with 4 channels per lane), clamped to 1..4. Deep (OW = 1 only): ~240 bytes, at most 3 steps, never fewer
 /// than the base; it differs from the base for K = 5 with 16-byte units (F32, and 16-bit with 8 channels per lane:
-/// 3 steps instead of 2, <= 104 registers, so 2 blocks of 256 threads per SM, which is what the PushT grids of
-/// <= 256 blocks use anyway). A lane waits on its oldest step while the others stay in flight, so deep keeps
-/// 2 instead of 1 step (160 instead of 80 bytes per lane) in flight during each wait.
+/// 3 steps instead of 2; <= 128 registers on sm_90, i.e. 2 blocks of 256 threads per SM, which is what the PushT
+/// grids of <= 256 blocks use anyway, except 16-bit at L = 16 with 8 channels per lane: 144, 1 block). A lane
+/// waits on its oldest step while the others stay in flight, so deep keeps 2 instead of 1 step (160 instead of
+/// 80 bytes per lane) in flight during each wait.
 template <class T, int KS, int CPL, int OW>
 __host__ __device__ constexpr int row_depth(bool deep) {
     const int step_bytes = OW * KS * CPL * int(sizeof(T));
@@ -129,9 +135,20 @@ int choose_row_groups(int out_channels, int in_channels, int batch, long long sl
     return g;
 }
 
-template <class T, int KS, int S, int LIN, int CPL, int OW, int D>
+/// Row stride (floats) of the staged input of the row path: in_channels rounded up to 8, so the swizzle below stays
+/// inside the row.
+__host__ __device__ constexpr int row_xs_stride(int in_channels) { return (in_channels + 7) / 8 * 8; }
+/// Dynamic shared memory of the row path with the staged input: L_in rows of row_xs_stride() floats.
+constexpr int row_xs_bytes(int in_channels, int lin) { return lin * row_xs_stride(in_channels) * int(sizeof(float)); }
+/// Column of channel c in a staged input row: 16-byte units u = c/4 are swapped pairwise (u ^ 1) in every second
+/// group of 8 units, so that the 8 lanes of a quarter warp hit 8 distinct bank quads both when each lane reads
+/// 4 consecutive channels (CPL = 4: units l) and 4 of its 8 (CPL = 8: units 2l + half).
+__device__ __forceinline__ int row_xs_col(int c) { return c ^ (((c >> 5) & 1) << 2); }
+
+template <class T, int KS, int S, int LIN, int CPL, int OW, int D, bool XS>
 __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, int n_groups) {
     static_assert(CPL * sizeof(T) == 16 || CPL * sizeof(T) == 8, "a lane's channels of one tap are 8 or 16 bytes");
+    extern __shared__ float4 row_xs[];  // XS: the input of batch element b as [L_in][row_xs_stride] floats
     constexpr int P = KS / 2;
     constexpr int LOUT = (LIN + 2 * P - KS) / S + 1;
     constexpr int NV = OW * LOUT;
@@ -172,6 +189,25 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
     detail::pdl_wait();  // the input (previous kernel's output) is complete from here on
     detail::pdl_allow_next();
 
+    const int xs_stride = row_xs_stride(in);
+    if constexpr (XS) {
+        // Stage the input once per block, transposed to [position][channel]: the channel loop then reads a lane's
+        // 4 channels at one position as one conflict-free 16-byte shared load, where reading its rows from global
+        // memory touched one 128-byte line per lane per load (32 L1 wavefronts per warp load).
+        float* xs = reinterpret_cast<float*>(row_xs);
+        const float4* xg = reinterpret_cast<const float4*>(xb);
+        for (int idx = threadIdx.x; idx < in * LIN / 4; idx += kThreads) {
+            const float4 v = __ldg(xg + idx);
+            const float e4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = 4 * idx + i;  // element (channel e / LIN, position e % LIN) of the input rows
+                xs[(e % LIN) * xs_stride + row_xs_col(e / LIN)] = e4[i];
+            }
+        }
+        __syncthreads();
+    }
+
     float acc[NV];
 #pragma unroll
     for (int v = 0; v < NV; ++v) acc[v] = 0.f;
@@ -182,11 +218,20 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
         const float4* xr = reinterpret_cast<const float4*>(xb + std::size_t(c) * LIN);  // rows c.., contiguous
 #pragma unroll
         for (int half = 0; half < CPL / 4; ++half) {  // 4 channels at a time keeps the live input at 4*LIN floats
-            float x[4 * LIN];
+            float x[4 * LIN];  // x[cc * LIN + pos]: channel c + 4*half + cc at position pos
+            if constexpr (XS) {
+                const float* xs = reinterpret_cast<const float*>(row_xs) + row_xs_col(c + 4 * half);
 #pragma unroll
-            for (int j = 0; j < LIN; ++j) {
-                const float4 v = __ldg(xr + half * LIN + j);
-                x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
+                for (int j = 0; j < LIN; ++j) {
+                    const float4 v = *reinterpret_cast<const float4*>(xs + j * xs_stride);
+                    x[j] = v.x; x[LIN + j] = v.y; x[2 * LIN + j] = v.z; x[3 * LIN + j] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < LIN; ++j) {
+                    const float4 v = __ldg(xr + half * LIN + j);
+                    x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
+                }
             }
 #pragma unroll
             for (int ow = 0; ow < OW; ++ow) {
@@ -228,7 +273,8 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
 /// A/B switches of the row path, read once per process (any value but "0" turns the feature off):
 /// FLOWEDGE_CUDA_CONV_NO_W16: 16-bit weights use 4 channels per lane (8-byte loads) as before 2026-12-03;
 /// FLOWEDGE_CUDA_CONV_NO_OW: k = 1 convolutions compute one output per warp (input re-read per output);
-/// FLOWEDGE_CUDA_CONV_SHALLOW: the base prefetch depth of row_depth() instead of the deep one.
+/// FLOWEDGE_CUDA_CONV_SHALLOW: the base prefetch depth of row_depth() instead of the deep one;
+/// FLOWEDGE_CUDA_CONV_NO_XS: lanes read their input rows from global memory (L1) instead of the staged copy.
 bool env_off(const char* name) {
     const char* v = std::getenv(name);
     return v && *v && std::string_view(v) != "0";
@@ -245,40 +291,79 @@ bool row_deep_enabled() {
     static const bool on = !env_off("FLOWEDGE_CUDA_CONV_SHALLOW");
     return on;
 }
+bool row_xs_enabled() {
+    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_XS");
+    return on;
+}
 
-/// Resident blocks of one row-path instantiation on the whole device (SMs x blocks per SM; registers bound the
-/// latter), asked once per process: a process mixing devices of different architectures would size the grid for
-/// the first one (still correct, maybe a tail wave).
-template <class T, int KS, int S, int LIN, int CPL, int OW, int D>
-long long row_slots() {
-    static const int per_sm = [] {
-        int n = 0;
-        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D>, kThreads, 0));
-        return n > 0 ? n : 1;
+/// Largest staged input of the row path (bytes of dynamic shared memory per block): 96 KiB (every PushT row is
+/// <= 64 KiB), or the device's opt-in limit where lower; asked once per process (first device).
+int row_xs_limit() {
+    static const int lim = [] {
+        int dev = 0, v = 0;
+        FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+        FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        return v < 96 * 1024 ? v : 96 * 1024;
     }();
-    return (long long)per_sm * detail::sm_count();
+    return lim;
 }
 
-/// Output groups per block for the base-depth instantiation (used to compare lane layouts).
-template <class T, int KS, int S, int LIN, int CPL, int OW, int D = row_depth<T, KS, CPL, OW>(false)>
-int row_groups(const Conv1dParams& p) {
-    return choose_row_groups(p.out_channels, p.in_channels, p.batch, row_slots<T, KS, S, LIN, CPL, OW, D>(), CPL, OW);
+/// Blocks of one row-path instantiation one SM holds at once with `smem` bytes of staged input (registers and
+/// shared memory bound it). The register-only count is asked once per process: a process mixing devices of
+/// different architectures would size the grid for the first one (still correct, maybe a tail wave).
+template <class T, int KS, int S, int LIN, int CPL, int OW, int D, bool XS>
+int row_per_sm(int smem) {
+    constexpr auto kernel = conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D, XS>;
+    if constexpr (XS) {
+        static const bool opted_in = [] {
+            FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row_xs_limit()));
+            return true;
+        }();
+        (void)opted_in;
+        int n = 0;
+        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+        return n > 0 ? n : 1;
+    } else {
+        static const int per_sm = [] {
+            int n = 0;
+            FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+            return n > 0 ? n : 1;
+        }();
+        return per_sm;
+    }
 }
 
-/// Launches the layout (CPL, OW) with the deep prefetch where it differs from the base (and is not switched off);
-/// `groups` is row_groups() of the base depth.
+/// Output groups per block for the base-depth register-only instantiation (used to compare lane layouts).
 template <class T, int KS, int S, int LIN, int CPL, int OW>
-void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st, int groups) {
+int row_groups(const Conv1dParams& p) {
+    constexpr int base = row_depth<T, KS, CPL, OW>(false);
+    const long long slots = (long long)row_per_sm<T, KS, S, LIN, CPL, OW, base, false>(0) * detail::sm_count();
+    return choose_row_groups(p.out_channels, p.in_channels, p.batch, slots, CPL, OW);
+}
+
+/// Launches the layout (CPL, OW): with the input staged in shared memory where it fits, and with the deep
+/// prefetch where it differs from the base (each unless switched off).
+template <class T, int KS, int S, int LIN, int CPL, int OW>
+void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     constexpr int base = row_depth<T, KS, CPL, OW>(false), deep = row_depth<T, KS, CPL, OW>(true);
-    auto go = [&]<int D>(int g) {
+    const int smem = row_xs_bytes(p.in_channels, LIN);
+    const bool xs = row_xs_enabled() && smem <= row_xs_limit();
+    auto go = [&]<int D, bool XS>() {
+        const int bytes = XS ? smem : 0;
+        const long long slots = (long long)row_per_sm<T, KS, S, LIN, CPL, OW, D, XS>(bytes) * detail::sm_count();
+        const int g = choose_row_groups(p.out_channels, p.in_channels, p.batch, slots, CPL, OW);
         const dim3 grid(unsigned((p.out_channels + g * OW - 1) / (g * OW)), unsigned(p.batch));
-        detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D>, grid, dim3(kThreads), 0, st, p, g);
+        detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D, XS>, grid, dim3(kThreads), std::size_t(bytes),
+                           st, p, g);
     };
     if constexpr (deep != base) {
-        if (row_deep_enabled()) return go.template operator()<deep>(row_groups<T, KS, S, LIN, CPL, OW, deep>(p));
+        if (row_deep_enabled()) {
+            if (xs) return go.template operator()<deep, true>();
+            return go.template operator()<deep, false>();
+        }
     }
-    go.template operator()<base>(groups);
+    if (xs) return go.template operator()<base, true>();
+    go.template operator()<base, false>();
 }
 
 /// Picks the lane layout. 8 channels per lane for 16-bit weights when the rows allow 16-byte loads and the grid
@@ -294,15 +379,15 @@ void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st) {
             const auto blocks = [&](int groups, int ow) { return (p.out_channels + groups * ow - 1) / (groups * ow); };
             if (ow_on) {
                 const int g8 = row_groups<T, KS, S, LIN, 8, OW>(p), g4 = row_groups<T, KS, S, LIN, 4, OW>(p);
-                if (blocks(g8, OW) >= blocks(g4, OW)) return launch_conv1d_row<T, KS, S, LIN, 8, OW>(p, st, g8);
+                if (blocks(g8, OW) >= blocks(g4, OW)) return launch_conv1d_row<T, KS, S, LIN, 8, OW>(p, st);
             } else {
                 const int g8 = row_groups<T, KS, S, LIN, 8, 1>(p), g4 = row_groups<T, KS, S, LIN, 4, 1>(p);
-                if (blocks(g8, 1) >= blocks(g4, 1)) return launch_conv1d_row<T, KS, S, LIN, 8, 1>(p, st, g8);
+                if (blocks(g8, 1) >= blocks(g4, 1)) return launch_conv1d_row<T, KS, S, LIN, 8, 1>(p, st);
             }
         }
     }
-    if (ow_on) return launch_conv1d_row<T, KS, S, LIN, 4, OW>(p, st, row_groups<T, KS, S, LIN, 4, OW>(p));
-    launch_conv1d_row<T, KS, S, LIN, 4, 1>(p, st, row_groups<T, KS, S, LIN, 4, 1>(p));
+    if (ow_on) return launch_conv1d_row<T, KS, S, LIN, 4, OW>(p, st);
+    launch_conv1d_row<T, KS, S, LIN, 4, 1>(p, st);
 }
 
 template <class T, int KS, int S>

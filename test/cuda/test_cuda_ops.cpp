@@ -424,6 +424,9 @@ TEST_CASE("cuda conv1d row path: 8 channels per lane (16-bit), 4 outputs per war
         run_conv1d(1, 2048, 512, 8, 1, 1, 0, dt, seed++);  // up1 residual 1x1 (PushT)
         run_conv1d(1, 1024, 2048, 4, 1, 1, 0, dt, seed++); // down2 residual 1x1 (PushT)
         run_conv1d(1, 12, 7, 16, 1, 1, 0, dt, seed++);     // k = 1 at L 16 keeps one output per warp
+        // Input staged in shared memory only up to 96 KiB per block: 1544 x 16 floats (98.8 KB) reads global rows.
+        run_conv1d(1, 1544, 9, 16, 5, 1, 2, dt, seed++);
+        run_conv1d(2, 3080, 5, 8, 3, 2, 1, dt, seed++);    // 98.6 KB per batch element, k3 s2
     }
 }
 
