@@ -18,8 +18,14 @@
 // Epilogue: accumulators -> shared memory (K-group 0, then + K-group 1) -> bias added -> y[b, o, t] (coalesced
 // along t). No split-K across blocks, no atomics: every output is a fixed-order sum, bitwise reproducible run to run.
 //
-// Tile rule (host): the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid has at least 3/4 of
-// a wave of blocks (>= 0.75 * SM count); else 32x32. PushT at batch 64 on 132 SMs: every conv gets 64..128+
+// Cluster variant (sm_90, tiles 4/5 in conv1d_mma, automatic only with FLOWEDGE_CUDA_MMA_CLUSTER=1): 128 x 128
+// tiles (8 warps as 2 x 4, 64 x 32 each, no K-groups) with the K steps split over a thread-block cluster of S = 2
+// or 4 blocks along grid z; the partial tiles are summed through distributed shared memory in rank order (each
+// block reduces S-th of the rows), so a PushT 2048 x 256 conv at batch 64 gets 32 tiles x 4 = 128 blocks while each
+// weight/activation byte staged in shared memory feeds twice the MMAs of a 64 x 64 tile.
+// Tile rule (host): [with FLOWEDGE_CUDA_MMA_CLUSTER=1 on sm_90: 128x128 with S = 2, else 4, if tiles * S >= 0.75 *
+// SM count and each block gets >= 4 K steps]; else the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32)
+// whose grid has at least 3/4 of a wave of blocks (>= 0.75 * SM count); else 32x32. PushT at batch 64 on 132 SMs: every conv gets 64..128+
 // blocks. Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32
 // (FLOWEDGE_CUDA_MMA_MIN_N overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels.
 //
@@ -31,6 +37,7 @@
 //   |y - y_exact| <= ((2u + u^2) + (ceil(Kg/kK) + kK + 1) * 2^-23) * sum_{i,k} |w||x|   (+ bias rounding 2^-24|y|).
 // TF32 at Kg = 20480: 9.8e-4 + 3.1e-4 = 1.3e-3; BF16: 7.8e-3 + 1.5e-4 = 8.0e-3.
 // Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -45,8 +52,7 @@
 namespace flowedge::cuda {
 namespace {
 
-constexpr int kMmaThreads = 256;  // 8 warps: 2 K-groups x (2 x 2) warps over the block tile
-constexpr int kKGroups = 2;       // warps 0-3 multiply the first half of each K step, warps 4-7 the second half
+constexpr int kMmaThreads = 256;  // 8 warps: KG K-groups x (2 x 8/(2 KG)) warps over the block tile
 constexpr int kBK = 32;
 
 constexpr int round_up(int v, int a) { return (v + a - 1) / a * a; }
@@ -142,19 +148,26 @@ struct MmaArgs {
     bool vec_a = false;      // Kg % (16 / sizeof(T)) == 0 and 16-byte aligned weights: A stages by 16-byte cp.async
 };
 
-template <class T, MathMode M, int BM, int BN, int kStages>
+/// KG: K-groups (2: warps 0-3 and 4-7 split the MMA steps of each K step, each group a 2 x 2 warp grid; 1: all 8
+/// warps as a 2 x 4 grid). kCluster (sm_90 only): the block is one of the S blocks of a thread-block cluster along
+/// grid z that split the K steps of the same output tile; their partial tiles are summed through distributed shared
+/// memory in rank order (deterministic), each block reducing and writing a slice of the tile's rows.
+template <class T, MathMode M, int BM, int BN, int kStages, int KG, bool kCluster>
 __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p, MmaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     namespace wmma = nvcuda::wmma;
     using L = MmaLayout<T, M, BM, BN, kStages>;
     using Mm = MmaMath<M>;
     using Elem = typename Mm::Elem;
-    constexpr int kWTM = BM / 2, kWTN = BN / 2;    // warp tile (2 x 2 warps)
-    constexpr int kFM = kWTM / 16, kFN = kWTN / 16;  // 16x16 fragments per warp
+    constexpr int kWarpsPerGroup = 8 / KG;
+    constexpr int kWGN = kWarpsPerGroup / 2;             // warp grid 2 x kWGN per K-group
+    constexpr int kWTM = BM / 2, kWTN = BN / kWGN;       // warp tile
+    constexpr int kFM = kWTM / 16, kFN = kWTN / 16;      // 16x16 fragments per warp
+    static_assert((KG == 1 || KG == 2) && kFM >= 1 && kFN >= 1, "unsupported warp layout");
     constexpr int kAChunkElems = 16 / int(sizeof(T));
     constexpr int kAChunks = BM * kBK / kAChunkElems;  // 16-byte chunks per raw A stage
     constexpr int kSteps = kBK / Mm::kK;                // MMA steps per K step, split over the K-groups
-    static_assert(kSteps % kKGroups == 0, "MMA steps must split evenly over the K-groups");
+    static_assert(kSteps % KG == 0, "MMA steps must split evenly over the K-groups");
     constexpr int kBRowStep = kMmaThreads / BN;  // B: each thread owns one column, rows tid/BN + j*kBRowStep
     constexpr int kBPerThread = kBK / kBRowStep;
     static_assert(kMmaThreads % BN == 0 && kBK % kBRowStep == 0, "B tile must split evenly over the block");
@@ -162,10 +175,21 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = int(threadIdx.x);
     const int warp = tid >> 5;
-    const int kgrp = warp >> 2;  // K-group
-    const int wm = (warp & 3) >> 1, wn = warp & 1;
+    const int kgrp = warp / kWarpsPerGroup;  // K-group
+    const int wm = (warp % kWarpsPerGroup) / kWGN, wn = warp % kWGN;
     const int n0 = int(blockIdx.x) * BN, m0 = int(blockIdx.y) * BM;
-    const int n_k = (a.kg + kBK - 1) / kBK;
+    int kt0 = 0, n_k = (a.kg + kBK - 1) / kBK;  // this block's K steps: [kt0, kt0 + n_k)
+    if constexpr (kCluster) {
+#if __CUDA_ARCH__ >= 900
+        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
+        const int all = n_k;
+        kt0 = int((long long)all * rank / n_rank);
+        n_k = int((long long)all * (rank + 1) / n_rank) - kt0;
+#else
+        __trap();  // clusters need sm_90; the host selects this kernel only there
+#endif
+    }
     const T* w = static_cast<const T*>(p.w.data);
 
     // A stage `slot` <- weights [m0, m0+BM) x [k0, k0+kBK). Weights are constants: issued before the PDL wait.
@@ -214,11 +238,11 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     // Prologue: stages 0..kStages-2. Group s holds B(s) (group 0 also every A of the prologue).
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
-        if (s < n_k) load_a(s, s * kBK);
+        if (s < n_k) load_a(s, (kt0 + s) * kBK);
     detail::pdl_wait();  // launched with launch_pdl (common.cuh): x comes from earlier kernels
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_k) load_b(s, s * kBK);
+        if (s < n_k) load_b(s, (kt0 + s) * kBK);
         cp_async_commit();
     }
 
@@ -237,8 +261,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
         {
             const int nxt = kt + kStages - 1;  // refills slot (kt-1) % kStages, converted last iteration
             if (nxt < n_k) {
-                load_a(nxt % kStages, nxt * kBK);
-                load_b(nxt % kStages, nxt * kBK);
+                load_a(nxt % kStages, (kt0 + nxt) * kBK);
+                load_b(nxt % kStages, (kt0 + nxt) * kBK);
             }
             cp_async_commit();  // possibly empty: keeps one group per iteration for the wait count
         }
@@ -260,8 +284,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
         }
         __syncthreads();
 #pragma unroll
-        for (int ss = 0; ss < kSteps / kKGroups; ++ss) {
-            const int s = kgrp * (kSteps / kKGroups) + ss;
+        for (int ss = 0; ss < kSteps / KG; ++ss) {
+            const int s = kgrp * (kSteps / KG) + ss;
             typename Mm::FragA fa[kFM];
             typename Mm::FragB fb[kFN];
 #pragma unroll
@@ -282,7 +306,7 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     cp_async_wait<0>();
     __syncthreads();
     float* Cs = reinterpret_cast<float*>(smem);
-    if (kgrp == 0) {
+    if (KG == 1 || kgrp == 0) {
 #pragma unroll
         for (int fm = 0; fm < kFM; ++fm)
 #pragma unroll
@@ -291,7 +315,7 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
                                         wmma::mem_row_major);
     }
     __syncthreads();
-    if (kgrp == 1) {
+    if (KG == 2 && kgrp == 1) {
 #pragma unroll
         for (int fm = 0; fm < kFM; ++fm)
 #pragma unroll
@@ -305,14 +329,37 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
             }
     }
     __syncthreads();
-    for (int e = tid; e < BM * BN; e += kMmaThreads) {
-        const int r = e / BN, c = e % BN;
-        const int o = m0 + r, nn = n0 + c;
-        if (o >= a.m || nn >= a.n) continue;
-        const int b = nn / p.out_length, t = nn - b * p.out_length;
-        float v = Cs[r * L::kLdC + c];
-        if (p.bias) v += p.bias[o];
-        p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
+    if constexpr (kCluster) {
+#if __CUDA_ARCH__ >= 900
+        // Every block of the cluster holds its partial tile in Cs. Block `rank` sums rows [r0, r1) over the ranks
+        // in rank order and writes them; the second cluster barrier keeps every Cs alive until all reads are done.
+        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
+        cl.sync();
+        const int rows = (BM + n_rank - 1) / n_rank;
+        const int r0 = rank * rows, r1 = min(BM, r0 + rows);
+        for (int e = tid; e < (r1 - r0) * BN; e += kMmaThreads) {
+            const int r = r0 + e / BN, c = e % BN;
+            const int o = m0 + r, nn = n0 + c;
+            if (o >= a.m || nn >= a.n) continue;
+            float v = 0.f;
+            for (int q = 0; q < n_rank; ++q) v += cl.map_shared_rank(Cs, q)[r * L::kLdC + c];
+            const int b = nn / p.out_length, t = nn - b * p.out_length;
+            if (p.bias) v += p.bias[o];
+            p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
+        }
+        cl.sync();
+#endif
+    } else {
+        for (int e = tid; e < BM * BN; e += kMmaThreads) {
+            const int r = e / BN, c = e % BN;
+            const int o = m0 + r, nn = n0 + c;
+            if (o >= a.m || nn >= a.n) continue;
+            const int b = nn / p.out_length, t = nn - b * p.out_length;
+            float v = Cs[r * L::kLdC + c];
+            if (p.bias) v += p.bias[o];
+            p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
+        }
     }
 #else
     __trap();  // host code never launches this below sm_80 (conv1d_mma checks the device)
@@ -344,29 +391,75 @@ long long mma_min_n() {
     return v;
 }
 
-template <class T, MathMode M, int BM, int BN, int ST>
-void launch_mma_st(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
-    using L = MmaLayout<T, M, BM, BN, ST>;
-    auto kernel = conv1d_mma_kernel<T, M, BM, BN, ST>;
-    // Dynamic shared memory above 48 KiB needs an opt-in per function and device (host-side, capture-safe).
-    static std::atomic<std::uint64_t> done_mask{0};
+/// Opts `kernel` in to `bytes` of dynamic shared memory once per device (host-side, capture-safe).
+template <class K>
+void set_smem_once(K kernel, int bytes, std::atomic<std::uint64_t>& done_mask) {
     int dev = 0;
     FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
     const std::uint64_t bit = std::uint64_t(1) << (dev & 63);
     if (!(done_mask.load(std::memory_order_acquire) & bit)) {
-        FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+        FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         done_mask.fetch_or(bit, std::memory_order_release);
     }
+}
+
+template <class T, MathMode M, int BM, int BN, int ST>
+void launch_mma_st(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st) {
+    using L = MmaLayout<T, M, BM, BN, ST>;
+    auto kernel = conv1d_mma_kernel<T, M, BM, BN, ST, 2, false>;
+    static std::atomic<std::uint64_t> done_mask{0};
+    set_smem_once(kernel, L::kBytes, done_mask);
     const dim3 grid(unsigned((a.n + BN - 1) / BN), unsigned((a.m + BM - 1) / BM));
     detail::launch_pdl(kernel, grid, dim3(kMmaThreads), std::size_t(L::kBytes), st, p, a);
 }
 
+/// 128 x 128 tiles, K split over a cluster of `split` blocks (sm_90). Launched like detail::launch_pdl (same PDL
+/// attribute when enabled, the kernel calls pdl_wait() before reading x) plus the cluster dimension.
+template <class T, MathMode M>
+void launch_mma_cluster(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st, int split) {
+    using L = MmaLayout<T, M, 128, 128, 4>;
+    auto kernel = conv1d_mma_kernel<T, M, 128, 128, 4, 1, true>;
+    static std::atomic<std::uint64_t> done_mask{0};
+    set_smem_once(kernel, L::kBytes, done_mask);
+    cudaLaunchAttribute attr[2];
+    int n_attr = 0;
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = 1;
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = unsigned(split);
+    ++n_attr;
+    if (detail::pdl_enabled()) {
+        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+        ++n_attr;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned((a.n + 127) / 128), unsigned((a.m + 127) / 128), unsigned(split));
+    cfg.blockDim = dim3(kMmaThreads);
+    cfg.dynamicSmemBytes = std::size_t(L::kBytes);
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = unsigned(n_attr);
+    FLOWEDGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, a));
+}
+
 /// Pipeline depth: 4 stages (default; 83 KB of shared memory for TF32 64x64, two blocks fit an SM) or 6
 /// (FLOWEDGE_CUDA_MMA_STAGES=6, read once: 5 K steps in flight, ~115 KB, one block per SM; for A/B timing).
+/// The 128 x 128 cluster tiles always use 4 (163 KB).
 int mma_stages() {
     static const int v = [] {
         const char* e = std::getenv("FLOWEDGE_CUDA_MMA_STAGES");
         return (e && std::string_view(e) == "6") ? 6 : 4;
+    }();
+    return v;
+}
+
+/// FLOWEDGE_CUDA_MMA_CLUSTER=1 (read once) lets the automatic tile rule pick the 128 x 128 cluster split-K tiles on
+/// sm_90 (off by default until timed on an H200).
+bool mma_cluster_auto() {
+    static const bool v = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_MMA_CLUSTER");
+        return e && std::string_view(e) == "1";
     }();
     return v;
 }
@@ -382,8 +475,15 @@ void launch_mma_tiles(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st, 
     if (tile == 1) return launch_mma<T, M, 64, 64>(p, a, st);
     if (tile == 2) return launch_mma<T, M, 32, 64>(p, a, st);
     if (tile == 3) return launch_mma<T, M, 32, 32>(p, a, st);
+    if (tile == 4) return launch_mma_cluster<T, M>(p, a, st, 2);
+    if (tile == 5) return launch_mma_cluster<T, M>(p, a, st, 4);
     const long long want = (3LL * detail::sm_count()) / 4;
     auto blocks = [&](int bm, int bn) { return (long long)((a.m + bm - 1) / bm) * ((a.n + bn - 1) / bn); };
+    if (mma_cluster_auto() && device_major() >= 9) {
+        const int n_k = (a.kg + kBK - 1) / kBK;
+        for (int split : {2, 4})
+            if (blocks(128, 128) * split >= want && n_k >= 4 * split) return launch_mma_cluster<T, M>(p, a, st, split);
+    }
     if (a.n > 32 && blocks(64, 64) >= want) return launch_mma<T, M, 64, 64>(p, a, st);
     if (a.n > 32 && blocks(32, 64) >= want) return launch_mma<T, M, 32, 64>(p, a, st);
     launch_mma<T, M, 32, 32>(p, a, st);
@@ -415,7 +515,8 @@ void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
           "problem too large for 32-bit tile indexing" + expected_got("batch*out_length < 2^30, (Kg+32)*kernel < 2^32",
                                                                        std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
     check(std::int64_t(p.out_channels + 63) / 64 <= 65535, comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
-    check(tile >= 0 && tile <= 3, comp, "unknown tile choice" + expected_got("0..3", tile));
+    check(tile >= 0 && tile <= 5, comp, "unknown tile choice" + expected_got("0..5", tile));
+    check(tile < 4 || device_major() >= 9, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", device_major()));
     check(device_major() >= 8, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", device_major()));
     MmaArgs a;
     a.m = p.out_channels;

@@ -18,7 +18,8 @@ void conv1d(const Conv1dParams& p, Stream s);
 /// Tensor-core implicit GEMM (kernels/cuda/conv_mma.cu): D[o, b*out_length + t] = bias[o] + sum_{i,k} W[o, i*kernel + k] *
 /// X[b, i, t*stride + k - pad], operands rounded to p.math (TF32 or BF16, float accumulation), deterministic.
 /// Any shape conv1d accepts; p.math must not be F32 and the device must be sm_80+ (flowedge::Error otherwise).
-/// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32 (tests).
+/// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32,
+/// 4 / 5 = 128x128 with K split over a 2 / 4-block cluster (sm_90 only) (tests and A/B timing).
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile = 0);
 /// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
 /// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
