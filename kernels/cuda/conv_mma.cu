@@ -6,37 +6,40 @@
 // Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k; A = the weights [out, in, kernel] as stored
 // (row-major M x Kg), B[kk, n] = X[b, i, t*stride + k - pad] (zero outside [0, in_length)), gathered im2col-style.
 //
-// Block: 256 threads = 8 warps = 2 K-groups of 4 warps in a 2 x 2 grid over the block tile BM x BN (64x64, 32x64
-// or 32x32); K step kBK = 32, whose MMA steps are split between the two K-groups (more warps per SM to hide
+// Block: 256 threads = 8 warps = 2 K-groups of 4 warps, each a 2 x 2 warp grid over the block tile BM x BN (64x64,
+// 32x64 or 32x32); K step kBK = 32, whose MMA steps are split between the two K-groups (more warps per SM to hide
 // latency without smaller tiles; their partial sums are added in a fixed order in the epilogue).
-// Pipeline: kStages = 4 (or 6, FLOWEDGE_CUDA_MMA_STAGES=6) raw stages in shared memory filled with cp.async (A: 16-byte copies of the stored dtype
-// when Kg and the weight pointer allow it, else plain loads; B: 4-byte zero-filling copies of the gathered
-// floats), so 3 K-steps of weights and activations are in flight while one is multiplied. Each K-step, the block
-// converts the raw stage into the compute tiles (TF32: float rounded to nearest by __float_to_tf32; BF16: rounded
-// to nearest-even), padded so every WMMA pointer is 32-byte aligned, then each warp runs
-// (BM/32) x (BN/32) 16x16 fragments over the step (tf32 m16n16k8 or bf16 m16n16k16), float accumulators.
+// Pipeline: kStages = 4 (or 6 with FLOWEDGE_CUDA_MMA_STAGES=6) raw stages in shared memory filled with cp.async
+// (A: 16-byte copies of the stored dtype when Kg and the weight pointer allow it, else plain loads; B: 4-byte
+// zero-filling copies of the gathered floats), so kStages-1 K steps of weights and activations are in flight while
+// one is multiplied. Each K step the block converts the raw stage into the compute tiles, 4 elements per access
+// (TF32: __float_to_tf32, round to nearest; BF16: round to nearest-even), padded so every WMMA pointer is 32-byte
+// aligned; each warp then runs (BM/32) x (BN/32) 16x16 fragments (tf32 m16n16k8 / bf16 m16n16k16, float accumulators).
 // Epilogue: accumulators -> shared memory (K-group 0, then + K-group 1) -> bias added -> y[b, o, t] (coalesced
-// along t). No split-K across blocks, no atomics: every output is a fixed-order sum, bitwise reproducible run to run.
+// along t). No atomics: every output is a fixed-order sum, bitwise reproducible run to run.
 //
-// Cluster variant (sm_90, tiles 4/5 in conv1d_mma, automatic only with FLOWEDGE_CUDA_MMA_CLUSTER=1): 128 x 128
+// Cluster variant (sm_90; tiles 4/5 of conv1d_mma, automatic only with FLOWEDGE_CUDA_MMA_CLUSTER=1): 128 x 128
 // tiles (8 warps as 2 x 4, 64 x 32 each, no K-groups) with the K steps split over a thread-block cluster of S = 2
 // or 4 blocks along grid z; the partial tiles are summed through distributed shared memory in rank order (each
-// block reduces S-th of the rows), so a PushT 2048 x 256 conv at batch 64 gets 32 tiles x 4 = 128 blocks while each
-// weight/activation byte staged in shared memory feeds twice the MMAs of a 64 x 64 tile.
-// Tile rule (host): [with FLOWEDGE_CUDA_MMA_CLUSTER=1 on sm_90: 128x128 with S = 2, else 4, if tiles * S >= 0.75 *
-// SM count and each block gets >= 4 K steps]; else the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32)
-// whose grid has at least 3/4 of a wave of blocks (>= 0.75 * SM count); else 32x32. PushT at batch 64 on 132 SMs: every conv gets 64..128+
-// blocks. Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32
-// (FLOWEDGE_CUDA_MMA_MIN_N overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels.
+// block reduces 1/S of the rows), so a PushT 2048 x 256 conv at batch 64 gets 32 tiles x 4 = 128 blocks while each
+// byte staged in shared memory feeds twice the MMAs of a 64 x 64 tile. No workspace: the reduction stays on chip.
+//
+// Tile rule (host): [FLOWEDGE_CUDA_MMA_CLUSTER=1 on sm_90: 128x128 with S = 2, else 4, if tiles * S >= 0.75 * SMs
+// and each block gets >= 4 K steps]; else the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid
+// has >= 0.75 * SMs blocks; else 32x32. PushT at batch 64 on 132 SMs: 64x64 for 2048x256 (128 blocks), 512x1024 and
+// 1024x512; 32x64 for 1024x256 and 512x512 (128 blocks).
+// Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32 (FLOWEDGE_CUDA_MMA_MIN_N
+// overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels of conv.cu.
 //
 // Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
 // 16-bit stored weights are exact in TF32, BF16 weights exact in BF16), so each product is off by at most
-// (2u + u^2)|w||x|; the float accumulation is two chains (K-groups) of ~ceil(Kg/kK)/2 MMA steps each (kK = 8 / 16)
-// plus the in-MMA sums and one final add, bounded (loosely) by (ceil(Kg/kK) + kK + 1) * 2^-23 * sum|w||x| even with
-// truncating adds. Per output:
+// (2u + u^2)|w||x|; the float accumulation is a few fixed-order chains (K-groups, cluster ranks) of together
+// ceil(Kg/kK) MMA steps (kK = 8 / 16) plus the in-MMA sums and the final adds, bounded (loosely) by
+// (ceil(Kg/kK) + kK + 1) * 2^-23 * sum|w||x| even with truncating adds. Per output:
 //   |y - y_exact| <= ((2u + u^2) + (ceil(Kg/kK) + kK + 1) * 2^-23) * sum_{i,k} |w||x|   (+ bias rounding 2^-24|y|).
 // TF32 at Kg = 20480: 9.8e-4 + 3.1e-4 = 1.3e-3; BF16: 7.8e-3 + 1.5e-4 = 8.0e-3.
-// Every kernel is launched with detail::launch_pdl and calls pdl_wait() before reading activations.
+// Every kernel is launched with programmatic dependent launch (detail::launch_pdl, or the same attribute next to
+// the cluster dimension) and calls pdl_wait() before reading activations.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
