@@ -366,16 +366,19 @@ void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     go.template operator()<base, false>();
 }
 
-/// Picks the lane layout. 8 channels per lane for 16-bit weights when the rows allow 16-byte loads and the grid
-/// keeps as many blocks as with 4 (at 512 input channels, 8 per lane would halve the blocks: 1 step per lane
-/// either way, so the 4-channel layout's extra parallelism wins). 4 outputs per warp for k = 1 on rows of <= 8
-/// positions (k = 1 has one weight per input value, so one input read per weight row made the input dominate).
+/// Picks the lane layout. 8 channels per lane for 16-bit weights when the rows allow 16-byte loads, the input is
+/// staged in shared memory (read from global memory, 8 channels per lane would double the L1 wavefronts of the
+/// input reads per weight byte: a lane's rows span a whole 128-byte line at L_in >= 4) and the grid keeps as many
+/// blocks as with 4 (at 512 input channels, 8 per lane would halve the blocks: 1 step per lane either way, so the
+/// 4-channel layout's extra parallelism wins). 4 outputs per warp for k = 1 on rows of <= 8 positions (k = 1 has
+/// one weight per input value, so one input read per weight row made the input dominate).
 template <class T, int KS, int S, int LIN>
 void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st) {
     constexpr int OW = KS == 1 && LIN <= 8 ? 4 : 1;
     const bool ow_on = OW > 1 && row_ow_enabled();
     if constexpr (sizeof(T) == 2) {
-        if (row_w16_enabled() && p.in_channels % 8 == 0 && detail::aligned(p.w.data, 16)) {
+        const bool staged = row_xs_enabled() && row_xs_bytes(p.in_channels, LIN) <= row_xs_limit();
+        if (row_w16_enabled() && staged && p.in_channels % 8 == 0 && detail::aligned(p.w.data, 16)) {
             const auto blocks = [&](int groups, int ow) { return (p.out_channels + groups * ow - 1) / (groups * ow); };
             if (ow_on) {
                 const int g8 = row_groups<T, KS, S, LIN, 8, OW>(p), g4 = row_groups<T, KS, S, LIN, 4, OW>(p);
@@ -692,7 +695,6 @@ void conv1d(const Conv1dParams& p, Stream s) {
     const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
     check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
           "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
-    if (conv1d_mma_selected(p)) return conv1d_mma(p, s);  // opt-in TF32/BF16 tensor-core path: conv_mma.cu
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv1d_row<T>(p, st) || try_conv1d_fast<T>(p, st)) return;

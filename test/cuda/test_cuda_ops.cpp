@@ -411,6 +411,8 @@ TEST_CASE("cuda conv1d row path: 8 channels per lane (16-bit), 4 outputs per war
         // in % 8 == 4: 16-bit weights always take 4 channels per lane.
         run_conv1d(1, 20, 13, 4, 5, 1, 2, dt, seed++);
         run_conv1d(2, 1036, 6, 8, 5, 1, 2, dt, seed++);
+        // in % 8 == 0 but the input too long to stage in shared memory (16-bit: 4 channels per lane).
+        run_conv1d(1, 3080, 2048, 8, 3, 2, 1, dt, seed++);
         // in % 8 == 0 but the weights only 8-byte aligned (16-bit) / 16-byte aligned (F32): 4 channels per lane.
         run_conv1d(1, 32, 9, 4, 5, 1, 2, dt, seed++, 4);
         run_conv1d(1, 264, 5, 8, 1, 1, 0, dt, seed++, 4);
