@@ -424,6 +424,14 @@ int main(int argc, char** argv) {
             std::map<int, std::vector<float>> ref;
             std::printf("\ntensor-core math (MathMode, DiffusionHead::set_math): 10-step DDIM, %d reps; max|d| = max abs difference of the\n"
                         "normalised actions from F32 weights + F32 math at the same batch (this run)\n", sample_iters);
+            auto env_or = [](const char* n, const char* dflt) {
+                const char* v = std::getenv(n);
+                return std::string(v && *v ? v : dflt);
+            };
+            const std::string env_stages = env_or("FLOWEDGE_CUDA_MMA_STAGES", "4"), env_cluster = env_or("FLOWEDGE_CUDA_MMA_CLUSTER", "0"),
+                              env_min_n = env_or("FLOWEDGE_CUDA_MMA_MIN_N", "32");
+            std::printf("  conv_mma knobs: FLOWEDGE_CUDA_MMA_STAGES=%s FLOWEDGE_CUDA_MMA_CLUSTER=%s FLOWEDGE_CUDA_MMA_MIN_N=%s\n",
+                        env_stages.c_str(), env_cluster.c_str(), env_min_n.c_str());
             std::printf("  %-7s %-5s %6s | %9s %9s %9s | %10s\n", "weights", "math", "batch", "p50 ms", "p99 ms", "min ms", "max|d|");
             for (DType wdt : {DType::F32, DType::BF16}) {
                 head.reset();
@@ -454,6 +462,8 @@ int main(int argc, char** argv) {
                 }
                 head->set_math(MathMode::F32);
             }
+            js << "  \"math_modes_knobs\": {\"FLOWEDGE_CUDA_MMA_STAGES\": " << json_str(env_stages) << ", \"FLOWEDGE_CUDA_MMA_CLUSTER\": "
+               << json_str(env_cluster) << ", \"FLOWEDGE_CUDA_MMA_MIN_N\": " << json_str(env_min_n) << "},\n";
             js << "  \"math_modes\": [\n";
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 const MathRow& r = rows[i];
