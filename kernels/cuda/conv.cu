@@ -709,6 +709,7 @@ void conv1d(const Conv1dParams& p, Stream s) {
     const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
     check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
           "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    if (conv1d_mma_selected(p)) return conv1d_mma(p, s);  // opt-in TF32/BF16 tensor-core path: conv_mma.cu
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv1d_row<T>(p, st) || try_conv1d_fast<T>(p, st)) return;
