@@ -454,6 +454,16 @@ fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_
     });
 }
 
+fe_status fe_engine_set_math(fe_engine* engine, const char* math) {
+    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+        fe_engine& e = engine_of(engine, FE_KIND_DIFFUSION, "fe_engine_set_math");
+        if (math == nullptr) raise(FE_ERR_INVALID_ARGUMENT, "fe_engine_set_math: math is NULL (expected \"f32\", \"tf32\" or \"bf16\")");
+        const MathMode m = parse_math_mode(math);
+        std::lock_guard lock(e.mutex);
+        e.diffusion->visit([&](auto& h) { h.set_math(m); });
+    });
+}
+
 fe_status fe_engine_diffusion_denoise(fe_engine* engine, const float* cond, size_t cond_len, const float* sample,
                                       size_t sample_len, int32_t batch, int32_t timestep, float* eps, size_t eps_len) {
     return guarded(FE_ERR_INVALID_ARGUMENT, [&] {

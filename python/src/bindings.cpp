@@ -274,15 +274,11 @@ NB_MODULE(_flowedge, m) {
         .def_prop_rw(
             "math",
             [](PyDiffusion& s) {
-                const MathMode m = s.get([](auto& h) { return h.math(); });
-                return std::string(m == MathMode::TF32 ? "tf32" : m == MathMode::BF16 ? "bf16" : "f32");
+                return std::string(math_mode_name(s.get([](auto& h) { return h.math(); })));
             },
             [](PyDiffusion& s, const std::string& v) {
-                MathMode m = MathMode::F32;
-                if (v == "f32") m = MathMode::F32;
-                else if (v == "tf32") m = MathMode::TF32;
-                else if (v == "bf16") m = MathMode::BF16;
-                else bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+                const MathMode m = parse_math_mode(v);
                 s.run([&](auto& h) { h.set_math(m); });
             },
             "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"

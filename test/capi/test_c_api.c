@@ -536,6 +536,7 @@ static void test_mamba_flow(const char* mamba, const char* flow_sample, const ch
     CHECK_MSG("diffusion");
     CHECK_STATUS(fe_engine_diffusion_denoise(e, noise, (size_t)A, noise, (size_t)A, 1, 0, out1, (size_t)A),
                  FE_ERR_UNSUPPORTED);
+    CHECK_STATUS(fe_engine_set_math(e, "tf32"), FE_ERR_UNSUPPORTED);
 
     /* Decode state: export, continue, import, continue again -> identical. */
     {
@@ -750,6 +751,16 @@ static void test_diffusion(const char* path, const char* compact, const char* di
     CHECK_STATUS(fe_engine_sample_diffusion(e, cond, (size_t)G, noise, per, 1, 10, NULL, 0, o2, per), FE_OK);
     CHECK(memcmp(o1, o2, per * sizeof(float)) == 0, "two DDIM calls (NULL = ddim) identical");
     CHECK(all_finite(o1, per), "finite");
+    /* Math mode: names are checked; a CPU engine computes exactly whatever was asked (bit-identical). */
+    CHECK_STATUS(fe_engine_set_math(e, "tf32"), FE_OK);
+    CHECK_STATUS(fe_engine_sample_diffusion(e, cond, (size_t)G, noise, per, 1, 10, "ddim", 0, o2, per), FE_OK);
+    if (strcmp(fe_engine_backend(e), "cpu") == 0)
+        CHECK(memcmp(o1, o2, per * sizeof(float)) == 0, "tf32 request on a CPU engine computes exactly");
+    CHECK_STATUS(fe_engine_set_math(e, "fp8"), FE_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fe_last_error(), "fp8") != NULL, "unknown math mode named: %s", fe_last_error());
+    CHECK_STATUS(fe_engine_set_math(e, NULL), FE_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(fe_engine_set_math(NULL, "f32"), FE_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(fe_engine_set_math(e, "F32"), FE_OK);
     if (usable(diffusion_sample)) {
         float* ref = (float*)malloc(per * sizeof(float));
         char* text;

@@ -346,6 +346,21 @@ private:
     Buffer<float, B> m_eye_a, m_eye_h;
 };
 
+/// "f32" / "tf32" / "bf16" (DiffusionHead::set_math; the Python `math` property and the C API use these names).
+constexpr const char* math_mode_name(MathMode m) {
+    return m == MathMode::TF32 ? "tf32" : m == MathMode::BF16 ? "bf16" : "f32";
+}
+
+/// Parses "f32" / "tf32" / "bf16" (any case); anything else is an error naming the value.
+inline MathMode parse_math_mode(std::string_view name) {
+    std::string lower(name);
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "f32") return MathMode::F32;
+    if (lower == "tf32") return MathMode::TF32;
+    if (lower == "bf16") return MathMode::BF16;
+    fail("diffusion", "unknown math mode '" + std::string(name) + "'" + expected_got("f32, tf32 or bf16", std::string(name)));
+}
+
 /// Options of one DiffusionHead::sample call.
 struct SampleOptions {
     int steps = 10;                           ///< inference steps N in [1, num_train_timesteps]
