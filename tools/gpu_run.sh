@@ -6,6 +6,7 @@
 # Usage: tools/gpu_run.sh [STAGE...]      (no stage = all, in this order)
 #   info      nvidia-smi, nvcc, cmake, compute-sanitizer versions
 #   build     configure build-cuda (-DFLOWEDGE_BACKEND=cuda -DFLOWEDGE_CUDA_ARCHITECTURES=90, Ninja if present) and build
+#             (all targets, or BUILD_TARGETS="t1 t2 ...")
 #   gputests  ctest -L gpu --output-on-failure
 #   cputests  ctest -LE gpu (the whole CPU suite)
 #   demo      flowedge-make-demo-diffusion / flowedge-make-demo-mamba-flow into models/ (skipped if present)
@@ -80,7 +81,9 @@ stage_build() {
         cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
               -DFLOWEDGE_CUDA_ARCHITECTURES=90 || return $?
     fi
-    cmake --build "$BUILD" -j "$JOBS"
+    # BUILD_TARGETS="a b ...": only those targets (a short device call); default: everything.
+    # shellcheck disable=SC2086
+    cmake --build "$BUILD" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
 }
 
 stage_gputests() {
