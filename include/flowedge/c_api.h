@@ -182,7 +182,7 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_sample_diffusion(fe_engine* engine, const 
                                                        float* out, size_t out_len);
 
 /** Arithmetic of the U-Net convolutions: "f32" (exact, the default), or the opt-in tensor-core modes "tf32" /
- *  "bf16" (CUDA sm_80+, used for batched calls where batch * length >= 32; a CPU engine computes exactly). Error vs
+ *  "bf16" (CUDA sm_80+, used for batched calls where batch * length >= 256; a CPU engine computes exactly). Error vs
  *  "f32" per convolution output: TF32 <= ~1.3e-3, BF16 <= ~8.1e-3 times sum |w||x|. Unknown names are
  *  FE_ERR_INVALID_ARGUMENT; a mamba-flow engine is FE_ERR_UNSUPPORTED. */
 FLOWEDGE_C_EXPORT fe_status fe_engine_set_math(fe_engine* engine, const char* math);

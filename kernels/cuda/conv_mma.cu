@@ -28,7 +28,7 @@
 // and each block gets >= 4 K steps]; else the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid
 // has >= 0.75 * SMs blocks; else 32x32. PushT at batch 64 on 132 SMs: 64x64 for 2048x256 (128 blocks), 512x1024 and
 // 1024x512; 32x64 for 1024x256 and 512x512 (128 blocks).
-// Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32 (FLOWEDGE_CUDA_MMA_MIN_N
+// Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 256 (FLOWEDGE_CUDA_MMA_MIN_N
 // overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels of conv.cu.
 //
 // Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
@@ -383,13 +383,19 @@ int device_major() {
     return major;
 }
 
+// Default smallest N = batch * out_length routed to the MMA path. Measured on an H200 (2026-12-03, PushT 10-step
+// DDIM, F32 weights): with 32, batch 8 (N = 32..128) ran 86 ms in TF32 vs 21.5 ms on the exact kernels (the WMMA
+// tiles are too small to amortise their per-K-step staging there), while batch 64 (N = 256..1024) ran 128 ms vs
+// 148 ms. So only N >= 256 takes the tensor cores by default.
+constexpr long long kDefaultMinN = 256;
+
 long long mma_min_n() {
     static const long long v = [] {
         const char* e = std::getenv("FLOWEDGE_CUDA_MMA_MIN_N");
-        if (!e || !*e) return 32LL;
+        if (!e || !*e) return kDefaultMinN;
         char* end = nullptr;
         const long long r = std::strtoll(e, &end, 10);
-        return (end && *end == '\0' && r >= 1) ? r : 32LL;
+        return (end && *end == '\0' && r >= 1) ? r : kDefaultMinN;
     }();
     return v;
 }

@@ -282,7 +282,7 @@ NB_MODULE(_flowedge, m) {
                 s.run([&](auto& h) { h.set_math(m); });
             },
             "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"
-            "(CUDA sm_80+, used where batch*length >= 32; ignored on the CPU, which computes exactly).")
+            "(CUDA sm_80+, used where batch*length >= 256; ignored on the CPU, which computes exactly).")
         .def(
             "sample",
             [](PyDiffusion& s, nb::handle cond_obj, nb::handle noise_obj, int steps, const std::string& scheduler,

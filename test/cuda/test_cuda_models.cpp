@@ -475,7 +475,8 @@ TEST_CASE("graph census: a captured 10-step DDIM sample is one graph of kernel n
 }
 
 TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at batch 16: bounded, re-captured, no malloc") {
-    // dp_small at batch 16: every U-Net conv has batch*length >= 64, so set_math routes all of them to conv1d_mma.
+    // dp_small at batch 16: the length-16 convs (batch*length = 256) take conv1d_mma under the default routing
+    // (N >= 256; FLOWEDGE_CUDA_MMA_MIN_N=64 routes every U-Net conv there), the others stay exact.
     // Reference scales: the same head with rounded weights in exact F32 math. BF16 weights (d_bf16w; CPU: 0.021)
     // round every weight with u = 2^-8 like BF16 math does, F16 weights (d_f16w; CPU: 0.0030) with u = 2^-11 like
     // TF32 math does; the math modes also round every activation the same way, so their action differences are

@@ -453,7 +453,7 @@ public:
     }
 
     /// Arithmetic of the U-Net convolutions (MathMode, default F32 = exact). TF32/BF16 are an opt-in for batched
-    /// calls on tensor-core GPUs (CUDA sm_80+: used where batch*length >= 32, i.e. not at batch 1); the CPU
+    /// calls on tensor-core GPUs (CUDA sm_80+: used where batch*length >= 256, e.g. batch 64; smaller calls stay exact); the CPU
     /// backend ignores the request and computes exactly. Changing it drops the recorded graphs (re-captured on the
     /// next call; no device allocation). Error vs F32: per-conv bounds in op_params.hpp (MathMode); end-to-end on
     /// the test configuration see test/cuda/test_cuda_models.cpp.
