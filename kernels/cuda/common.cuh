@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -27,9 +28,24 @@ cudaStream_t resolve(Stream s) noexcept;
 /// Number of multiprocessors of the current device (cached per device).
 int sm_count();
 
+/// Compute capability major of the current device (cached per device).
+int compute_major();
+
 /// True when the current device supports programmatic dependent launch (compute capability >= 9.0; cached per
 /// device). FLOWEDGE_CUDA_NO_PDL=1 turns it off (for A/B timing and as an escape hatch).
 bool pdl_enabled();
+
+/// The checks every conv1d launcher (exact and tensor-core) makes before launching: positive sizes, non-null
+/// pointers, out_length consistent with in_length / kernel / stride / pad. Errors name `comp`.
+inline void check_conv1d(const Conv1dParams& p, std::string_view comp) {
+    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
+              p.stride > 0 && p.pad >= 0,
+          comp, "sizes must be positive (pad non-negative)");
+    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
+    const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
+    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
+          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+}
 
 }  // namespace flowedge::cuda::detail
 

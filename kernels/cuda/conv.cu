@@ -702,13 +702,7 @@ bool try_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
 
 void conv1d(const Conv1dParams& p, Stream s) {
     constexpr std::string_view comp = "cuda conv1d";
-    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
-              p.stride > 0 && p.pad >= 0,
-          comp, "sizes must be positive (pad non-negative)");
-    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
-    const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
-    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
-          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    detail::check_conv1d(p, comp);
     if (conv1d_mma_selected(p)) return conv1d_mma(p, s);  // opt-in TF32/BF16 tensor-core path: conv_mma.cu
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {

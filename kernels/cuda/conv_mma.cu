@@ -369,19 +369,6 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
 #endif
 }
 
-/// Compute capability major of the current device (cached per device).
-int device_major() {
-    static std::atomic<int> cached_device{-1};
-    static std::atomic<int> cached_major{0};
-    int dev = 0;
-    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-    if (cached_device.load(std::memory_order_acquire) == dev) return cached_major.load(std::memory_order_relaxed);
-    int major = 0;
-    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cached_major.store(major, std::memory_order_relaxed);
-    cached_device.store(dev, std::memory_order_release);
-    return major;
-}
 
 // Default smallest N = batch * out_length routed to the MMA path. Measured on an H200 (2026-12-03, PushT 10-step
 // DDIM, F32 weights): with 32, batch 8 (N = 32..128) ran 86 ms in TF32 vs 21.5 ms on the exact kernels (the WMMA
@@ -488,7 +475,7 @@ void launch_mma_tiles(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st, 
     if (tile == 5) return launch_mma_cluster<T, M>(p, a, st, 4);
     const long long want = (3LL * detail::sm_count()) / 4;
     auto blocks = [&](int bm, int bn) { return (long long)((a.m + bm - 1) / bm) * ((a.n + bn - 1) / bn); };
-    if (mma_cluster_auto() && device_major() >= 9) {
+    if (mma_cluster_auto() && detail::compute_major() >= 9) {
         const int n_k = (a.kg + kBK - 1) / kBK;
         for (int split : {2, 4})
             if (blocks(128, 128) * split >= want && n_k >= 4 * split) return launch_mma_cluster<T, M>(p, a, st, split);
@@ -504,18 +491,12 @@ bool conv1d_mma_selected(const Conv1dParams& p) {
     if (p.math == MathMode::F32) return false;
     if (std::int64_t(p.batch) * p.out_length < mma_min_n()) return false;
     if ((std::int64_t(p.in_channels) * p.kernel + kBK) * p.kernel >= (std::int64_t(1) << 32)) return false;
-    return device_major() >= 8;
+    return detail::compute_major() >= 8;
 }
 
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
     constexpr std::string_view comp = "cuda conv1d_mma";
-    check(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 && p.kernel > 0 &&
-              p.stride > 0 && p.pad >= 0,
-          comp, "sizes must be positive (pad non-negative)");
-    check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
-    const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
-    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
-          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    detail::check_conv1d(p, comp);
     check(p.math == MathMode::TF32 || p.math == MathMode::BF16, comp,
           "math mode must be TF32 or BF16" + expected_got("1 or 2", int(p.math)));
     const std::int64_t n = std::int64_t(p.batch) * p.out_length;
@@ -525,8 +506,8 @@ void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
                                                                        std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
     check(std::int64_t(p.out_channels + 63) / 64 <= 65535, comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
     check(tile >= 0 && tile <= 5, comp, "unknown tile choice" + expected_got("0..5", tile));
-    check(tile < 4 || device_major() >= 9, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", device_major()));
-    check(device_major() >= 8, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", device_major()));
+    check(tile < 4 || detail::compute_major() >= 9, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", detail::compute_major()));
+    check(detail::compute_major() >= 8, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", detail::compute_major()));
     MmaArgs a;
     a.m = p.out_channels;
     a.n = int(n);

@@ -43,35 +43,32 @@ cudaStream_t resolve(Stream s) noexcept {
     return t_capture_override;
 }
 
-int sm_count() {
-    static std::atomic<int> cached_device{-1};
-    static std::atomic<int> cached_count{0};
+namespace {
+/// Attribute A of the current device, cached for the last device asked. Device id and value share one atomic, so a
+/// reader on another thread never pairs one device's id with another device's value.
+template <cudaDeviceAttr A>
+int cached_attribute() {
+    static std::atomic<std::uint64_t> cache{~std::uint64_t(0)};
     int dev = 0;
     FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-    if (cached_device.load(std::memory_order_acquire) == dev) return cached_count.load(std::memory_order_relaxed);
-    int n = 0;
-    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached_count.store(n, std::memory_order_relaxed);
-    cached_device.store(dev, std::memory_order_release);
-    return n;
+    const std::uint64_t c = cache.load(std::memory_order_acquire);
+    if (c != ~std::uint64_t(0) && int(c >> 32) == dev) return int(std::uint32_t(c));
+    int v = 0;
+    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&v, A, dev));
+    cache.store((std::uint64_t(std::uint32_t(dev)) << 32) | std::uint32_t(v), std::memory_order_release);
+    return v;
 }
+}  // namespace
+
+int sm_count() { return cached_attribute<cudaDevAttrMultiProcessorCount>(); }
+int compute_major() { return cached_attribute<cudaDevAttrComputeCapabilityMajor>(); }
 
 bool pdl_enabled() {
     static const bool disabled = [] {
         const char* v = std::getenv("FLOWEDGE_CUDA_NO_PDL");
         return v && *v && std::string_view(v) != "0";
     }();
-    if (disabled) return false;
-    static std::atomic<int> cached_device{-1};
-    static std::atomic<bool> cached_ok{false};
-    int dev = 0;
-    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-    if (cached_device.load(std::memory_order_acquire) == dev) return cached_ok.load(std::memory_order_relaxed);
-    int major = 0;
-    FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cached_ok.store(major >= 9, std::memory_order_relaxed);
-    cached_device.store(dev, std::memory_order_release);
-    return major >= 9;
+    return !disabled && compute_major() >= 9;
 }
 
 std::atomic<int>& inject_failures() noexcept { return g_inject_failures; }
