@@ -31,6 +31,13 @@ int sm_count();
 /// Compute capability major of the current device (cached per device).
 int compute_major();
 
+/// Shared memory per multiprocessor / the per-block opt-in maximum of the current device, bytes (cached per device).
+int smem_per_sm();
+int smem_per_block_optin();
+
+/// True when environment variable `name` is set to anything but "" or "0" (the A/B and escape-hatch switches).
+bool env_flag(const char* name);
+
 /// True when the current device supports programmatic dependent launch (compute capability >= 9.0; cached per
 /// device). FLOWEDGE_CUDA_NO_PDL=1 turns it off (for A/B timing and as an escape hatch).
 bool pdl_enabled();

@@ -276,48 +276,28 @@ __global__ void __launch_bounds__(kThreads) conv1d_row_kernel(Conv1dParams p, in
 /// FLOWEDGE_CUDA_CONV_NO_OW: k = 1 convolutions compute one output per warp (input re-read per output);
 /// FLOWEDGE_CUDA_CONV_SHALLOW: the base prefetch depth of row_depth() instead of the deep one;
 /// FLOWEDGE_CUDA_CONV_NO_XS: lanes read their input rows from global memory (L1) instead of the staged copy.
-bool env_off(const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v && std::string_view(v) != "0";
-}
 bool row_w16_enabled() {
-    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_W16");
+    static const bool on = !detail::env_flag("FLOWEDGE_CUDA_CONV_NO_W16");
     return on;
 }
 bool row_ow_enabled() {
-    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_OW");
+    static const bool on = !detail::env_flag("FLOWEDGE_CUDA_CONV_NO_OW");
     return on;
 }
 bool row_deep_enabled() {
-    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_SHALLOW");
+    static const bool on = !detail::env_flag("FLOWEDGE_CUDA_CONV_SHALLOW");
     return on;
 }
 bool row_xs_enabled() {
-    static const bool on = !env_off("FLOWEDGE_CUDA_CONV_NO_XS");
+    static const bool on = !detail::env_flag("FLOWEDGE_CUDA_CONV_NO_XS");
     return on;
 }
 
 /// Largest staged input of the row path (bytes of dynamic shared memory per block): 96 KiB (every PushT row is
-/// <= 64 KiB), or the device's opt-in limit where lower; asked once per process (first device).
+/// <= 64 KiB), or the device's opt-in limit where lower.
 int row_xs_limit() {
-    static const int lim = [] {
-        int dev = 0, v = 0;
-        FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-        FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        return v < 96 * 1024 ? v : 96 * 1024;
-    }();
-    return lim;
-}
-
-/// Shared memory per SM (bytes) of the current device, asked once per process (first device).
-int smem_per_sm() {
-    static const int v = [] {
-        int dev = 0, n = 0;
-        FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-        FLOWEDGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-        return n;
-    }();
-    return v;
+    const int v = detail::smem_per_block_optin();
+    return v < 96 * 1024 ? v : 96 * 1024;
 }
 
 /// Blocks of one row-path instantiation one SM holds at once with `smem` bytes of staged input: the register bound
@@ -335,7 +315,7 @@ int row_per_sm(int smem) {
         return n > 0 ? n : 1;
     }();
     if constexpr (XS) {
-        const int by_smem = smem_per_sm() / (smem + 2048);
+        const int by_smem = detail::smem_per_sm() / (smem + 2048);
         const int n = by_smem < by_regs ? by_smem : by_regs;
         return n > 0 ? n : 1;
     } else {

@@ -62,12 +62,16 @@ int cached_attribute() {
 
 int sm_count() { return cached_attribute<cudaDevAttrMultiProcessorCount>(); }
 int compute_major() { return cached_attribute<cudaDevAttrComputeCapabilityMajor>(); }
+int smem_per_sm() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(); }
+int smem_per_block_optin() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
+
+bool env_flag(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v && std::string_view(v) != "0";
+}
 
 bool pdl_enabled() {
-    static const bool disabled = [] {
-        const char* v = std::getenv("FLOWEDGE_CUDA_NO_PDL");
-        return v && *v && std::string_view(v) != "0";
-    }();
+    static const bool disabled = env_flag("FLOWEDGE_CUDA_NO_PDL");
     return !disabled && compute_major() >= 9;
 }
 
