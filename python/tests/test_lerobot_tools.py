@@ -25,7 +25,7 @@ def backends():
 
 
 def make_args(**kw):
-    base = dict(episodes=1, steps=10, seed=0, period_ms=0.0, on_miss="hold", no_pace=True)
+    base = dict(episodes=1, steps=10, seed=0, period_ms=0.0, on_miss="hold", no_pace=True, warmup=0)
     base.update(kw)
     return argparse.Namespace(**base)
 
