@@ -209,6 +209,15 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
     error = None
     env = make_env()
     warmup_s: List[float] = []
+
+    def infer(obs) -> Any:
+        """One timed tick's work: pre + select_action + post, synchronised so the wall time includes the GPU."""
+        with torch.no_grad():
+            act = post(policy.select_action(pre(obs)))
+        if bk.torch_device.type == "cuda":
+            torch.cuda.synchronize(bk.torch_device)
+        return act
+
     try:
         # Untimed warm-up: the first inference of a fresh process pays one-off costs (cuDNN/cuBLAS handles and
         # autotuning in PyTorch, CUDA graph capture in flowedge) that a robot pays before it starts the loop, not
@@ -218,10 +227,7 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
             for _ in range(args.warmup):
                 policy.reset()
                 t0 = time.perf_counter()
-                with torch.no_grad():
-                    post(policy.select_action(pre(obs)))
-                if bk.torch_device.type == "cuda":
-                    torch.cuda.synchronize(bk.torch_device)
+                infer(obs)
                 warmup_s.append(time.perf_counter() - t0)
             bk.sampler_timer.times.clear()
             bk.encoder_timer.times.clear()
@@ -237,10 +243,7 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
             for k in range(args.steps):
                 n_before = len(bk.sampler_timer.times)
                 t0 = time.perf_counter()
-                with torch.no_grad():
-                    act = post(policy.select_action(pre(obs)))
-                if bk.torch_device.type == "cuda":
-                    torch.cuda.synchronize(bk.torch_device)
+                act = infer(obs)
                 dt = time.perf_counter() - t0
                 a = act.detach().float().cpu().numpy().reshape(-1)
                 tick_s.append(dt)
