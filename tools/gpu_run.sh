@@ -283,12 +283,12 @@ PYEOF
     python3 -c "import flowedge, lerobot, torch; print('flowedge', flowedge.__version__, 'cuda', flowedge.cuda, '| lerobot', lerobot.__version__, '| torch', torch.__version__)" || return $?
     [ -f models/dp_pusht/config.json ] || python3 tools/make_reference_diffusion.py --pusht --policy-only --threads "$JOBS" || return $?
     if [[ " ${LEROBOT_PARTS:-replay rollout} " == *" replay "* ]]; then
-    python3 -m flowedge.replay test/fixtures/dp_small --device cuda --steps 50 --warmup 2 --threads 4 \
-        --save-obs "$OUT/lerobot_replay_cuda_obs.npz" \
-        --output "$OUT/lerobot_replay_cuda.json" --markdown "$OUT/lerobot_replay_cuda.md" || rc=$?
-    python3 -m flowedge.replay models/dp_pusht --device cuda --steps 50 --warmup 2 --threads 4 \
-        --save-obs /tmp/pusht_obs_cuda.npz \
-        --output "$OUT/lerobot_replay_pusht_cuda.json" --markdown "$OUT/lerobot_replay_pusht_cuda.md" || rc=$?
+        python3 -m flowedge.replay test/fixtures/dp_small --device cuda --steps 50 --warmup 2 --threads 4 \
+            --save-obs "$OUT/lerobot_replay_cuda_obs.npz" \
+            --output "$OUT/lerobot_replay_cuda.json" --markdown "$OUT/lerobot_replay_cuda.md" || rc=$?
+        python3 -m flowedge.replay models/dp_pusht --device cuda --steps 50 --warmup 2 --threads 4 \
+            --save-obs /tmp/pusht_obs_cuda.npz \
+            --output "$OUT/lerobot_replay_pusht_cuda.json" --markdown "$OUT/lerobot_replay_pusht_cuda.md" || rc=$?
     fi
     [[ " ${LEROBOT_PARTS:-replay rollout} " == *" rollout "* ]] || return "$rc"
     python3 -m flowedge.rollout --env pusht --policy models/dp_pusht --device cuda --steps ${ROLLOUT_STEPS:-150} \
