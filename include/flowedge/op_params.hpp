@@ -24,6 +24,19 @@ enum class Activation : std::uint8_t {
     Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
 };
 
+/// Arithmetic a backend may use for the big contractions (today: Conv1d). A request, not a guarantee: F32 is the
+/// exact path (float products, float accumulation; SPEC 4 tolerances). TF32 / BF16 let a backend with tensor cores
+/// (CUDA, sm_80+) round both operands (weights and activations) to TF32 (10-bit mantissa, round-to-nearest) or BF16
+/// (7-bit mantissa, round-to-nearest-even) and multiply them on tensor cores with float accumulation, for batched
+/// calls where that pays off. Backends or shapes without such a path (the CPU backend, batch-1 calls) ignore the
+/// request and compute exactly, so a result is always within the F32 tolerance or within the mode's bound:
+/// TF32 |err| <= ~1.3e-3 * sum|w||x| per output, BF16 |err| <= ~8.1e-3 * sum|w||x| (see kernels/cuda/conv_mma.cu).
+enum class MathMode : std::uint8_t {
+    F32 = 0,  ///< exact float math (default)
+    TF32,     ///< tensor cores, TF32 operands, float accumulation (opt-in)
+    BF16,     ///< tensor cores, BF16 operands, float accumulation (opt-in)
+};
+
 /// Dense layer, torch.nn.Linear: y[r, o] = (accumulate ? y[r, o] : 0) + act(sum_i x[r, i] * w[o, i] + bias[o]).
 /// x: [rows, in] with row stride ld_x (0 = in); w: [out, in]; bias: [out] or null; y: [rows, out], stride ld_y (0 = out).
 struct LinearParams {
@@ -35,6 +48,8 @@ struct LinearParams {
     int ld_x = 0, ld_y = 0;
     Activation act = Activation::None;
     bool accumulate = false;
+    /// Requested arithmetic (MathMode); F32 = the exact path.
+    MathMode math = MathMode::F32;
 };
 
 /// Most LinearParams items one LinearBatchParams carries (one op launch on the GPU).
@@ -50,19 +65,6 @@ struct LinearBatchParams {
     LinearParams items[kMaxLinearBatch]{};
 };
 static_assert(sizeof(LinearBatchParams) <= 2048, "flowedge: LinearBatchParams must stay well under the 4 KB CUDA kernel-parameter limit");
-
-/// Arithmetic a backend may use for the big contractions (today: Conv1d). A request, not a guarantee: F32 is the
-/// exact path (float products, float accumulation; SPEC 4 tolerances). TF32 / BF16 let a backend with tensor cores
-/// (CUDA, sm_80+) round both operands (weights and activations) to TF32 (10-bit mantissa, round-to-nearest) or BF16
-/// (7-bit mantissa, round-to-nearest-even) and multiply them on tensor cores with float accumulation, for batched
-/// calls where that pays off. Backends or shapes without such a path (the CPU backend, batch-1 calls) ignore the
-/// request and compute exactly, so a result is always within the F32 tolerance or within the mode's bound:
-/// TF32 |err| <= ~1.3e-3 * sum|w||x| per output, BF16 |err| <= ~8.1e-3 * sum|w||x| (see kernels/cuda/conv_mma.cu).
-enum class MathMode : std::uint8_t {
-    F32 = 0,  ///< exact float math (default)
-    TF32,     ///< tensor cores, TF32 operands, float accumulation (opt-in)
-    BF16,     ///< tensor cores, BF16 operands, float accumulation (opt-in)
-};
 
 /// torch.nn.Conv1d (groups 1, dilation 1): y[b, o, t] = bias[o] + sum_{i,k} w[o, i, k] * x[b, i, t*stride + k - pad],
 /// x outside [0, in_length) reads as zero. x: [batch, in_channels, in_length]; w: [out, in, kernel]; y: [batch, out, out_length].

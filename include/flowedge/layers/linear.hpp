@@ -53,7 +53,9 @@ public:
     /// y[r, :] = act(x[r, :] @ weight^T + bias) (+ y[r, :] when accumulate) for `rows` rows.
     void forward(Context<B>& ctx, const float* x, float* y, int rows, Activation act = Activation::None,
                  bool accumulate = false, int ld_x = 0, int ld_y = 0) const {
-        Ops<B>::linear(params(x, y, rows, act, accumulate, ld_x, ld_y), ctx.stream);
+        LinearParams p = params(x, y, rows, act, accumulate, ld_x, ld_y);
+        p.math = ctx.math;
+        Ops<B>::linear(p, ctx.stream);
     }
 
     const Parameter<B>& weight() const { return m_weight; }
