@@ -286,6 +286,12 @@ struct Ops<Cpu> {
         for (int i = 0; i < p.n_items; ++i) linear(p.items[i], s);
     }
 
+    /// Device scratch a conv1d of p's shape may use under a non-F32 MathMode (Conv1dParams::scratch): none here,
+    /// the CPU kernels build their panels in thread-local buffers.
+    static std::size_t conv1d_scratch_bytes(const Conv1dParams&) { return 0; }
+    /// Readies what MathMode m needs before graphs are recorded (the CUDA tensor-core GEMM library); nothing here.
+    static void prepare_math(MathMode) {}
+
     /// torch.nn.Conv1d (groups 1, dilation 1, zero padding). x: [batch, in, in_length] -> y: [batch, out, out_length].
     static void conv1d(const Conv1dParams& p, Stream = {}) {
         FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 &&
