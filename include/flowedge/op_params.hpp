@@ -4,6 +4,7 @@
 // Large weight matrices keep their storage dtype (WeightRef) and are widened on the fly; small vectors
 // (biases, norm weights, A, D, min/max) are float32, converted once at load.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "flowedge/dtype.hpp"
@@ -77,6 +78,11 @@ struct Conv1dParams {
     int kernel = 1, stride = 1, pad = 0;
     /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> always computes exactly.
     MathMode math = MathMode::F32;
+    /// Optional scratch on the op's backend for a non-F32 MathMode path that needs one (CUDA: the im2col panel,
+    /// GEMM output and GEMM library workspace of the cuBLASLt path, Ops<B>::conv1d_scratch_bytes(p) bytes,
+    /// 256-byte aligned). Without it (null / too small) the backend uses a path that needs none.
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
 };
 
 /// torch.nn.ConvTranspose1d (groups 1, dilation 1, output_padding folded into out_length):
