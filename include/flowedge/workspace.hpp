@@ -36,6 +36,8 @@ public:
     }
 
     std::size_t used() const { return m_used; }
+    /// Bytes still free (a take of up to this many bytes, alignment included, succeeds).
+    std::size_t available() const { return m_storage.size() - m_used; }
     std::size_t capacity() const { return m_storage.size(); }
     void reset() { m_used = 0; }
 

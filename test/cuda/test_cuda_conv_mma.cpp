@@ -1,8 +1,8 @@
 // The opt-in tensor-core conv1d (cuda::conv1d_mma, MathMode TF32/BF16) against a double-accumulating exact conv on
 // odd and PushT-like shapes, batch 1..64, F32/BF16/F16 weights, every block tile (incl. the sm_90 cluster split-K
 // tiles): per-output error bound derived from the unit roundoff and Kg, full coverage of the output (NaN-poisoned),
-// no writes past it, bitwise reproducibility, the routing rule of Ops<Cuda>::conv1d, and Ops<Cpu> ignoring the
-// request (exact).
+// no writes past it, bitwise reproducibility, the routing rule of Ops<Cuda>::conv1d, and Ops<Cpu> computing a TF32
+// request exactly; plus the cuBLASLt path (cuda::conv1d_gemm) on the same footing with its own bound.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -195,16 +195,126 @@ TEST_CASE("conv1d routing: MathMode F32 never takes the MMA path; TF32/BF16 take
     CHECK_THROWS_WITH_AS(cuda::conv1d_mma(p, {}), doctest::Contains("math mode must be TF32 or BF16"), Error);
 }
 
-TEST_CASE("Ops<Cpu>::conv1d ignores the math request: TF32/BF16 give the exact F32 result bit for bit") {
+namespace {
+
+/// Per-output bound of kernels/cuda/conv_gemm.cu (cuBLASLt): TF32 (F32 weights): (2^-10 + 2^-11 + Kg 2^-24); BF16
+/// (BF16 weights, exact; panel rounded to BF16): (2^-8 + Kg 2^-24), times |bias| + sum|w||x|, plus 2^-23 |y|.
+double gemm_rel_bound(DType dt, int kg) {
+    const double acc = double(kg) * std::ldexp(1.0, -24);
+    return dt == DType::F32 ? std::ldexp(1.0, -10) + std::ldexp(1.0, -11) + acc : std::ldexp(1.0, -8) + acc;
+}
+
+double check_gemm_bound(const Case& c, const std::vector<float>& y, DType dt) {
+    const double rb = gemm_rel_bound(dt, c.kg());
+    double worst = 0;
+    std::size_t n_bad = 0, first_bad = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+        const double err = std::fabs(double(y[i]) - c.ref[i]);
+        const double bound = rb * c.mag[i] + std::ldexp(std::fabs(c.ref[i]), -23) + 1e-30;
+        if (!(err <= bound) && n_bad++ == 0) first_bad = i;
+        if (std::isfinite(err)) worst = std::max(worst, err / bound);
+    }
+    CAPTURE(first_bad);
+    CHECK(n_bad == 0);
+    return worst;
+}
+
+void run_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
+    CAPTURE(sh.batch); CAPTURE(sh.in); CAPTURE(sh.out); CAPTURE(sh.len); CAPTURE(sh.k); CAPTURE(sh.stride); CAPTURE(sh.pad);
+    CAPTURE(int(dt));
+    const Case c(sh, dt, seed);
+    for (MathMode m : {MathMode::TF32, MathMode::BF16}) {
+        CAPTURE(int(m));
+        cuda::prepare_math(m);
+        const std::size_t need = cuda::conv1d_scratch_bytes(c.params(m));
+        REQUIRE(need > 0);  // every shape here has batch*out_length >= 256
+        DeviceArray<std::byte> scratch(need);
+        bool took = false;
+        auto gemm = [&](const Conv1dParams& q) {
+            Conv1dParams p = q;
+            p.scratch = scratch.get();
+            p.scratch_bytes = need;
+            took = cuda::conv1d_gemm(p, {});
+        };
+        const auto y = run_device(c, m, gemm);
+        // Applies to F32 weights (TF32 GEMM under either mode) and BF16 weights under BF16 math; F16 never.
+        const bool applies = dt == DType::F32 || (dt == DType::BF16 && m == MathMode::BF16);
+        // 16-byte aligned operand rows (Kg a multiple of 8 elements) always find an algorithm.
+        if (!applies || c.kg() % 8 == 0) CHECK(took == applies);
+        if (!took) continue;
+        const double worst = check_gemm_bound(c, y, dt);
+        MESSAGE("gemm math " << int(m) << " dtype " << int(dt) << " Kg " << c.kg() << " N " << sh.batch * c.out_len
+                             << ": max error / bound " << worst << " (bound " << gemm_rel_bound(dt, c.kg()) << " x sum|w||x|)");
+        const auto y2 = run_device(c, m, gemm);  // same algorithm, same bits
+        CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
+        // Too little scratch: nothing launched, the caller falls back (y stays NaN-poisoned).
+        bool small_took = true;
+        (void)run_device(c, m, [&](const Conv1dParams& q) {
+            Conv1dParams p = q;
+            p.scratch = scratch.get();
+            p.scratch_bytes = need - 256;
+            small_took = cuda::conv1d_gemm(p, {});
+        });
+        CHECK_FALSE(small_took);
+        // Through Ops<Cuda>::conv1d with the scratch: the same GEMM result bit for bit.
+        const auto yo = run_device(c, m, [&](const Conv1dParams& q) {
+            Conv1dParams p = q;
+            p.scratch = scratch.get();
+            p.scratch_bytes = need;
+            Ops<Cuda>::conv1d(p, {});
+        });
+        CHECK(std::memcmp(y.data(), yo.data(), y.size() * sizeof(float)) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("conv1d_gemm (cuBLASLt): odd and PushT-like shapes at batch*length >= 256, every dtype and math mode") {
+    if (device_major() < 8) return;
+    const Shape1d shapes[] = {
+        {20, 37, 70, 13, 5, 1, 2},    // Kg 185 odd (unaligned rows: the library may decline), M 70, N 260
+        {30, 70, 33, 10, 4, 1, 1},    // even kernel, Kg 280, M 33, N 270
+        {64, 512, 256, 16, 5, 1, 2},  // PushT L 16: N 1024, Kg 2560
+        {64, 1024, 128, 8, 3, 2, 1},  // the stride-2 downsample: N 256
+        {64, 4096, 64, 4, 1, 1, 0},   // k 1 residual conv, Kg 4096
+        {64, 4096, 96, 4, 5, 1, 2},   // the longest PushT reduction: Kg 20480, N 256
+    };
+    std::uint32_t seed = 700;
+    for (const Shape1d& s : shapes)
+        for (DType dt : kAllDtypes) run_gemm_case(s, dt, seed += 13);
+}
+
+TEST_CASE("conv1d_gemm declines what it does not handle: F32 math, no scratch, too-small batch*length") {
+    const Case c({64, 64, 32, 8, 5, 1, 2}, DType::F32, 990);
+    cuda::prepare_math(MathMode::TF32);
+    Conv1dParams probe = c.params(MathMode::TF32);
+    const std::size_t need = cuda::conv1d_scratch_bytes(probe);
+    CHECK(need > 0);
+    probe.batch = 1;  // N = 8: the exact kernels serve it, no scratch
+    CHECK(cuda::conv1d_scratch_bytes(probe) == 0);
+    DeviceArray<std::byte> scratch(need);
+    for (MathMode m : {MathMode::F32, MathMode::TF32}) {
+        bool took = true;
+        (void)run_device(c, m, [&](const Conv1dParams& q) {
+            Conv1dParams p = q;
+            if (m == MathMode::F32) { p.scratch = scratch.get(); p.scratch_bytes = need; }  // F32: never
+            took = cuda::conv1d_gemm(p, {});                                                // TF32 without scratch
+        });
+        CHECK_FALSE(took);
+        // Ops<Cuda>::conv1d without scratch still computes (exact for F32, conv_mma for TF32).
+        const auto yo = run_device(c, m, [&](const Conv1dParams& p) { Ops<Cuda>::conv1d(p, {}); });
+        (void)check_bound(c, yo, MathMode::TF32);
+    }
+}
+
+TEST_CASE("Ops<Cpu>::conv1d computes a TF32 request exactly (the CPU has no TF32): the F32 result bit for bit") {
     const Case c({8, 40, 24, 16, 5, 1, 2}, DType::F32, 900);
     std::vector<float> y_f32(c.ref.size()), y_m(c.ref.size());
     Conv1dParams p = c.params(MathMode::F32);
     p.x = c.x.data(); p.w = c.w.cpu(); p.bias = c.bias.data(); p.y = y_f32.data();
     Ops<Cpu>::conv1d(p, {});
-    for (MathMode m : {MathMode::TF32, MathMode::BF16}) {
-        p.math = m;
-        p.y = y_m.data();
-        Ops<Cpu>::conv1d(p, {});
-        CHECK(std::memcmp(y_f32.data(), y_m.data(), y_m.size() * sizeof(float)) == 0);
-    }
+    p.math = MathMode::TF32;
+    p.y = y_m.data();
+    Ops<Cpu>::conv1d(p, {});
+    CHECK(std::memcmp(y_f32.data(), y_m.data(), y_m.size() * sizeof(float)) == 0);
 }

@@ -504,9 +504,24 @@ TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at 
     const double d_bf16w = max_abs_diff(run(hw), ref), d_f16w = max_abs_diff(run(hh), ref);
     const DeviceSnapshot s0 = DeviceSnapshot::now();
     h.set_math(MathMode::TF32);
+    cuda::set_graph_census(true);
     const auto tf32 = run(h);
+    // F32 weights at batch*length >= 256 go through the cuBLASLt GEMM (kernels/cuda/conv_gemm.cu), whose im2col
+    // and transpose kernels show in the captured graph (unless FLOWEDGE_CUDA_NO_LT=1 forces conv_mma.cu).
+    const cuda::GraphCensus census = cuda::last_graph_census();
+    cuda::set_graph_census(false);
+    int im2col = 0;
+    for (const auto& [name, n] : census.kernels)
+        if (name.find("conv1d_im2col_kernel") != std::string::npos) im2col += n;
+    if (std::getenv("FLOWEDGE_CUDA_NO_LT") == nullptr) CHECK(im2col > 0);
     h.set_math(MathMode::BF16);
     const auto bf16m = run(h);
+    // BF16 weights under BF16 math: the BF16 GEMM (weights exact, activations rounded): same bound as above.
+    hw.set_math(MathMode::BF16);
+    const double d_bf16_bf16w = max_abs_diff(run(hw), ref);
+    MESSAGE("BF16 weights + BF16 math vs F32: " << d_bf16_bf16w);
+    CHECK(d_bf16_bf16w <= 4 * d_bf16w + 1e-3);
+    CHECK(d_bf16_bf16w <= 0.15);
     const double d_tf32 = max_abs_diff(tf32, ref), d_bf16 = max_abs_diff(bf16m, ref);
     MESSAGE("dp_small batch 16, 10-step DDIM, max abs normalised-action difference vs F32 math: TF32 " << d_tf32 << ", BF16 "
                                                                                                      << d_bf16 << "; in F32 math, BF16 weights " << d_bf16w << ", F16 weights " << d_f16w);

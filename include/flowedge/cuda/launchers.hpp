@@ -5,6 +5,8 @@
 // launch (flowedge::Error carrying file:line and the CUDA error string). All pointers are device
 // pointers. Weight dtypes F32/BF16/F16 are dispatched at run time to templated kernels.
 #pragma once
+#include <cstddef>
+
 #include "flowedge/backend.hpp"
 #include "flowedge/op_params.hpp"
 
@@ -13,7 +15,8 @@ namespace flowedge::cuda {
 void linear(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
-/// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_mma; otherwise the exact float kernels.
+/// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma; otherwise
+/// the exact float kernels.
 void conv1d(const Conv1dParams& p, Stream s);
 /// Tensor-core implicit GEMM (kernels/cuda/conv_mma.cu): D[o, b*out_length + t] = bias[o] + sum_{i,k} W[o, i*kernel + k] *
 /// X[b, i, t*stride + k - pad], operands rounded to p.math (TF32 or BF16, float accumulation), deterministic.
@@ -21,6 +24,18 @@ void conv1d(const Conv1dParams& p, Stream s);
 /// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32,
 /// 4 / 5 = 128x128 with K split over a 2 / 4-block cluster (sm_90 only) (tests and A/B timing).
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile = 0);
+/// cuBLASLt tensor-core conv1d (kernels/cuda/conv_gemm.cu): im2col panel in p.scratch, one TF32 (F32 weights) or
+/// BF16 (BF16 weights, BF16 math) library GEMM, transpose + bias. Returns false, launching nothing, when it does not
+/// apply (math F32, other weight dtype/math pairs, p.scratch missing or smaller than conv1d_scratch_bytes(p), no
+/// library handle while a graph is being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1); conv1d then
+/// runs conv1d_mma. Bound and determinism: see conv_gemm.cu.
+bool conv1d_gemm(const Conv1dParams& p, Stream s);
+/// Scratch bytes conv1d_gemm needs for p's shape when conv1d would route it to the tensor-core path under TF32/BF16
+/// math (p.math itself is ignored: models size their workspace at load), else 0.
+std::size_t conv1d_scratch_bytes(const Conv1dParams& p);
+/// Creates the cuBLASLt handle of the current device for a non-F32 MathMode (so that graphs captured later can use
+/// it); no-op for F32 or without an sm_80+ device.
+void prepare_math(MathMode m);
 /// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
 /// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
 bool conv1d_mma_selected(const Conv1dParams& p);

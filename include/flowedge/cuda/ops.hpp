@@ -21,6 +21,8 @@ struct Ops<Cuda> {
     static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { cuda::linear_batch(p, s); }
     static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
+    static std::size_t conv1d_scratch_bytes(const Conv1dParams& p) { return cuda::conv1d_scratch_bytes(p); }
+    static void prepare_math(MathMode m) { cuda::prepare_math(m); }
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { cuda::conv_transpose1d(p, s); }
     static void group_norm(const GroupNormParams& p, Stream s = {}) { cuda::group_norm(p, s); }
     static void rms_norm(const RmsNormParams& p, Stream s = {}) { cuda::rms_norm(p, s); }

@@ -1,5 +1,6 @@
 // torch.nn.Conv1d on any backend: weight kept in its storage dtype, shapes checked, compute in Ops<B>.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -65,7 +66,34 @@ public:
         p.stride = m_cfg.stride;
         p.pad = m_cfg.pad;
         p.math = ctx.math;
+        if (ctx.math != MathMode::F32 && ctx.workspace) {
+            // A non-F32 path may want backend scratch (CUDA: cuBLASLt panel + output); taken only when the arena
+            // was sized for it (DiffusionHead adds max_conv_scratch_bytes), else the backend uses a path without.
+            const std::size_t need = Ops<B>::conv1d_scratch_bytes(p);
+            if (need > 0 && ctx.workspace->available() >= need) {
+                typename Workspace<B>::Mark mark(*ctx.workspace);
+                p.scratch = ctx.workspace->template take<std::byte>(Shape{std::int64_t(need)}).data;
+                p.scratch_bytes = need;
+                Ops<B>::conv1d(p, ctx.stream);
+                return;
+            }
+        }
         Ops<B>::conv1d(p, ctx.stream);
+    }
+
+    /// Backend scratch a forward() over `batch` x `in_length` may take under a non-F32 MathMode (0 on the CPU).
+    std::size_t scratch_bytes(int batch, int in_length) const { return scratch_bytes(m_cfg, batch, in_length); }
+    static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
+        Conv1dParams p;
+        p.batch = batch;
+        p.in_channels = c.in;
+        p.out_channels = c.out;
+        p.in_length = in_length;
+        p.out_length = (in_length + 2 * c.pad - c.kernel) / c.stride + 1;
+        p.kernel = c.kernel;
+        p.stride = c.stride;
+        p.pad = c.pad;
+        return p.out_length > 0 ? Ops<B>::conv1d_scratch_bytes(p) : 0;
     }
 
     const Parameter<B>& weight() const { return m_weight; }

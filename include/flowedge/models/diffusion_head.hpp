@@ -165,7 +165,37 @@ public:
             rb(2 * c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
             rb(c.down_dims[std::size_t(s - 1)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
         }
-        return n + blk;
+        // A convolution's backend scratch (non-F32 math) is taken and returned inside the conv, on top of whatever
+        // its block holds, so the largest one is added once.
+        return n + blk + max_conv_scratch_bytes(c, batch);
+    }
+
+    /// Largest Conv1d::scratch_bytes over every convolution forward() runs (0 on the CPU).
+    static std::size_t max_conv_scratch_bytes(const Config& c, int batch) {
+        const int S = c.stages(), k = c.kernel_size;
+        std::size_t m = 0;
+        auto conv = [&](int in, int out, int kernel, int stride, int pad, int L) {
+            m = std::max(m, Conv1d<B>::scratch_bytes({.in = in, .out = out, .kernel = kernel, .stride = stride, .pad = pad}, batch, L));
+        };
+        auto rb = [&](int in, int out, int L) {
+            conv(in, out, k, 1, k / 2, L);   // conv1
+            conv(out, out, k, 1, k / 2, L);  // conv2
+            if (in != out) conv(in, out, 1, 1, 0, L);  // residual 1x1
+        };
+        for (int s = 0; s < S; ++s) {
+            const int in = s == 0 ? c.action_dim : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)];
+            rb(in, out, c.horizon >> s);
+            rb(out, out, c.horizon >> s);
+            if (s < S - 1) conv(out, out, 3, 2, 1, c.horizon >> s);  // downsample
+        }
+        rb(c.down_dims.back(), c.down_dims.back(), c.horizon >> (S - 1));
+        for (int s = S - 1; s >= 1; --s) {
+            rb(2 * c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
+            rb(c.down_dims[std::size_t(s - 1)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
+        }
+        conv(c.down_dims[0], c.down_dims[0], k, 1, k / 2, c.horizon);  // final conv block
+        conv(c.down_dims[0], c.action_dim, 1, 1, 0, c.horizon);        // final 1x1
+        return m;
     }
 
     /// eps = unet(x, timestep, cond). x, eps: [batch, horizon, action_dim] (x and eps must not alias);
@@ -461,6 +491,7 @@ public:
         if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
             fail("diffusion", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
         if (m == m_math) return;
+        Ops<B>::prepare_math(m);  // CUDA: creates the GEMM library handle now, not inside a graph capture
         m_math = m;
         m_graph.reset();
     }
