@@ -29,6 +29,12 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
         Ops<Cpu>::conv1d(c);  // im2col panel split over input channels
         c.w = {w16.data(), DType::BF16}; c.in_channels = 512; c.out_channels = 512; c.in_length = 16; c.out_length = 16;
         Ops<Cpu>::conv1d(c);
+        // MathMode::BF16 (vdpbf16ps kernels where built for AVX512_BF16): BF16 panel and BF16 x rows on the stack.
+        c.math = MathMode::BF16;
+        Ops<Cpu>::conv1d(c);
+        c.w = {w.data(), DType::F32}; c.in_channels = 4096; c.out_channels = 64; c.in_length = 16; c.out_length = 16;
+        Ops<Cpu>::conv1d(c);  // two BF16 panel passes over the input channels
+        c.math = MathMode::F32;
         ConvTranspose1dParams t;
         t.x = x.data(); t.w = {w16.data(), DType::F16}; t.bias = small.data(); t.y = y.data();
         t.in_channels = 1024; t.out_channels = 1024; t.in_length = 4; t.out_length = 8;
@@ -37,6 +43,13 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
         l.x = x.data(); l.w = {w.data(), DType::F32}; l.bias = small.data(); l.y = y.data();
         l.rows = 20; l.in = 260; l.out = 2048; l.act = Activation::Mish;
         Ops<Cpu>::linear(l);
+        l.math = MathMode::BF16;
+        Ops<Cpu>::linear(l);  // BF16 x rows, parallel
+        l.rows = 12; l.in = 3000; l.out = 16;
+        Ops<Cpu>::linear(l);  // two passes of BF16 x rows
+        l.rows = 1; l.in = 256; l.out = 256; l.act = Activation::Silu;
+        Ops<Cpu>::linear(l);  // batch-1 GEMV
+        l.rows = 20; l.in = 260; l.out = 2048; l.act = Activation::Mish; l.math = MathMode::F32;
         LinearBatchParams lb;  // FiLM-style batch: two items reading x, writing disjoint parts of y
         lb.n_items = 2;
         lb.items[0] = l;

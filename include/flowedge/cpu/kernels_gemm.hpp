@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "flowedge/cpu/simd.hpp"
 
@@ -285,6 +286,188 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t 
         }
     }
 }
+
+#if defined(FLOWEDGE_CPU_BF16_MATH)
+// ---- MathMode::BF16 kernels (vdpbf16ps) -------------------------------------------------------------------------
+// Same blocking as the F32 kernels above, but one step covers 32 reduction elements: each weight vector holds 32
+// BF16 values (stored BF16 as is; F32/F16 rounded once to BF16 in a register, vload_bh) and vdpbf16ps multiplies
+// them pairwise against 32 BF16 activations into 16 F32 accumulators (lane i takes elements 2i and 2i+1, so the
+// weight row and the activation column both run along the reduction index, as stored). Activations come from a
+// BF16 copy (conv1d's im2col panel, linear's rows) whose columns are zero-padded to a multiple of 32 elements, so
+// they are always loaded whole; a len % 32 weight tail is loaded masked (zeros past the row end).
+
+/// Output rows per BF16 RO x NC block: BF16 weights are vdpbf16ps memory operands as in rows_for_cols; F32/F16
+/// weights are rounded in a register first, so each of the RO weight vectors needs one of its own.
+template <class WT>
+constexpr int rows_for_cols_bh(int nc) {
+    if (std::is_same_v<WT, bf16>) return rows_for_cols(nc);
+    const int r = (kRegisters - 2) / (nc + 1);
+    return r < 1 ? 1 : (r > 8 ? 8 : r);
+}
+
+/// res[r][c] = sum_{j < len} bf16(w[r*ldw + j]) * x[c*ldx + j] for RO weight rows and NC BF16 columns (ldx a
+/// multiple of 32, columns zero past len); F32 accumulation, per-accumulator reductions.
+template <int RO, int NC, class WT>
+inline void dot_block_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, float (&res)[RO][NC]) {
+    VecF acc[RO][NC];
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = vzero();
+    const int full = len / kLanesBh * kLanesBh;
+    for (int j = 0; j < full; j += kLanesBh) {
+        VecBh wv[RO];
+        for (int r = 0; r < RO; ++r) {
+            // One prefetch per 64-byte weight line: one per step for BF16 weights, two for F32.
+            if constexpr (NC >= kPrefetchMinCols) {
+                const WT* row = w + std::size_t(r) * ldw;
+                if constexpr (sizeof(WT) == 4) {
+                    prefetch_ahead(row, j, len, std::size_t(RO) * ldw);
+                    prefetch_ahead(row, j + 16, len, std::size_t(RO) * ldw);
+                } else {
+                    prefetch_ahead(row, j, len, std::size_t(RO) * ldw);
+                }
+            }
+            wv[r] = vload_bh(w + std::size_t(r) * ldw + j);
+        }
+        for (int c = 0; c < NC; ++c) {
+            const VecBh xv = vload_bh(x + std::size_t(c) * ldx + j);
+            for (int r = 0; r < RO; ++r) acc[r][c] = vdot_bh(acc[r][c], wv[r], xv);
+        }
+    }
+    if (full < len) {
+        VecBh wv[RO];
+        for (int r = 0; r < RO; ++r) wv[r] = vload_bh_n(w + std::size_t(r) * ldw + full, len - full);
+        for (int c = 0; c < NC; ++c) {
+            const VecBh xv = vload_bh(x + std::size_t(c) * ldx + full);
+            for (int r = 0; r < RO; ++r) acc[r][c] = vdot_bh(acc[r][c], wv[r], xv);
+        }
+    }
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) res[r][c] = vsum(acc[r][c]);
+}
+
+/// dot_rows_fixed on the BF16 kernel: f(o, c, dot) for rows [o0, o1), NC columns.
+template <int NC, class WT, class F>
+inline void dot_rows_fixed_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    constexpr int RO = rows_for_cols_bh<WT>(NC);
+    int o = o0;
+    for (; o + RO <= o1; o += RO) {
+        float res[RO][NC];
+        dot_block_bh<RO, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int r = 0; r < RO; ++r)
+            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
+    }
+    for (; o < o1; ++o) {
+        float res[1][NC];
+        dot_block_bh<1, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
+    }
+}
+
+/// Short-row BF16 kernel (the vdpbf16ps twin of dot_block16): RO weight rows x NC columns (RO * NC <= 16) in
+/// 16 accumulators reduced together by vsum16, lane r*NC + c = dot(w row r, x column c); rows at or past `nrows`
+/// re-read the last valid row. The 1-column linear (batch-1 GEMV) runs here.
+template <int RO, int NC, class WT>
+inline VecF dot_block16_bh(const WT* w, std::size_t ldw, int nrows, const bf16* x, std::size_t ldx, int len) {
+    static_assert(RO * NC <= 16, "dot_block16_bh: at most 16 accumulators");
+    constexpr int kSweep = RO < 8 ? RO : 8;
+    VecF acc[16];
+    for (auto& a : acc) a = vzero();
+    const int full = len / kLanesBh * kLanesBh, tail = len - full;
+    for (int r0 = 0; r0 < RO; r0 += kSweep) {
+        const WT* wr[kSweep];
+        for (int r = 0; r < kSweep; ++r) wr[r] = w + std::size_t(std::min(r0 + r, nrows - 1)) * ldw;
+        for (int j = 0; j < full; j += kLanesBh) {
+            VecBh xv[NC];
+            for (int c = 0; c < NC; ++c) xv[c] = vload_bh(x + std::size_t(c) * ldx + j);
+            for (int r = 0; r < kSweep; ++r) {
+                if constexpr (NC >= kPrefetchMinCols) {
+                    prefetch_ahead(wr[r], j, len, std::size_t(RO) * ldw);
+                    if constexpr (sizeof(WT) == 4) prefetch_ahead(wr[r], j + 16, len, std::size_t(RO) * ldw);
+                }
+                const VecBh wv = vload_bh(wr[r] + j);
+                for (int c = 0; c < NC; ++c) acc[(r0 + r) * NC + c] = vdot_bh(acc[(r0 + r) * NC + c], wv, xv[c]);
+            }
+        }
+        if (tail) {
+            VecBh xv[NC];
+            for (int c = 0; c < NC; ++c) xv[c] = vload_bh(x + std::size_t(c) * ldx + full);
+            for (int r = 0; r < kSweep; ++r) {
+                const VecBh wv = vload_bh_n(wr[r] + full, tail);
+                for (int c = 0; c < NC; ++c) acc[(r0 + r) * NC + c] = vdot_bh(acc[(r0 + r) * NC + c], wv, xv[c]);
+            }
+        }
+    }
+    return vsum16(acc);
+}
+
+/// dot_rows16 on the BF16 short-row kernel: f(o, c, dot) (or f.vec) for rows [o0, o1), NC columns.
+template <int NC, class WT, class F>
+inline void dot_rows16_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    constexpr int RO = NC == 1 ? 16 : NC == 2 ? 8 : NC == 3 ? 5 : NC == 4 ? 4 : 2;
+    alignas(64) float res[16];
+    for (int o = o0; o < o1; o += RO) {
+        const int nv = std::min(RO, o1 - o);
+        const VecF v = dot_block16_bh<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
+        if constexpr (VectorEpilogue<F>) {
+            if constexpr (NC == 1) {
+                f.vec(o, 0, v, nv);
+            } else {
+                for (int c = 0; c < NC; ++c) f.vec(o, c, _mm512_permutexvar_ps(column_lanes<RO, NC>(c), v), nv);
+            }
+        } else {
+            _mm512_store_ps(res, v);
+            for (int r = 0; r < nv; ++r)
+                for (int c = 0; c < NC; ++c) f(o + r, c, res[r * NC + c]);
+        }
+    }
+}
+
+/// Runtime-nc front end of the BF16 kernels (1 <= nc <= kMaxCols), same split as dot_rows.
+template <class WT, class F>
+inline void dot_rows_bh(int nc, const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    if (len < kShortRow || nc == 1) {
+        switch (nc) {
+            case 1: dot_rows16_bh<1>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 2: dot_rows16_bh<2>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 3: dot_rows16_bh<3>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 4: dot_rows16_bh<4>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 5: dot_rows16_bh<5>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 6: dot_rows16_bh<6>(w, ldw, x, ldx, len, o0, o1, f); return;
+            case 7: dot_rows16_bh<7>(w, ldw, x, ldx, len, o0, o1, f); return;
+            default: dot_rows16_bh<8>(w, ldw, x, ldx, len, o0, o1, f); return;
+        }
+    }
+    switch (nc) {
+        case 2: dot_rows_fixed_bh<2>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 3: dot_rows_fixed_bh<3>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 4: dot_rows_fixed_bh<4>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 5: dot_rows_fixed_bh<5>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 6: dot_rows_fixed_bh<6>(w, ldw, x, ldx, len, o0, o1, f); break;
+        case 7: dot_rows_fixed_bh<7>(w, ldw, x, ldx, len, o0, o1, f); break;
+        default: dot_rows_fixed_bh<8>(w, ldw, x, ldx, len, o0, o1, f); break;
+    }
+}
+
+/// gemm_rows with BF16 activations: f(o, c, dot(bf16(w row o), x column c)) for rows [o0, o1) and columns
+/// [0, ncols); x holds ncols BF16 columns of ldx elements (a multiple of 32, zero past len).
+template <class WT, class F>
+inline void gemm_rows_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1,
+                         int ncols, F& f) {
+    if (ncols <= kMaxCols) {
+        dot_rows_bh(ncols, w, ldw, x, ldx, len, o0, o1, f);
+        return;
+    }
+    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
+    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
+    for (int ob = o0; ob < o1; ob += block) {
+        const int oe = std::min(o1, ob + block);
+        for (int cb = 0; cb < ncols; cb += kMaxCols) {
+            ColumnOffset<F> g{f, cb};
+            dot_rows_bh(std::min(kMaxCols, ncols - cb), w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
+        }
+    }
+}
+#endif
 
 /// Transposed-conv accumulation for G (1..4) consecutive weight rows:
 /// Z[c*ldz + j] += sum_g w[g*ldw + j] * xs[c*4 + g] for j in [j0, j1) and columns c < nc.

@@ -191,6 +191,122 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
     }
 }
 
+#if defined(FLOWEDGE_CPU_BF16_MATH)
+constexpr std::size_t round_up32(std::size_t n) { return (n + 31) / 32 * 32; }
+/// BF16 elements of stack scratch for linear's BF16-rounded x rows (64 KiB).
+inline constexpr std::size_t kLinearBhScratch = 32 * 1024;
+
+/// Whether Ops<Cpu>::linear runs p on the vdpbf16ps kernels: MathMode::BF16 requested, rows longer than 8 (the
+/// in <= 8 kernel is not multiply-bound, so it stays exact) and one BF16 x row fitting the stack scratch.
+inline bool linear_uses_bf16(const LinearParams& p) {
+    return p.math == MathMode::BF16 && p.in > 8 && round_up32(std::size_t(p.in)) <= kLinearBhScratch;
+}
+
+/// linear_impl under MathMode::BF16: x rows rounded to BF16 (RNE) into stack scratch, as many rows per pass as fit,
+/// then the vdpbf16ps kernels with the same epilogues and the same OpenMP split over output rows.
+template <class WT>
+inline void linear_bf16_impl(const LinearParams& p, const WT* w) {
+    const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in);
+    const std::size_t ldy = p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out);
+    const std::size_t ldb = round_up32(std::size_t(p.in));
+    const bool act_after = p.act != Activation::None && !p.accumulate;
+    const int rows_per = int(std::min<std::size_t>(std::size_t(p.rows), kLinearBhScratch / ldb));
+    const bool par = double(p.rows) * p.in * p.out >= kParallelMacs;
+    alignas(64) bf16 xb[kLinearBhScratch];
+    for (int r0 = 0; r0 < p.rows; r0 += rows_per) {
+        const int nr = std::min(rows_per, p.rows - r0);
+        for (int r = 0; r < nr; ++r) round_to_bh(p.x + std::size_t(r0 + r) * ldx, p.in, xb + std::size_t(r) * ldb);
+        LinearParams q = p;  // this pass's rows
+        q.y = p.y + std::size_t(r0) * ldy;
+        q.rows = nr;
+        auto run = [&](int o0, int o1) {
+            if (q.act == Activation::None || act_after) {
+                LinearEpilogueVec ev{{q, ldy, act_after}};
+                gemm_rows_bh(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, ev);
+            } else {
+                LinearEpilogue epilogue{q, ldy, act_after};
+                gemm_rows_bh(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, epilogue);
+            }
+            if (act_after)
+                for (int r = 0; r < nr; ++r) activate_inplace(q.act, q.y + std::size_t(r) * ldy + std::size_t(o0), o1 - o0);
+        };
+        if (!par) {
+            run(0, q.out);
+            continue;
+        }
+#pragma omp parallel
+        {
+            const int tid = thread_index(), nth = thread_count();
+            const int units = (q.out + 15) / 16;
+            const int o0 = std::min(q.out, 16 * int(std::int64_t(units) * tid / nth));
+            const int o1 = std::min(q.out, 16 * int(std::int64_t(units) * (tid + 1) / nth));
+            if (o0 < o1) run(o0, o1);
+        }
+    }
+}
+
+/// conv1d_impl under MathMode::BF16: the same passes, thread split and epilogue, but each im2col panel column is
+/// rounded to BF16 (RNE) as it is built, with the reduction index i*K + k contiguous (the weight row's order, which
+/// vdpbf16ps pairs along) and zeros up to a multiple of 32; BF16 halves the panel, so a pass takes twice the
+/// input channels.
+template <class WT>
+inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int N = p.batch * Lout;
+    const std::size_t R = std::size_t(Cin) * std::size_t(K);
+    constexpr std::size_t kPanelBh = 2 * kScratchFloats;  // BF16 elements in the same 256 KiB
+    const int ns = std::min(N, 64);
+    const std::size_t per_col = (kPanelBh / std::size_t(ns)) / 32 * 32;
+    const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), per_col / std::size_t(K)));
+    const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+#pragma omp parallel if (par)
+    {
+        alignas(64) bf16 panel[kPanelBh];
+        const int tid = thread_index(), nth = thread_count();
+        const int o0 = int(std::int64_t(Cout) * tid / nth), o1 = int(std::int64_t(Cout) * (tid + 1) / nth);
+        for (int n0 = 0; n0 < N; n0 += ns) {
+            const int nn = std::min(ns, N - n0);
+            for (int i0 = 0; i0 < Cin; i0 += chunk_in) {
+                const int ni = std::min(chunk_in, Cin - i0);
+                const int len = ni * K;
+                const std::size_t ldp = round_up32(std::size_t(len));
+                for (int c = 0; c < nn; ++c) {
+                    const int n = n0 + c, b = n / Lout, t = n % Lout;
+                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
+                    bf16* dst = panel + std::size_t(c) * ldp;
+                    const int start = t * p.stride - p.pad;
+                    // Gathered 32 floats at a time, then rounded together (vcvtne2ps2bf16).
+                    alignas(64) float tmp[32];
+                    int fill = 0;
+                    std::size_t at = 0;
+                    for (int i = 0; i < ni; ++i) {
+                        const float* xr = xb + std::size_t(i) * Lin;
+                        for (int k = 0; k < K; ++k) {
+                            const int s = start + k;
+                            tmp[fill++] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
+                            if (fill == 32) {
+                                _mm512_store_si512(dst + at, __m512i(vload_bh(tmp)));
+                                at += 32;
+                                fill = 0;
+                            }
+                        }
+                    }
+                    if (fill) _mm512_store_si512(dst + at, __m512i(vload_bh_n(tmp, fill)));
+                }
+                const bool first = i0 == 0;
+                auto epilogue = [&](int o, int c, float v) {
+                    const int n = n0 + c, b = n / Lout, t = n % Lout;
+                    float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
+                    if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
+                    else dst += v;
+                };
+                if (o0 < o1) gemm_rows_bh(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
+            }
+        }
+    }
+}
+#endif
+
 template <class WT>
 inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
     const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
@@ -276,6 +392,12 @@ struct Ops<Cpu> {
                                                                               std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y)));
         if (p.rows == 0) return;
         FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "linear", "null tensor pointer");
+#if defined(FLOWEDGE_CPU_BF16_MATH)
+        if (cpu::linear_uses_bf16(p)) {
+            cpu::with_weights(p.w, [&](auto w) { cpu::linear_bf16_impl(p, w); });
+            return;
+        }
+#endif
         cpu::with_weights(p.w, [&](auto w) { cpu::linear_impl(p, w); });
     }
 
@@ -302,6 +424,12 @@ struct Ops<Cpu> {
         FLOWEDGE_CPU_REQUIRE(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, "conv1d",
                              "out_length" + expected_got(want, p.out_length));
         FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "conv1d", "null tensor pointer");
+#if defined(FLOWEDGE_CPU_BF16_MATH)
+        if (p.math == MathMode::BF16) {
+            cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_bf16_impl(p, w); });
+            return;
+        }
+#endif
         cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_impl(p, w); });
     }
 

@@ -1,5 +1,6 @@
 // A minimal SIMD vocabulary for the CPU kernels: one float vector type per instruction set, with loads that
-// widen BF16/F16 weights in registers (AVX-512, AVX2+FMA+F16C, or a portable scalar fallback).
+// widen BF16/F16 weights in registers (AVX-512, AVX2+FMA+F16C, or a portable scalar fallback), plus the BF16
+// dot-product vocabulary (vdpbf16ps) of the opt-in MathMode::BF16 kernels where the build targets AVX512_BF16.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +70,42 @@ inline VecF vsum16(const VecF (&v)[16]) {
     // Lane 4m + q of the result: sum of v[4m + q] (w01 lanes [u0 half sums, u1 half sums], likewise w23).
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
+
+#if defined(__AVX512BF16__)
+/// MathMode::BF16 kernels exist in this build (AVX-512 BF16: vcvtne2ps2bf16 and vdpbf16ps).
+#define FLOWEDGE_CPU_BF16_MATH 1
+/// BF16 elements per BF16 vector (one vdpbf16ps step along the reduction).
+inline constexpr int kLanesBh = 32;
+using VecBh = __m512bh;
+/// 32 F32 values rounded to BF16 (round to nearest even, input denormals read as zero: vcvtne2ps2bf16);
+/// lo are elements 0..15, hi elements 16..31.
+inline VecBh to_bh(__m512 lo, __m512 hi) { return _mm512_cvtne2ps_pbh(hi, lo); }
+inline __mmask32 lane_mask_bh(int n) { return n >= 32 ? ~__mmask32(0) : __mmask32((1u << n) - 1u); }
+/// 32 consecutive elements as BF16: stored BF16 as is, F32/F16 rounded once to BF16 (F16 widening is exact).
+inline VecBh vload_bh(const bf16* p) { return VecBh(_mm512_loadu_si512(p)); }
+inline VecBh vload_bh(const float* p) { return to_bh(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)); }
+inline VecBh vload_bh(const f16* p) {
+    return to_bh(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))));
+}
+/// The first n (0..32) elements as BF16, zero in the other lanes (masked: never touches memory past n).
+inline VecBh vload_bh_n(const bf16* p, int n) { return VecBh(_mm512_maskz_loadu_epi16(lane_mask_bh(n), p)); }
+inline VecBh vload_bh_n(const float* p, int n) {
+    return to_bh(_mm512_maskz_loadu_ps(lane_mask(n < 16 ? n : 16), p), _mm512_maskz_loadu_ps(lane_mask(n > 16 ? n - 16 : 0), p + 16));
+}
+inline VecBh vload_bh_n(const f16* p, int n) {
+    return to_bh(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(n < 16 ? n : 16), p)),
+                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(n > 16 ? n - 16 : 0), p + 16)));
+}
+/// acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1] (vdpbf16ps: exact products, F32 accumulation, DAZ/FTZ, RNE).
+inline VecF vdot_bh(VecF acc, VecBh a, VecBh b) { return _mm512_dpbf16_ps(acc, a, b); }
+/// dst[0, round_up(n, 32)) = BF16(src[0, n)) followed by zeros up to the next multiple of 32.
+inline void round_to_bh(const float* src, int n, bf16* dst) {
+    int j = 0;
+    for (; j + 32 <= n; j += 32) _mm512_storeu_si512(dst + j, __m512i(vload_bh(src + j)));
+    if (j < n) _mm512_storeu_si512(dst + j, __m512i(vload_bh_n(src + j, n - j)));
+}
+#endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 inline constexpr int kLanes = 8;
 inline constexpr int kRegisters = 16;
