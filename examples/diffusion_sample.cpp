@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     CLI::App app{"Sample an action horizon from a Diffusion Policy checkpoint (LeRobot pretrained_model folder or compact\n"
                  "*.flowedge.safetensors). Defaults: zero condition, noise[i] = sin(0.37*(i+1)), DDIM, 10 steps.\n"
                  "Prints the un-normalised horizon (one row per step: action[0] action[1] ...) and the latency."};
-    std::string model, scheduler_arg = "ddim", device_arg = "cpu", dtype_arg = "f32", cond_path, noise_path, out_path;
+    std::string model, scheduler_arg = "ddim", device_arg = "cpu", dtype_arg = "f32", math_arg = "f32", cond_path, noise_path, out_path;
     int steps = 10, batch = 1, repeats = 3;
     std::uint64_t seed = 0;
     app.add_option("MODEL", model, "LeRobot pretrained_model folder or *.flowedge.safetensors")->required();
@@ -92,6 +92,9 @@ int main(int argc, char** argv) {
     app.add_option("--batch", batch, "samples per call")->check(CLI::Range(1, 4096));
     app.add_option("--device", device_arg, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--dtype", dtype_arg, "weight storage: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    app.add_option("--math", math_arg, "convolution arithmetic: f32 (exact) | tf32 | bf16 (opt-in tensor-core math for "
+                                       "batched calls on CUDA, see DiffusionHead::set_math)")
+        ->check(CLI::IsMember({"f32", "tf32", "bf16"}));
     app.add_option("--repeats", repeats, "timed repetitions after one warm-up (median printed)")->check(CLI::Range(1, 100000));
     CLI11_PARSE(app, argc, argv);
 
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
             return 2;
         }
         return resident.visit([&](auto& head) {
+            head.set_math(parse_math_mode(math_arg));
             const DiffusionConfig& c = head.config();
             const std::size_t per = std::size_t(c.horizon) * c.action_dim;
             std::vector<float> cond(std::size_t(batch) * c.global_cond_dim, 0.f), noise(std::size_t(batch) * per), actions(noise.size());
