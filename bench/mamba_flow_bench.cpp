@@ -93,7 +93,7 @@ nlohmann::json census_json(const cuda::GraphCensus& c) {
 #endif
 
 struct Options {
-    std::string model = "models/mamba_flow.safetensors", json_path, dtype = "f32", device = "cpu";
+    std::string model = "models/mamba_flow.safetensors", json_path, dtype = "f32", device = "cpu", math = "f32";
     int iters = 5000, warmup = 500, threads = 1, steps = 10;
 };
 
@@ -132,6 +132,13 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     }
 #endif
 
+    // Reference action under exact F32 math with the same weights (max abs difference reported for --math != f32).
+    std::vector<float> action_f32(static_cast<std::size_t>(A));
+    const MathMode math = o.math == "bf16" ? MathMode::BF16 : o.math == "tf32" ? MathMode::TF32 : MathMode::F32;
+    policy.set_math(MathMode::F32);
+    policy.act(tokens, noise, action_f32, Solver::Euler, steps);
+    policy.set_math(math);
+
     const Stats act = time_us(warmup, iters, [&](int) { policy.act(tokens, noise, action, Solver::Euler, steps); });
     const Stats prefill = time_us(warmup, iters, [&](int) { mamba.prefill(tokens, hidden); });
     std::vector<float> cond(hidden.end() - dm, hidden.end());
@@ -144,14 +151,16 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
         },
         [&](int i) { mamba.step(std::int32_t(i % mamba.config().vocab), row); });
     policy.act(tokens, noise, action, Solver::Euler, steps);
+    double diff_vs_f32 = 0;
+    for (int i = 0; i < A; ++i) diff_vs_f32 = std::max(diff_vs_f32, double(std::abs(action[std::size_t(i)] - action_f32[std::size_t(i)])));
 
     const double target_action = on_cuda ? 50 : 40;
     if (on_cuda)
         std::printf("mamba_flow_bench (flowedge cuda on %s, %s weights, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
                     gpu.c_str(), o.dtype.c_str(), mamba.config().n_layers, dm, tokens.size(), steps);
     else
-        std::printf("mamba_flow_bench (flowedge cpu, %s weights, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
-                    o.dtype.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
+        std::printf("mamba_flow_bench (flowedge cpu, %s weights, %s math, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
+                    o.dtype.c_str(), o.math.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
     auto line = [](const char* name, const Stats& s) {
         std::printf("  %-22s min %7.2f  p50 %8.2f  p99 %8.2f  max %9.2f  mean %8.2f us | thread CPU min %7.2f p50 %7.2f us\n",
                     name, s.min, s.p50, s.p99, s.max, s.mean, s.cpu_min, s.cpu_p50);
@@ -160,6 +169,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     line("prefill 4 tokens", prefill);
     line("flow solve", solve);
     line("decode step", decode);
+    if (math != MathMode::F32) std::printf("  max |action - action with F32 math| = %.3g\n", diff_vs_f32);
     if (on_cuda) {
         std::printf("  host wall clock around each public call, H2D of inputs and D2H of the result included\n");
         if (!census.is_null())
@@ -182,6 +192,8 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
             {"gpu", on_cuda ? nlohmann::json(gpu) : nlohmann::json(nullptr)},
             {"threads", o.threads},
             {"weights", o.dtype},
+            {"math", o.math},
+            {"max_abs_action_diff_vs_f32_math", diff_vs_f32},
             {"shape", {{"n_layers", mamba.config().n_layers}, {"d_model", dm}, {"d_inner", mamba.config().d_inner},
                        {"d_state", mamba.config().d_state}, {"prefix_tokens", tokens.size()}, {"action_dim", A},
                        {"solver", "euler"}, {"steps", steps}, {"batch", 1}}},
@@ -215,6 +227,8 @@ int main(int argc, char** argv) {
     app.add_option("--steps", o.steps, "Euler steps")->check(CLI::Range(1, 65535));
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
     app.add_option("--dtype", o.dtype, "storage of the projection weights: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    app.add_option("--math", o.math, "arithmetic of the projections: f32 (exact) | bf16 (opt-in, set_math) | tf32")
+        ->check(CLI::IsMember({"f32", "bf16", "tf32"}));
     app.add_option("--device", o.device, "cpu | cuda (cuda needs a -DFLOWEDGE_BACKEND=cuda build and a GPU)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     CLI11_PARSE(app, argc, argv);

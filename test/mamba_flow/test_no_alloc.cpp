@@ -1,5 +1,6 @@
 // Proves the allocation discipline: after load, prefill/step/act/sample/begin/advance/result and
-// state export (into a caller buffer) / import allocate nothing, neither via operator new nor via Memory<Cpu>.
+// state export (into a caller buffer) / import allocate nothing, neither via operator new nor via Memory<Cpu>,
+// in F32 and in BF16 math (set_math included).
 #include <doctest/doctest.h>
 
 #include "../support/counting_new.hpp"
@@ -33,7 +34,10 @@ TEST_CASE("no allocation after load (operator new and Memory<Cpu>)") {
     policy.act(toks, std::span(noise).first(8), std::span(out).first(8), Solver::Euler, 10);
 
     const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < 4; ++rep) {
+        // Reps 2 and 3 run under MathMode::BF16 (switching modes allocates nothing either).
+        policy.set_math(rep >= 2 ? MathMode::BF16 : MathMode::F32);
+        head.set_math(rep >= 2 ? MathMode::BF16 : MathMode::F32);
         policy.backbone().prefill(toks, hidden);
         policy.backbone().step(5, row);
         policy.backbone().export_state(std::span<std::byte>(state));

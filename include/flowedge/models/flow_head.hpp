@@ -108,6 +108,31 @@ public:
         m_graph_part.reset();
     }
 
+    /// Arithmetic of the head's projections (in_proj, time_proj, cond_proj, hidden layers, out_proj), default
+    /// MathMode::F32 = exact. BF16 is an opt-in: backends with a BF16 linear path (Ops<Cpu>::linear with vdpbf16ps;
+    /// others where implemented) round each product's activation row to BF16 (RNE, u = 2^-8) and multiply in BF16
+    /// (F32 weights rounded too) with float accumulation, so each projection output is within about
+    /// (2u + u^2) * sum_i |w_i| |x_i| of the exact one; a backend or shape without such a path computes exactly.
+    /// TF32 is accepted (the GPU's tensor-core mode where a backend has it) and is exact on the CPU. Changing it
+    /// during an active solve is an Error (a solve runs in one mode; call result() or cancel() first); otherwise it
+    /// drops the recorded graphs and the time_proj table (rebuilt in the new mode by the next begin(); no
+    /// allocation). Results stay deterministic, and begin/advance splits stay bit-identical to one sample() in
+    /// every mode. Bound on a velocity: test/mamba_flow/test_math.cpp.
+    void set_math(MathMode m) {
+        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
+            fail("flow_head", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
+        if (m == m_math) return;
+        if (m_active) [[unlikely]]
+            fail("flow_head", "set_math() during an active solve" + expected_got("no active solve (result() or cancel() first)",
+                                                                                 std::to_string(m_done) + " of " + std::to_string(m_steps) + " steps done"));
+        Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        m_math = m;
+        m_tcache_steps = 0;
+        m_graph_full.reset();
+        m_graph_part.reset();
+    }
+    MathMode math() const { return m_math; }
+
     /// Scratch bytes for solves of up to `max_batch` rows (allocated once at load).
     std::size_t workspace_bytes(int max_batch) const {
         const std::size_t b = std::size_t(max_batch);
@@ -212,7 +237,7 @@ public:
         m_batch = batch;
         Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_stream);
         Memory<B>::copy_from_host(m_x, x.data(), x.size_bytes(), m_stream);
-        Context<B> ctx{m_stream, nullptr};
+        Context<B> ctx{m_stream, nullptr, m_math};
         m_cond_proj.forward(ctx, m_cond, m_c, batch);
         eval(ctx, m_x, t, nullptr, m_k[0]);
         Memory<B>::copy_to_host(v.data(), m_k[0], v.size_bytes(), m_stream);
@@ -298,7 +323,7 @@ private:
     /// Fills the table time_proj @ [sin(t f) | cos(t f)] for t = j/(2N), j = 0..2N (once per N; weights never change).
     void prepare_time_cache(int steps) {
         if (steps > kTimeCacheSteps || m_tcache_steps == steps) return;
-        Context<B> ctx{m_stream, nullptr};
+        Context<B> ctx{m_stream, nullptr, m_math};
         for (int j = 0; j <= 2 * steps; ++j) {
             time_features(ctx, float(double(j) / (2.0 * double(steps))), 1);
             m_time_proj.forward(ctx, m_temb, m_tcache + std::size_t(j) * m_cfg.hidden, 1);
@@ -361,7 +386,7 @@ private:
 
     /// Enqueues steps [first, first + count); step 0 is preceded by x = noise and c = cond_proj @ cond.
     void enqueue(int first, int count) const {
-        Context<B> ctx{m_stream, nullptr};
+        Context<B> ctx{m_stream, nullptr, m_math};
         const std::int64_t n = std::int64_t(m_batch) * m_cfg.action_dim;
         if (first == 0) {
             Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_stream);
@@ -406,7 +431,7 @@ private:
 
     /// Replays the solve step by step (outside any graph) to name the first step whose state is non-finite.
     [[noreturn]] void diagnose_non_finite(std::span<float> host) {
-        Context<B> ctx{m_stream, nullptr};
+        Context<B> ctx{m_stream, nullptr, m_math};
         const std::int64_t n = std::int64_t(m_batch) * m_cfg.action_dim;
         Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_stream);
         m_cond_proj.forward(ctx, m_cond, m_c, m_batch);
@@ -426,6 +451,7 @@ private:
     Config m_cfg{};
     int m_max_batch = 1;
     Stream m_stream{};
+    MathMode m_math = MathMode::F32;
     Linear<B> m_in_proj, m_time_proj, m_cond_proj, m_out_proj;
     std::vector<Linear<B>> m_layers;
     Workspace<B> m_ws;

@@ -121,6 +121,25 @@ public:
         m_step_graph.reset();
     }
 
+    /// Arithmetic of the projections (in_proj, x_proj, dt_proj, out_proj of every layer), default MathMode::F32 =
+    /// exact. BF16 is an opt-in: backends with a BF16 linear path (Ops<Cpu>::linear with vdpbf16ps; others where
+    /// implemented) round each product's activation row to BF16 (RNE, u = 2^-8) and multiply it with the weights in
+    /// BF16 (F32 weights rounded too) with float accumulation, so each projection output is within about
+    /// (2u + u^2) * sum_i |w_i| |x_i| of the exact one; a backend or shape without such a path computes exactly.
+    /// TF32 is accepted (the GPU's tensor-core mode where a backend has it) and is exact on the CPU. The scan, conv
+    /// and norms always run in float. Changing it drops the recorded graphs (re-captured on the next call; no
+    /// allocation). Results stay deterministic in every mode. End-to-end bound: test/mamba_flow/test_math.cpp.
+    void set_math(MathMode m) {
+        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
+            fail("mamba", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
+        if (m == m_math) return;
+        Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        m_math = m;
+        m_prefill_graph.reset();
+        m_step_graph.reset();
+    }
+    MathMode math() const { return m_math; }
+
     /// Scratch bytes for a prefill of up to `max_tokens` tokens (the workspace allocated at load).
     std::size_t workspace_bytes(int max_tokens) const {
         return Workspace<B>::template bytes_for<float>(std::size_t(max_tokens) * m_cfg.d_model) +
@@ -379,7 +398,7 @@ private:
 
     /// Embedding -> layers (continuing from m_state) -> norm_f for L tokens already in m_ids; result in m_out.
     void forward(int L) {
-        Context<B> ctx{m_stream, &m_ws};
+        Context<B> ctx{m_stream, &m_ws, m_math};
         m_ws.reset();
         float* n = m_ws.template take<float>(Shape{L, m_cfg.d_model}).data;
         m_embedding.forward(ctx, m_ids.data(), m_h.data(), L);
@@ -398,6 +417,7 @@ private:
     int m_max_tokens = 0;
     std::uint64_t m_model_id = 0;
     Stream m_stream{};
+    MathMode m_math = MathMode::F32;
     Embedding<B> m_embedding;
     std::vector<Layer> m_layers;
     RmsNorm<B> m_norm_f;
