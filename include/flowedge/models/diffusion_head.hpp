@@ -209,18 +209,10 @@ public:
         Workspace<B>& ws = *ctx.workspace;
         typename Workspace<B>::Mark mark(ws);
         // [B, H, A] -> [B, A, H]: per sample y[a, h] = sum_i I_A[a, i] * x[h, i].
+        // (Exact: one product per output is non-zero; kMaxLinearBatch samples per op, one launch on the GPU.)
         View<float, B> xt = ws.template take<float>(Shape{batch, A, H});
         View<float, B> et = ws.template take<float>(Shape{batch, A, H});
-        for (int b = 0; b < batch; ++b) {
-            LinearParams p;
-            p.x = m_eye_a.data();
-            p.w = {x.data + std::size_t(b) * H * A, DType::F32};
-            p.y = xt.data + std::size_t(b) * A * H;
-            p.rows = A;
-            p.in = A;
-            p.out = H;
-            Ops<B>::linear(p, ctx.stream);
-        }
+        transpose_samples(ctx, m_eye_a.data(), x.data, xt.data, batch, A, H);
         // Step embedding and FiLM input g = mish([e | cond]).
         View<float, B> sn = ws.template take<float>(Shape{batch, td});
         SinusoidParams sp;
@@ -257,7 +249,8 @@ public:
             LinearBatchParams lb;
             std::int64_t off = 0;
             for_each_res_block([&](const ResBlock& blk) {
-                lb.items[lb.n_items++] = blk.film_params(g.data, films.data + off, batch);
+                lb.items[lb.n_items] = blk.film_params(g.data, films.data + off, batch);
+                lb.items[lb.n_items++].math = ctx.math;  // like Linear::forward (the step encoder's linears)
                 off += std::int64_t(film_slice(batch, blk.config().out));
                 if (lb.n_items == kMaxLinearBatch) {
                     Ops<B>::linear_batch(lb, ctx.stream);
@@ -323,15 +316,26 @@ public:
         m_final_block.forward(ctx, cur, fin);
         m_final_conv.forward(ctx, fin, et);
         // [B, A, H] -> [B, H, A]: per sample y[h, a] = sum_i I_H[h, i] * et[a, i].
+        transpose_samples(ctx, m_eye_h.data(), et.data, eps.data, batch, H, A);
+    }
+
+    /// For each sample b: y_b [rows, cols] = eye [rows, rows] @ x_b^T with x_b [cols, rows], i.e. the transpose of
+    /// x_b, as linears (weights = the sample, exact) batched kMaxLinearBatch per op.
+    static void transpose_samples(Context<B>& ctx, const float* eye, const float* x, float* y, int batch, int rows, int cols) {
+        LinearBatchParams lb;
         for (int b = 0; b < batch; ++b) {
-            LinearParams p;
-            p.x = m_eye_h.data();
-            p.w = {et.data + std::size_t(b) * A * H, DType::F32};
-            p.y = eps.data + std::size_t(b) * H * A;
-            p.rows = H;
-            p.in = H;
-            p.out = A;
-            Ops<B>::linear(p, ctx.stream);
+            LinearParams& p = lb.items[lb.n_items++];
+            p = LinearParams{};
+            p.x = eye;
+            p.w = {x + std::size_t(b) * rows * cols, DType::F32};
+            p.y = y + std::size_t(b) * rows * cols;
+            p.rows = rows;
+            p.in = rows;
+            p.out = cols;
+            if (lb.n_items == kMaxLinearBatch || b + 1 == batch) {
+                Ops<B>::linear_batch(lb, ctx.stream);
+                lb.n_items = 0;
+            }
         }
     }
 
@@ -482,11 +486,13 @@ public:
         m_graph.reset();
     }
 
-    /// Arithmetic of the U-Net convolutions (MathMode, default F32 = exact). TF32/BF16 are an opt-in for batched
-    /// calls on tensor-core GPUs (CUDA sm_80+: used where batch*length >= 256, e.g. batch 64; smaller calls stay exact); the CPU
-    /// backend ignores the request and computes exactly. Changing it drops the recorded graphs (re-captured on the
-    /// next call; no device allocation). Error vs F32: per-conv bounds in op_params.hpp (MathMode); end-to-end on
-    /// the test configuration see test/cuda/test_cuda_models.cpp.
+    /// Arithmetic of the U-Net convolutions, FiLM and step-encoder linears (MathMode, default F32 = exact; the layout
+    /// transposes always stay exact). TF32/BF16 are an opt-in: on tensor-core GPUs (CUDA sm_80+) for batched convs
+    /// (used where batch*length >= 256, e.g. batch 64; smaller calls stay exact); on the CPU BF16 (not TF32) runs the
+    /// convs and linears on vdpbf16ps where the build targets AVX512_BF16 (BF16-rounded activations, float
+    /// accumulation; any batch), else the CPU computes exactly. Changing it drops the recorded graphs (re-captured on
+    /// the next call; no device allocation). Error vs F32: per-op bounds in op_params.hpp (MathMode); end-to-end on
+    /// the test configurations see test/cuda/test_cuda_models.cpp and test/diffusion/test_diffusion_head.cpp.
     void set_math(MathMode m) {
         if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
             fail("diffusion", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
