@@ -683,7 +683,7 @@ bool try_convt_fast(const ConvTranspose1dParams& p, cudaStream_t st) {
 void conv1d(const Conv1dParams& p, Stream s) {
     constexpr std::string_view comp = "cuda conv1d";
     detail::check_conv1d(p, comp);
-    if (conv1d_mma_selected(p)) {  // opt-in TF32/BF16 tensor-core paths: cuBLASLt (conv_gemm.cu), else conv_mma.cu
+    if (conv1d_mma_selected(p)) {  // opt-in TF32/BF16 tensor-core paths: cuBLASLt (gemm_lt.cu), else conv_mma.cu
         if (!conv1d_gemm(p, s)) conv1d_mma(p, s);
         return;
     }

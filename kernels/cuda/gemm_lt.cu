@@ -1,4 +1,13 @@
-// Opt-in tensor-core torch.nn.Conv1d for batched calls on cuBLASLt: an explicit im2col panel in the caller's
+// Opt-in tensor-core paths on cuBLASLt for batched calls (MathMode TF32/BF16): torch.nn.Linear with many rows
+// (linear_gemm: y = x W^T + bias straight from the caller's row-major x and y, no copies) and torch.nn.Conv1d
+// (conv1d_gemm, below).
+//
+// Linear: D (out x rows, column-major = y [rows][out] with row stride ld_y) = W (out x in) * X^T, X = x [rows][in]
+// (column-major in x rows, ld_x), bias through the library's BIAS epilogue; F32 weights only (TF32 GEMM, x converted
+// by the library: both operands as for F32 weights below), no activation, no accumulate, rows >= kLinearMinRows;
+// no workspace. Anything else keeps linear.cu's exact kernels.
+//
+// Conv1d for batched calls on cuBLASLt: an explicit im2col panel in the caller's
 // scratch, one library GEMM (TF32 or BF16 operands, float accumulation), then a transpose that adds the bias.
 // conv_mma.cu's own WMMA implicit GEMM was correct but staging-bound (~12.5 TFLOPS at PushT batch 64, 128.5 ms per
 // sample); a tuned library GEMM on the same operands is the way to the tensor cores' rate.
@@ -49,6 +58,9 @@ namespace {
 /// outputs x up to 16 splits of floats = 32 MB).
 constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;
 constexpr std::size_t kAlign = 256;
+/// Fewest rows for which a linear goes to the library GEMM (below, the exact GEMV-style kernels stream the weights
+/// once for all rows and are faster).
+constexpr int kLinearMinRows = 32;
 
 constexpr std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -94,11 +106,14 @@ struct Plan {
     cublasLtMatmulAlgo_t algo{};
 };
 
+/// What a plan depends on: operand kind, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
+/// weight / B / D pointers are known to have, and whether the bias epilogue is on (linears).
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool>;
+
 struct DeviceLt {
     std::mutex mutex;
     cublasLtHandle_t handle = nullptr;
-    // (kind, m, n, k, alignment of the weight pointer) -> plan
-    std::map<std::tuple<int, int, int, int, int>, Plan> plans;
+    std::map<PlanKey, Plan> plans;
 };
 
 DeviceLt& device_lt() {
@@ -116,29 +131,45 @@ int pointer_alignment(const void* p) {
     return a;
 }
 
-const Plan& plan_for(DeviceLt& lt, GemmKind kind, int m, int n, int k, int align_w) {
-    const auto key = std::make_tuple(int(kind), m, n, k, align_w);
+struct GemmShape {
+    GemmKind kind = GemmKind::Tf32;
+    int m = 0, n = 0, k = 0;   // D = A^T(m x k) * B (k x n), A stored k x m (the weights, row-major [m][k])
+    int ldb = 0, ldd = 0;      // column strides of B and D (elements)
+    int align_w = 256, align_b = 256, align_d = 256;
+    bool bias = false;         // CUBLASLT_EPILOGUE_BIAS (bias[m], float)
+    std::size_t workspace = 0;
+};
+
+const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
+    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias};
     auto it = lt.plans.find(key);
     if (it != lt.plans.end()) return it->second;
     Plan pl;
-    const cudaDataType_t ab = kind == GemmKind::Tf32 ? CUDA_R_32F : CUDA_R_16BF;
-    const cublasComputeType_t compute = kind == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t ab = g.kind == GemmKind::Tf32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cublasComputeType_t compute = g.kind == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     lt_check(cublasLtMatmulDescCreate(&pl.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
-    lt_check(cublasLtMatrixLayoutCreate(&pl.a, ab, std::uint64_t(k), std::uint64_t(m), std::int64_t(k)), "layout A");
-    lt_check(cublasLtMatrixLayoutCreate(&pl.b, ab, std::uint64_t(k), std::uint64_t(n), std::int64_t(k)), "layout B");
-    lt_check(cublasLtMatrixLayoutCreate(&pl.d, CUDA_R_32F, std::uint64_t(m), std::uint64_t(n), std::int64_t(m)), "layout D");
+    if (g.bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const cudaDataType_t bias_type = CUDA_R_32F;
+        lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "set EPILOGUE");
+        lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+                 "set BIAS_DATA_TYPE");
+    }
+    lt_check(cublasLtMatrixLayoutCreate(&pl.a, ab, std::uint64_t(g.k), std::uint64_t(g.m), std::int64_t(g.k)), "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&pl.b, ab, std::uint64_t(g.k), std::uint64_t(g.n), std::int64_t(g.ldb)), "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&pl.d, CUDA_R_32F, std::uint64_t(g.m), std::uint64_t(g.n), std::int64_t(g.ldd)), "layout D");
     cublasLtMatmulPreference_t pref = nullptr;
     lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t ws = kLtWorkspaceBytes;
+    const std::uint64_t ws = g.workspace;
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "set workspace");
-    const std::uint32_t al_w = std::uint32_t(align_w), al_s = 256;
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_w, sizeof(al_w)), "set align A");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_s, sizeof(al_s)), "set align B");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_s, sizeof(al_s)), "set align C");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_s, sizeof(al_s)), "set align D");
+    const std::uint32_t al_a = std::uint32_t(g.align_w), al_b = std::uint32_t(g.align_b), al_d = std::uint32_t(g.align_d);
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)), "set align A");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)), "set align B");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)), "set align C");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)), "set align D");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt.handle, pl.op, pl.a, pl.b, pl.d, pl.d, pref, 1, &result, &found);
@@ -150,10 +181,18 @@ const Plan& plan_for(DeviceLt& lt, GemmKind kind, int m, int n, int k, int align
     return lt.plans.emplace(key, pl).first->second;
 }
 
+/// The device's handle, created here unless a capture is in progress (cublasLtCreate may allocate); null then.
+cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st);
+
 bool capturing(cudaStream_t st) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     FLOWEDGE_CUDA_CHECK(cudaStreamIsCapturing(st, &status));
     return status != cudaStreamCaptureStatusNone;
+}
+
+cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st) {
+    if (!lt.handle && !capturing(st)) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    return lt.handle;
 }
 
 /// Round to TF32 (10 explicit mantissa bits), nearest, ties away: the value the tensor cores then use exactly.
@@ -163,23 +202,26 @@ __device__ __forceinline__ float round_tf32(float v) {
     return __uint_as_float(r);
 }
 
-/// P[n][kk] = x[b, i, t*stride + k - pad] (0 outside), n = b*out_length + t, kk = i*kernel + k, rounded to the
-/// GEMM's operand type. Block rows (grid y) walk n, threads walk kk: coalesced panel writes; the reads gather from
-/// short x rows that stay in L1/L2.
+/// P[n][i*kernel + k] = x[b, i, t*stride + k - pad] (0 outside), n = b*out_length + t, rounded to the GEMM's
+/// operand type. A thread owns one (n, i): it reads the kernel taps of one short x row and writes them as `kernel`
+/// consecutive panel elements (a warp writes 32*kernel contiguous elements); grid y walks n, grid x the channels.
 template <class P>
 __global__ void conv1d_im2col_kernel(const Conv1dParams p, P* __restrict__ panel, int n_total) {
     detail::pdl_wait();
     const int kg = p.in_channels * p.kernel;
     for (int n = blockIdx.y; n < n_total; n += gridDim.y) {
         const int b = n / p.out_length, t = n - b * p.out_length;
-        const float* __restrict__ xb = p.x + std::size_t(b) * p.in_channels * p.in_length;
+        const int src0 = t * p.stride - p.pad;
         P* __restrict__ row = panel + std::size_t(n) * kg;
-        for (int kk = blockIdx.x * blockDim.x + threadIdx.x; kk < kg; kk += gridDim.x * blockDim.x) {
-            const int i = kk / p.kernel, k = kk - i * p.kernel;
-            const int src = t * p.stride + k - p.pad;
-            const float v = (src >= 0 && src < p.in_length) ? xb[std::size_t(i) * p.in_length + src] : 0.f;
-            if constexpr (std::is_same_v<P, float>) row[kk] = round_tf32(v);
-            else row[kk] = __float2bfloat16_rn(v);
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.in_channels; i += gridDim.x * blockDim.x) {
+            const float* __restrict__ xr = p.x + (std::size_t(b) * p.in_channels + i) * p.in_length;
+            P* __restrict__ out = row + std::size_t(i) * p.kernel;
+            for (int k = 0; k < p.kernel; ++k) {
+                const int src = src0 + k;
+                const float v = (src >= 0 && src < p.in_length) ? xr[src] : 0.f;
+                if constexpr (std::is_same_v<P, float>) out[k] = round_tf32(v);
+                else out[k] = __float2bfloat16_rn(v);
+            }
         }
     }
 }
@@ -215,6 +257,38 @@ void prepare_math(MathMode m) {
     if (!lt.handle) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
 }
 
+bool linear_gemm(const LinearParams& p, Stream s) {
+    if (p.math == MathMode::F32 || p.w.dtype != DType::F32 || p.act != Activation::None || p.accumulate ||
+        p.rows < kLinearMinRows || detail::env_flag("FLOWEDGE_CUDA_NO_LT"))
+        return false;
+    if (!device_available() || detail::compute_major() < 8) return false;
+    const cudaStream_t st = detail::resolve(s);
+    DeviceLt& lt = device_lt();
+    std::lock_guard<std::mutex> lock(lt.mutex);
+    if (!handle_outside_capture(lt, st)) return false;
+    GemmShape g;
+    g.kind = GemmKind::Tf32;
+    g.m = p.out;
+    g.n = p.rows;
+    g.k = p.in;
+    g.ldb = p.ld_x ? p.ld_x : p.in;
+    g.ldd = p.ld_y ? p.ld_y : p.out;
+    g.align_w = pointer_alignment(p.w.data);
+    g.align_b = pointer_alignment(p.x);
+    g.align_d = pointer_alignment(p.y);
+    g.bias = p.bias != nullptr;
+    const Plan& pl = plan_for(lt, g);
+    if (!pl.usable) return false;
+    if (g.bias)
+        lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
+                 "set BIAS_POINTER");
+    const float alpha = 1.f, beta = 0.f;
+    lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y, pl.d, &pl.algo,
+                            nullptr, 0, st),
+             "cublasLtMatmul");
+    return true;
+}
+
 std::size_t conv1d_scratch_bytes(const Conv1dParams& p) {
     if (p.batch <= 0 || p.out_length <= 0 || p.in_channels <= 0 || p.kernel <= 0 || p.out_channels <= 0) return 0;
     if (!device_available()) return 0;
@@ -234,21 +308,27 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     const cudaStream_t st = detail::resolve(s);
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
-    if (!lt.handle) {
-        if (capturing(st)) return false;  // cublasLtCreate may allocate: not inside a capture
-        lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
-    }
-    const Plan& pl = plan_for(lt, kind, p.out_channels, int(n), int(kg), pointer_alignment(p.w.data));
+    if (!handle_outside_capture(lt, st)) return false;
+    GemmShape g;
+    g.kind = kind;
+    g.m = p.out_channels;
+    g.n = int(n);
+    g.k = int(kg);
+    g.ldb = int(kg);
+    g.ldd = p.out_channels;
+    g.align_w = pointer_alignment(p.w.data);
+    g.workspace = kLtWorkspaceBytes;
+    const Plan& pl = plan_for(lt, g);
     if (!pl.usable) return false;
     auto* base = static_cast<unsigned char*>(p.scratch);
     void* panel = base;
     float* d = reinterpret_cast<float*>(base + sl.panel);
     void* ws = base + sl.panel + sl.out;
-    const dim3 im2col_grid(unsigned((kg + 255) / 256), unsigned(std::min<std::int64_t>(n, 65535)));
+    const dim3 im2col_grid(unsigned((p.in_channels + 127) / 128), unsigned(std::min<std::int64_t>(n, 65535)));
     if (kind == GemmKind::Tf32)
-        detail::launch_pdl(conv1d_im2col_kernel<float>, im2col_grid, dim3(256), 0, st, p, static_cast<float*>(panel), int(n));
+        detail::launch_pdl(conv1d_im2col_kernel<float>, im2col_grid, dim3(128), 0, st, p, static_cast<float*>(panel), int(n));
     else
-        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16>, im2col_grid, dim3(256), 0, st, p,
+        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16>, im2col_grid, dim3(128), 0, st, p,
                            static_cast<__nv_bfloat16*>(panel), int(n));
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_im2col");
     const float alpha = 1.f, beta = 0.f;

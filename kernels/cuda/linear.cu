@@ -155,6 +155,7 @@ void linear(const LinearParams& p, Stream s) {
     check(ld_x >= p.in && ld_y >= p.out, "cuda linear", "row stride smaller than the row" +
           expected_got(">= " + std::to_string(p.in) + "/" + std::to_string(p.out), std::to_string(ld_x) + "/" + std::to_string(ld_y)));
     if (p.rows == 0) return;
+    if (p.math != MathMode::F32 && linear_gemm(p, s)) return;  // opt-in tensor-core GEMM for many rows (gemm_lt.cu)
     const cudaStream_t st = detail::resolve(s);
     const unsigned grid = detail::blocks_for(p.out, kWarps, kMaxBlocksPerItem);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
@@ -164,8 +165,15 @@ void linear(const LinearParams& p, Stream s) {
     FLOWEDGE_CUDA_CHECK_LAUNCH("linear_kernel");
 }
 
-void linear_batch(const LinearBatchParams& p, Stream s) {
-    check_linear_batch(p, "cuda linear_batch");
+void linear_batch(const LinearBatchParams& p_in, Stream s) {
+    check_linear_batch(p_in, "cuda linear_batch");
+    // Items with a non-F32 MathMode that the library GEMM takes run there (gemm_lt.cu); the rest in one launch.
+    LinearBatchParams p;
+    for (int i = 0; i < p_in.n_items; ++i) {
+        const LinearParams& q = p_in.items[i];
+        if (q.math != MathMode::F32 && q.rows > 0 && linear_gemm(q, s)) continue;
+        p.items[p.n_items++] = q;
+    }
     LinearBatchGeometry g{};
     std::int64_t total = 0;
     for (int i = 0; i < p.n_items; ++i) {

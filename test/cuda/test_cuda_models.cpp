@@ -506,7 +506,7 @@ TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at 
     h.set_math(MathMode::TF32);
     cuda::set_graph_census(true);
     const auto tf32 = run(h);
-    // F32 weights at batch*length >= 256 go through the cuBLASLt GEMM (kernels/cuda/conv_gemm.cu), whose im2col
+    // F32 weights at batch*length >= 256 go through the cuBLASLt GEMM (kernels/cuda/gemm_lt.cu), whose im2col
     // and transpose kernels show in the captured graph (unless FLOWEDGE_CUDA_NO_LT=1 forces conv_mma.cu).
     const cuda::GraphCensus census = cuda::last_graph_census();
     cuda::set_graph_census(false);

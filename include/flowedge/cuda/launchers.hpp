@@ -12,7 +12,12 @@
 
 namespace flowedge::cuda {
 
+/// p.math TF32/BF16 with F32 weights, >= 32 rows, no activation/accumulate: linear_gemm; otherwise exact kernels.
 void linear(const LinearParams& p, Stream s);
+/// cuBLASLt TF32 GEMM for a linear (kernels/cuda/gemm_lt.cu): returns false, launching nothing, unless p.math is not
+/// F32, the weights are F32, p.rows >= 32, there is no activation and no accumulate, a handle exists (or can be
+/// created outside a capture) and the library has an algorithm; FLOWEDGE_CUDA_NO_LT=1 turns it off.
+bool linear_gemm(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
 /// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma; otherwise
@@ -24,11 +29,11 @@ void conv1d(const Conv1dParams& p, Stream s);
 /// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32,
 /// 4 / 5 = 128x128 with K split over a 2 / 4-block cluster (sm_90 only) (tests and A/B timing).
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile = 0);
-/// cuBLASLt tensor-core conv1d (kernels/cuda/conv_gemm.cu): im2col panel in p.scratch, one TF32 (F32 weights) or
+/// cuBLASLt tensor-core conv1d (kernels/cuda/gemm_lt.cu): im2col panel in p.scratch, one TF32 (F32 weights) or
 /// BF16 (BF16 weights, BF16 math) library GEMM, transpose + bias. Returns false, launching nothing, when it does not
 /// apply (math F32, other weight dtype/math pairs, p.scratch missing or smaller than conv1d_scratch_bytes(p), no
 /// library handle while a graph is being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1); conv1d then
-/// runs conv1d_mma. Bound and determinism: see conv_gemm.cu.
+/// runs conv1d_mma. Bound and determinism: see gemm_lt.cu.
 bool conv1d_gemm(const Conv1dParams& p, Stream s);
 /// Scratch bytes conv1d_gemm needs for p's shape when conv1d would route it to the tensor-core path under TF32/BF16
 /// math (p.math itself is ignored: models size their workspace at load), else 0.

@@ -209,18 +209,10 @@ public:
         Workspace<B>& ws = *ctx.workspace;
         typename Workspace<B>::Mark mark(ws);
         // [B, H, A] -> [B, A, H]: per sample y[a, h] = sum_i I_A[a, i] * x[h, i].
+        // (Exact: one product per output is non-zero; kMaxLinearBatch samples per op, one launch on the GPU.)
         View<float, B> xt = ws.template take<float>(Shape{batch, A, H});
         View<float, B> et = ws.template take<float>(Shape{batch, A, H});
-        for (int b = 0; b < batch; ++b) {
-            LinearParams p;
-            p.x = m_eye_a.data();
-            p.w = {x.data + std::size_t(b) * H * A, DType::F32};
-            p.y = xt.data + std::size_t(b) * A * H;
-            p.rows = A;
-            p.in = A;
-            p.out = H;
-            Ops<B>::linear(p, ctx.stream);
-        }
+        transpose_samples(ctx, m_eye_a.data(), x.data, xt.data, batch, A, H);
         // Step embedding and FiLM input g = mish([e | cond]).
         View<float, B> sn = ws.template take<float>(Shape{batch, td});
         SinusoidParams sp;
@@ -324,15 +316,26 @@ public:
         m_final_block.forward(ctx, cur, fin);
         m_final_conv.forward(ctx, fin, et);
         // [B, A, H] -> [B, H, A]: per sample y[h, a] = sum_i I_H[h, i] * et[a, i].
+        transpose_samples(ctx, m_eye_h.data(), et.data, eps.data, batch, H, A);
+    }
+
+    /// For each sample b: y_b [rows, cols] = eye [rows, rows] @ x_b^T with x_b [cols, rows], i.e. the transpose of
+    /// x_b, as linears (weights = the sample, exact) batched kMaxLinearBatch per op.
+    static void transpose_samples(Context<B>& ctx, const float* eye, const float* x, float* y, int batch, int rows, int cols) {
+        LinearBatchParams lb;
         for (int b = 0; b < batch; ++b) {
-            LinearParams p;
-            p.x = m_eye_h.data();
-            p.w = {et.data + std::size_t(b) * A * H, DType::F32};
-            p.y = eps.data + std::size_t(b) * H * A;
-            p.rows = H;
-            p.in = H;
-            p.out = A;
-            Ops<B>::linear(p, ctx.stream);
+            LinearParams& p = lb.items[lb.n_items++];
+            p = LinearParams{};
+            p.x = eye;
+            p.w = {x + std::size_t(b) * rows * cols, DType::F32};
+            p.y = y + std::size_t(b) * rows * cols;
+            p.rows = rows;
+            p.in = rows;
+            p.out = cols;
+            if (lb.n_items == kMaxLinearBatch || b + 1 == batch) {
+                Ops<B>::linear_batch(lb, ctx.stream);
+                lb.n_items = 0;
+            }
         }
     }
 
