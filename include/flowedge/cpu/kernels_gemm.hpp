@@ -296,11 +296,13 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t 
 // BF16 copy (conv1d's im2col panel, linear's rows) whose columns are zero-padded to a multiple of 32 elements, so
 // they are always loaded whole; a len % 32 weight tail is loaded masked (zeros past the row end).
 
-/// Output rows per BF16 RO x NC block: BF16 weights are vdpbf16ps memory operands as in rows_for_cols; F32/F16
-/// weights are rounded in a register first, so each of the RO weight vectors needs one of its own.
+/// Output rows per BF16 RO x NC block: as many as fit the register file (rows*nc accumulators + one vector per
+/// row + one activation vector), at most 8. Unlike the F32 kernel's 7 x 4 exception, 4 columns get 6 rows: the
+/// weight vector is the register operand of vdpbf16ps (GCC reloads it per column), and with 28 accumulators the
+/// 512 -> 512 k5 L4 conv from cache ran at 45 G MAC/s vs 61-64 with 6 rows (1 thread, best of 41, 3 alternations;
+/// from DRAM both were at the stream rate, 15-18 GB/s on the loaded machine).
 template <class WT>
 constexpr int rows_for_cols_bh(int nc) {
-    if (std::is_same_v<WT, bf16>) return rows_for_cols(nc);
     const int r = (kRegisters - 2) / (nc + 1);
     return r < 1 ? 1 : (r > 8 ? 8 : r);
 }
