@@ -3,6 +3,9 @@
 // op_params.hpp, against double-accumulating references), and compute exactly everywhere else.
 #include <algorithm>
 #include <cmath>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "flowedge/workspace.hpp"
 #include "ops_test_util.hpp"
@@ -220,6 +223,38 @@ TEST_CASE("Ops<Cpu>::linear: TF32 is exact (bit-identical to F32); BF16 is withi
     for (const LinearCase& k : cases)
         for (DType dt : kAllDtypes) check_linear(k, dt, seed += 5);
 }
+
+#ifdef _OPENMP
+TEST_CASE("Ops<Cpu> BF16 math gives the same bits with 1 and 2 OpenMP threads") {
+    // Threads split output rows; every output keeps its summation order, so the result may not depend on the split.
+    const int saved = omp_get_max_threads();
+    for (DType dt : kAllDtypes) {
+        CAPTURE(int(dt));
+        const int C = 512, L = 16, K = 5;  // 21 M multiply-adds: the parallel path
+        const auto x = random_vec(std::size_t(C) * L, 7), bias = random_vec(C, 8);
+        const HostWeights w = make_weights(std::size_t(C) * C * K, dt, 9, 0.1f);
+        Conv1dParams p;
+        p.x = x.data(); p.w = WeightRef{w.bytes.data(), dt}; p.bias = bias.data();
+        p.in_channels = C; p.out_channels = C; p.in_length = L; p.out_length = L; p.kernel = K; p.pad = 2;
+        p.math = MathMode::BF16;
+        const auto xl = random_vec(12 * 3000, 10);
+        const HostWeights wl = make_weights(std::size_t(200) * 3000, dt, 11, 0.1f);
+        LinearParams q;
+        q.x = xl.data(); q.w = WeightRef{wl.bytes.data(), dt}; q.bias = bias.data();
+        q.rows = 12; q.in = 3000; q.out = 200; q.act = Activation::Silu; q.math = MathMode::BF16;
+        std::vector<float> y1(std::size_t(C) * L), y2(y1.size()), z1(12 * 200), z2(z1.size());
+        omp_set_num_threads(1);
+        p.y = y1.data(); Ops<Cpu>::conv1d(p);
+        q.y = z1.data(); Ops<Cpu>::linear(q);
+        omp_set_num_threads(2);
+        p.y = y2.data(); Ops<Cpu>::conv1d(p);
+        q.y = z2.data(); Ops<Cpu>::linear(q);
+        CHECK(y1 == y2);
+        CHECK(z1 == z2);
+    }
+    omp_set_num_threads(saved);
+}
+#endif
 
 TEST_CASE("Context carries MathMode::F32 by default") {
     const Context<Cpu> ctx{};
