@@ -143,7 +143,8 @@ void run_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
                 CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
             }
         }
-        // Through Ops<Cuda>: routed to the MMA path iff selected, else exact; either way within the MMA bound.
+        // Through Ops<Cuda> (no scratch, so never the GEMM): conv_mma for F32 weights when selected, else exact; either
+        // way within the MMA bound.
         const auto yo = run_device(c, m, [&](const Conv1dParams& p) { Ops<Cuda>::conv1d(p, {}); });
         (void)check_bound(c, yo, m);
     }

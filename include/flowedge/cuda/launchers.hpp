@@ -20,8 +20,8 @@ void linear(const LinearParams& p, Stream s);
 bool linear_gemm(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
-/// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma; otherwise
-/// the exact float kernels.
+/// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma for F32
+/// weights; otherwise (and for 16-bit weights the GEMM declines) the exact float kernels.
 void conv1d(const Conv1dParams& p, Stream s);
 /// Tensor-core implicit GEMM (kernels/cuda/conv_mma.cu): D[o, b*out_length + t] = bias[o] + sum_{i,k} W[o, i*kernel + k] *
 /// X[b, i, t*stride + k - pad], operands rounded to p.math (TF32 or BF16, float accumulation), deterministic.
