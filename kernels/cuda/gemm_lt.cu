@@ -95,7 +95,7 @@ ScratchLayout scratch_layout(const Conv1dParams& p) {
 
 void lt_check(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) [[unlikely]]
-        fail("cuda conv1d_gemm", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
+        fail("cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
 }
 
 /// One GEMM shape's descriptors and chosen algorithm (created once, kept for the process).
@@ -107,8 +107,9 @@ struct Plan {
 };
 
 /// What a plan depends on: operand kind, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
-/// weight / B / D pointers are known to have, and whether the bias epilogue is on (linears).
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool>;
+/// weight / B / D pointers are known to have, whether the bias epilogue is on (linears) and the workspace the
+/// algorithm may use (conv: kLtWorkspaceBytes, linear: none).
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool, std::size_t>;
 
 struct DeviceLt {
     std::mutex mutex;
@@ -141,7 +142,7 @@ struct GemmShape {
 };
 
 const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
-    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias};
+    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.workspace};
     auto it = lt.plans.find(key);
     if (it != lt.plans.end()) return it->second;
     Plan pl;
