@@ -81,8 +81,8 @@ public:
         Ops<B>::conv1d(p, ctx.stream);
     }
 
-    /// Backend scratch a forward() over `batch` x `in_length` may take under a non-F32 MathMode (0 on the CPU).
-    std::size_t scratch_bytes(int batch, int in_length) const { return scratch_bytes(m_cfg, batch, in_length); }
+    /// Backend scratch a forward() of config c over `batch` x `in_length` may take under a non-F32 MathMode
+    /// (0 on the CPU); models add the largest to their workspace at load.
     static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
         Conv1dParams p;
         p.batch = batch;

@@ -151,48 +151,46 @@ public:
         n += 3 * f32(bsz * max_activation(c));                                       // rotating activations
         // The largest residual block's own scratch (taken above everything else; its FiLM vector is already counted).
         std::size_t blk = Conv1dBlock<B>::workspace_bytes({.in = c.down_dims[0], .out = c.down_dims[0], .kernel = c.kernel_size}, batch, c.horizon);
-        auto rb = [&](int in, int out, int L) {
+        for_each_res_block_shape(c, [&](int in, int out, int L) {
             blk = std::max(blk, ResBlock::workspace_bytes_given_film({.in = in, .out = out, .cond_dim = c.cond_dim(), .kernel = c.kernel_size,
                                                            .groups = c.n_groups}, batch, L));
-        };
-        for (int s = 0; s < S; ++s) {
-            const int in = s == 0 ? c.action_dim : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)];
-            rb(in, out, c.horizon >> s);
-            rb(out, out, c.horizon >> s);
-        }
-        rb(c.down_dims.back(), c.down_dims.back(), c.horizon >> (S - 1));
-        for (int s = S - 1; s >= 1; --s) {
-            rb(2 * c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
-            rb(c.down_dims[std::size_t(s - 1)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
-        }
+        });
         // A convolution's backend scratch (non-F32 math) is taken and returned inside the conv, on top of whatever
         // its block holds, so the largest one is added once.
         return n + blk + max_conv_scratch_bytes(c, batch);
     }
 
+    /// Calls f(in, out, length) for every residual block forward() runs, in order (down stages, mid, up stages).
+    template <class F>
+    static void for_each_res_block_shape(const Config& c, F&& f) {
+        const int S = c.stages();
+        for (int s = 0; s < S; ++s) {
+            const int in = s == 0 ? c.action_dim : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)];
+            f(in, out, c.horizon >> s);
+            f(out, out, c.horizon >> s);
+        }
+        f(c.down_dims.back(), c.down_dims.back(), c.horizon >> (S - 1));
+        f(c.down_dims.back(), c.down_dims.back(), c.horizon >> (S - 1));
+        for (int s = S - 1; s >= 1; --s) {
+            f(2 * c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
+            f(c.down_dims[std::size_t(s - 1)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
+        }
+    }
+
     /// Largest Conv1d::scratch_bytes over every convolution forward() runs (0 on the CPU).
     static std::size_t max_conv_scratch_bytes(const Config& c, int batch) {
-        const int S = c.stages(), k = c.kernel_size;
+        const int k = c.kernel_size;
         std::size_t m = 0;
         auto conv = [&](int in, int out, int kernel, int stride, int pad, int L) {
             m = std::max(m, Conv1d<B>::scratch_bytes({.in = in, .out = out, .kernel = kernel, .stride = stride, .pad = pad}, batch, L));
         };
-        auto rb = [&](int in, int out, int L) {
-            conv(in, out, k, 1, k / 2, L);   // conv1
-            conv(out, out, k, 1, k / 2, L);  // conv2
+        for_each_res_block_shape(c, [&](int in, int out, int L) {
+            conv(in, out, k, 1, k / 2, L);             // conv1
+            conv(out, out, k, 1, k / 2, L);            // conv2
             if (in != out) conv(in, out, 1, 1, 0, L);  // residual 1x1
-        };
-        for (int s = 0; s < S; ++s) {
-            const int in = s == 0 ? c.action_dim : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)];
-            rb(in, out, c.horizon >> s);
-            rb(out, out, c.horizon >> s);
-            if (s < S - 1) conv(out, out, 3, 2, 1, c.horizon >> s);  // downsample
-        }
-        rb(c.down_dims.back(), c.down_dims.back(), c.horizon >> (S - 1));
-        for (int s = S - 1; s >= 1; --s) {
-            rb(2 * c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
-            rb(c.down_dims[std::size_t(s - 1)], c.down_dims[std::size_t(s - 1)], c.horizon >> s);
-        }
+        });
+        for (int s = 0; s + 1 < c.stages(); ++s)  // downsamples
+            conv(c.down_dims[std::size_t(s)], c.down_dims[std::size_t(s)], 3, 2, 1, c.horizon >> s);
         conv(c.down_dims[0], c.down_dims[0], k, 1, k / 2, c.horizon);  // final conv block
         conv(c.down_dims[0], c.action_dim, 1, 1, 0, c.horizon);        // final 1x1
         return m;
