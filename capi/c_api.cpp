@@ -456,11 +456,14 @@ fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_
 
 fe_status fe_engine_set_math(fe_engine* engine, const char* math) {
     return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
-        fe_engine& e = engine_of(engine, FE_KIND_DIFFUSION, "fe_engine_set_math");
+        need_ptr(engine, "engine");
+        fe_engine& e = engine_of(engine, engine->kind == FE_KIND_MAMBA_FLOW ? FE_KIND_MAMBA_FLOW : FE_KIND_DIFFUSION,
+                                 "fe_engine_set_math");
         if (math == nullptr) raise(FE_ERR_INVALID_ARGUMENT, "fe_engine_set_math: math is NULL (expected \"f32\", \"tf32\" or \"bf16\")");
         const MathMode m = parse_math_mode(math);
         std::lock_guard lock(e.mutex);
-        e.diffusion->visit([&](auto& h) { h.set_math(m); });
+        if (e.kind == FE_KIND_MAMBA_FLOW) e.policy->visit([&](auto& p) { p.set_math(m); });  // no solve is left active between calls
+        else e.diffusion->visit([&](auto& h) { h.set_math(m); });
     });
 }
 

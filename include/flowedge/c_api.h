@@ -184,7 +184,10 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_sample_diffusion(fe_engine* engine, const 
 /** Arithmetic of the U-Net convolutions: "f32" (exact, the default), or the opt-in tensor-core modes "tf32" /
  *  "bf16" (CUDA sm_80+, used for batched calls where batch * length >= 256; a CPU engine computes exactly). Error vs
  *  "f32" per convolution output: TF32 <= ~1.3e-3, BF16 <= ~8.1e-3 times sum |w||x|. Unknown names are
- *  FE_ERR_INVALID_ARGUMENT; a mamba-flow engine is FE_ERR_UNSUPPORTED. */
+ *  FE_ERR_INVALID_ARGUMENT. On a mamba-flow engine it sets the arithmetic of every projection of the backbone and
+ *  the flow head (MambaFlowPolicy::set_math): "bf16" rounds activations (and F32 weights) to BF16 per product with
+ *  float accumulation where the build has BF16 kernels (CPU: AVX512_BF16, rows longer than 8), "tf32" and "f32"
+ *  compute exactly on the CPU. */
 FLOWEDGE_C_EXPORT fe_status fe_engine_set_math(fe_engine* engine, const char* math);
 
 /** One U-Net call: eps = unet(sample, timestep, cond). cond: [batch, global_cond_dim]; sample, eps:

@@ -536,7 +536,25 @@ static void test_mamba_flow(const char* mamba, const char* flow_sample, const ch
     CHECK_MSG("diffusion");
     CHECK_STATUS(fe_engine_diffusion_denoise(e, noise, (size_t)A, noise, (size_t)A, 1, 0, out1, (size_t)A),
                  FE_ERR_UNSUPPORTED);
-    CHECK_STATUS(fe_engine_set_math(e, "tf32"), FE_ERR_UNSUPPORTED);
+    /* Math mode on a mamba-flow engine: exact modes reproduce the default bit for bit, bf16 is deterministic and
+       close to f32 (its bound is tested in test/mamba_flow/test_math.cpp), unknown names are rejected. */
+    {
+        float m0[64], m1[64], m2[64];
+        CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, m0, (size_t)A), FE_OK);
+        CHECK_STATUS(fe_engine_set_math(e, "tf32"), FE_OK);
+        CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, m1, (size_t)A), FE_OK);
+        if (strcmp(fe_engine_backend(e), "cpu") == 0)
+            CHECK(memcmp(m0, m1, (size_t)A * sizeof(float)) == 0, "tf32 request on a CPU mamba-flow engine computes exactly");
+        CHECK_STATUS(fe_engine_set_math(e, "bf16"), FE_OK);
+        CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, m1, (size_t)A), FE_OK);
+        CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, m2, (size_t)A), FE_OK);
+        CHECK(memcmp(m1, m2, (size_t)A * sizeof(float)) == 0, "bf16 math deterministic");
+        for (i = 0; i < A; ++i) CHECK(fabsf(m1[i] - m0[i]) <= 2e-2f * (1.f + fabsf(m0[i])), "bf16 math near f32 at %d", (int)i);
+        CHECK_STATUS(fe_engine_set_math(e, "fp8"), FE_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(fe_engine_set_math(e, "f32"), FE_OK);
+        CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, m2, (size_t)A), FE_OK);
+        CHECK(memcmp(m0, m2, (size_t)A * sizeof(float)) == 0, "back to f32: bit-identical to the default");
+    }
 
     /* Decode state: export, continue, import, continue again -> identical. */
     {
