@@ -25,15 +25,17 @@ enum class Activation : std::uint8_t {
     Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
 };
 
-/// Arithmetic a backend may use for the big contractions (Conv1d; Linear on the CPU). A request, not a guarantee: F32
+/// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request, not a guarantee: F32
 /// is the exact path (float products, float accumulation; SPEC 4 tolerances). A backend or shape without a faster
 /// path for the requested mode computes exactly, so a result is always within the F32 tolerance or within the
 /// mode's bound below.
 ///
-/// CUDA (sm_80+ tensor cores, batched calls where batch*length >= 256; smaller calls stay exact): TF32 / BF16 round
-/// both operands (weights and activations) to TF32 (10-bit mantissa, round-to-nearest) or BF16 (7-bit mantissa,
-/// round-to-nearest-even) with float accumulation: TF32 |err| <= ~1.3e-3 * sum|w||x| per output, BF16
-/// |err| <= ~8.1e-3 * sum|w||x| (derivation in kernels/cuda/conv_mma.cu). Linear ignores the mode there.
+/// CUDA (sm_80+ tensor cores, batched calls where batch*length >= 256; smaller calls stay exact): conv1d on a
+/// cuBLASLt GEMM over an im2col panel (kernels/cuda/gemm_lt.cu; F32 weights -> TF32 GEMM under either mode, BF16
+/// weights under BF16 -> BF16 GEMM; |err| <= (2^-10 + 2^-11 + Kg 2^-24) * sum|w||x| (TF32) or (2^-8 + Kg 2^-24) *
+/// sum|w||x| (BF16)), else, for F32 weights without model scratch, the WMMA kernels of kernels/cuda/conv_mma.cu
+/// (TF32 <= ~1.3e-3, BF16 <= ~8.1e-3 * sum|w||x|); 16-bit weights the GEMM declines stay exact. Linear: F32 weights,
+/// >= 32 rows, no activation/accumulate -> TF32 GEMM (same TF32 bound with Kg = in); otherwise exact.
 ///
 /// CPU: TF32 is always exact (no TF32 hardware). BF16 runs Ops<Cpu>::conv1d and Ops<Cpu>::linear (rows longer than
 /// 8 elements) on vdpbf16ps kernels when the build targets AVX512_BF16 (__AVX512BF16__, e.g. -march=native on Zen 4
