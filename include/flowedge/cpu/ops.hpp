@@ -148,7 +148,7 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
     const int ns = std::min(N, 64);
     const std::size_t per_col = (kScratchFloats / std::size_t(ns)) / 16 * 16;
     const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), per_col / std::size_t(K)));
-    const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
     // One parallel region per call and no barrier inside it: every thread builds its own copy of each im2col
     // panel (a few hundred KiB at most, cheap next to its share of the weights) and streams only its own output
     // rows. A thread that loses its core therefore delays only its half instead of stalling the others at every
@@ -318,7 +318,7 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
     const std::size_t per_col = (kScratchFloats / std::size_t(ns)) / 16 * 16;
     const int chunk_o = int(std::min<std::size_t>(std::size_t(Cout), per_col / std::size_t(K)));
     alignas(64) float z[kScratchFloats];
-    const bool par = double(p.batch) * Lin * double(J) * Cin >= kParallelMacs;
+    [[maybe_unused]] const bool par = double(p.batch) * Lin * double(J) * Cin >= kParallelMacs;
 #pragma omp parallel if (par)
     {
         const int tid = thread_index(), nth = thread_count();
