@@ -21,7 +21,7 @@
 // round-to-nearest when it is written, the weights are converted by the library), under either TF32 or BF16 math
 // (TF32 is the more exact of the two, so a BF16 request stays within its bound); BF16 weights under BF16 math ->
 // BF16 GEMM (panel rounded to BF16, nearest-even; weights exact). Other combinations (F16 weights, BF16 weights
-// under TF32 math) keep conv_mma.cu's kernels, which round each operand to the requested format themselves.
+// under TF32 math) run the exact kernels of conv.cu (faster there than conv_mma.cu's WMMA; see conv1d()).
 //
 // Error per output (for the tests): each product is off by at most (u_w + u_x + u_w u_x)|w||x| with u_x the panel's
 // rounding (TF32 RN 2^-11, BF16 RNE 2^-8) and u_w the library's conversion of F32 weights to TF32 (taken as
@@ -36,7 +36,8 @@
 // call outside a graph capture, kept for the process (like the runtime's per-device attribute caches). No device
 // allocation here: the panel, the GEMM output and the library's workspace come from Conv1dParams::scratch, which
 // the model sizes at load (conv1d_scratch_bytes). A call made while capturing before any handle exists, a shape
-// the heuristic has no algorithm for, missing scratch or FLOWEDGE_CUDA_NO_LT=1 use conv_mma.cu instead.
+// the heuristic has no algorithm for, missing scratch or FLOWEDGE_CUDA_NO_LT=1 fall back to conv_mma.cu (F32
+// weights) or the exact kernels (16-bit weights).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
