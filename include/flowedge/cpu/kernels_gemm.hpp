@@ -268,9 +268,10 @@ inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::
 
 /// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and columns [0, ncols): with more than kMaxCols
 /// columns the rows are walked in blocks small enough to stay in L2 while every column block uses them,
-/// so the weights still come from memory once.
-template <class WT, class F>
-inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1,
+/// so the weights still come from memory once. XT = float, or bf16 (MathMode::BF16: x holds ncols BF16 columns of
+/// ldx elements, a multiple of 32, zero past len; the dot_rows overload for bf16 x runs the vdpbf16ps kernels).
+template <class WT, class XT, class F>
+inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx, int len, int o0, int o1,
                       int ncols, F& f) {
     if (ncols <= kMaxCols) {
         dot_rows(ncols, w, ldw, x, ldx, len, o0, o1, f);
@@ -438,7 +439,7 @@ inline void dot_rows16_bh(const WT* w, std::size_t ldw, const bf16* x, std::size
 /// 2 x 256 -> 256 BF16 2.06 us short-row vs 3.20 us RO x NC, 3 x 256 -> 128 1.95 vs 2.46 us, while from 4 columns
 /// RO x NC is as fast or faster (4 x 128 -> 512 7.9 vs 9.3 us, 8 x 512 -> 512 34.5 vs 42.6 us).
 template <class WT, class F>
-inline void dot_rows_bh(int nc, const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+inline void dot_rows(int nc, const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
     if (len < kShortRow || nc <= 3) {
         switch (nc) {
             case 1: dot_rows16_bh<1>(w, ldw, x, ldx, len, o0, o1, f); return;
@@ -462,25 +463,6 @@ inline void dot_rows_bh(int nc, const WT* w, std::size_t ldw, const bf16* x, std
     }
 }
 
-/// gemm_rows with BF16 activations: f(o, c, dot(bf16(w row o), x column c)) for rows [o0, o1) and columns
-/// [0, ncols); x holds ncols BF16 columns of ldx elements (a multiple of 32, zero past len).
-template <class WT, class F>
-inline void gemm_rows_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1,
-                         int ncols, F& f) {
-    if (ncols <= kMaxCols) {
-        dot_rows_bh(ncols, w, ldw, x, ldx, len, o0, o1, f);
-        return;
-    }
-    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
-    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
-    for (int ob = o0; ob < o1; ob += block) {
-        const int oe = std::min(o1, ob + block);
-        for (int cb = 0; cb < ncols; cb += kMaxCols) {
-            ColumnOffset<F> g{f, cb};
-            dot_rows_bh(std::min(kMaxCols, ncols - cb), w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
-        }
-    }
-}
 #endif
 
 /// Transposed-conv accumulation for G (1..4) consecutive weight rows:

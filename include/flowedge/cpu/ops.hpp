@@ -222,10 +222,10 @@ inline void linear_bf16_impl(const LinearParams& p, const WT* w) {
         auto run = [&](int o0, int o1) {
             if (q.act == Activation::None || act_after) {
                 LinearEpilogueVec ev{{q, ldy, act_after}};
-                gemm_rows_bh(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, ev);
+                gemm_rows(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, ev);
             } else {
                 LinearEpilogue epilogue{q, ldy, act_after};
-                gemm_rows_bh(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, epilogue);
+                gemm_rows(w, std::size_t(q.in), xb, ldb, q.in, o0, o1, nr, epilogue);
             }
             if (act_after)
                 for (int r = 0; r < nr; ++r) activate_inplace(q.act, q.y + std::size_t(r) * ldy + std::size_t(o0), o1 - o0);
@@ -300,7 +300,7 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
                     if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
                     else dst += v;
                 };
-                if (o0 < o1) gemm_rows_bh(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
+                if (o0 < o1) gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
             }
         }
     }
