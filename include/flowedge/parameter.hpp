@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "flowedge/cpu/kernels_packed_conv.hpp"
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/dtype.hpp"
 #include "flowedge/io/safetensors.hpp"
@@ -20,6 +21,10 @@ namespace flowedge {
 enum class Storage : std::uint8_t {
     Matrix,  ///< keeps the file's dtype (or LoadOptions::weight_dtype); widened on the fly by the ops
     Vector,  ///< always converted to F32 (biases, norm weights, A_log, D, ...)
+    /// A Conv1d weight [out, in, kernel]: stored like Matrix, but on the CPU of builds where cpu::kPackConvWeights
+    /// (AVX2) it is copied once into the packed layout of cpu/kernels_packed_conv.hpp (WeightRef::packed) that
+    /// Ops<Cpu>::conv1d streams; the GPU and other builds keep [out, in, kernel].
+    ConvWeight,
 };
 
 /// Load-time choices shared by every model.
@@ -37,7 +42,9 @@ public:
     std::int64_t numel() const { return m_shape.numel(); }
     std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(m_dtype); }
     bool loaded() const { return m_data != nullptr; }
-    WeightRef ref() const { return {m_data, m_dtype}; }
+    WeightRef ref() const { return {m_data, m_dtype, m_packed}; }
+    /// Whether the data is in the CPU's packed Conv1d layout (see Storage::ConvWeight).
+    bool packed() const { return m_packed; }
     /// F32 view of a Storage::Vector parameter (or an F32 matrix).
     const float* f32() const {
         if (m_dtype != DType::F32) fail("parameter", "F32 access to a " + std::string(dtype_name(m_dtype)) + " tensor");
@@ -55,6 +62,13 @@ public:
         m_dtype = want;
         const std::size_t n = static_cast<std::size_t>(expected.numel());
         const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 4 == 0;
+        m_packed = false;
+        if constexpr (std::same_as<B, Cpu> && cpu::kPackConvWeights) {
+            if (storage == Storage::ConvWeight) {
+                load_packed_conv(t, want, component);
+                return;
+            }
+        }
         if (want == t.dtype && Memory<B>::host_accessible && aligned) {
             m_keeper = std::move(keeper);  // zero-copy: reference the mapped file
             m_data = t.data;
@@ -105,9 +119,37 @@ public:
 
 private:
     static std::string component_str(std::string_view c) { return std::string(c); }
+
+    /// Storage::ConvWeight on the CPU: converts to `want` if needed, then copies [out, in*kernel] into the packed
+    /// block layout (an owned buffer; the file mapping is not kept for this tensor).
+    void load_packed_conv(const io::TensorInfo& t, DType want, std::string_view component) {
+        const int out = int(m_shape.dims[0]);
+        const std::size_t R = static_cast<std::size_t>(m_shape.numel()) / static_cast<std::size_t>(out);
+        const std::size_t n = static_cast<std::size_t>(m_shape.numel()), elem = dtype_size(want);
+        const std::size_t packed_bytes = cpu::packed_conv_elements(out, R) * elem;
+        Memory<Cpu>::check_fits(packed_bytes, "tensor '" + t.name + "' (" + component_str(component) + ")");
+        std::vector<std::byte> converted;
+        const void* src = t.data;
+        if (want != t.dtype || reinterpret_cast<std::uintptr_t>(t.data) % elem != 0) {
+            converted.resize(n * elem);
+            convert(t.data, t.dtype, converted.data(), want, n);
+            src = converted.data();
+        }
+        m_owned = Buffer<std::byte, B>(packed_bytes);
+        switch (want) {
+            case DType::F32: cpu::pack_conv_weights(static_cast<const float*>(src), out, R, reinterpret_cast<float*>(m_owned.data())); break;
+            case DType::BF16: cpu::pack_conv_weights(static_cast<const bf16*>(src), out, R, reinterpret_cast<bf16*>(m_owned.data())); break;
+            case DType::F16: cpu::pack_conv_weights(static_cast<const f16*>(src), out, R, reinterpret_cast<f16*>(m_owned.data())); break;
+        }
+        m_keeper.reset();
+        m_data = m_owned.data();
+        m_packed = true;
+    }
+
     DType m_dtype = DType::F32;
     Shape m_shape{};
     const void* m_data = nullptr;
+    bool m_packed = false;
     Buffer<std::byte, B> m_owned;
     std::shared_ptr<const void> m_keeper;
 };

@@ -54,8 +54,23 @@ void run_linear(const LinearCase& k, DType dt, std::uint32_t seed) {
 
 struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
 
+/// The weight bytes of w in the CPU's packed Conv1d layout (cpu/kernels_packed_conv.hpp) for `out` outputs.
+inline std::vector<std::uint8_t> packed_conv_bytes(const HostWeights& w, int out) {
+    const std::size_t elem = dtype_size(w.dtype), R = w.bytes.size() / elem / std::size_t(out);
+    std::vector<std::uint8_t> dst(cpu::packed_conv_elements(out, R) * elem, 0xAB);  // not zero: padding is written
+    auto pack = [&](auto tag) {
+        using T = decltype(tag);
+        cpu::pack_conv_weights(reinterpret_cast<const T*>(w.bytes.data()), out, R, reinterpret_cast<T*>(dst.data()));
+    };
+    if (w.dtype == DType::F32) pack(float{});
+    else if (w.dtype == DType::BF16) pack(bf16{});
+    else pack(f16{});
+    return dst;
+}
+
+/// packed: CPU only, the weights in the packed layout (WeightRef::packed) instead of [out, in, kernel].
 template <class B>
-void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed) {
+void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false) {
     const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(k.cout, seed + 1);
@@ -84,6 +99,11 @@ void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed) {
     Conv1dParams p;
     p.x = dx.ptr();
     p.w = dw.ref();
+    std::vector<std::uint8_t> pw;
+    if (packed) {
+        pw = packed_conv_bytes(w, k.cout);
+        p.w = {pw.data(), dt, true};
+    }
     p.bias = k.bias ? db.ptr() : nullptr;
     p.y = dy.ptr();
     p.batch = k.batch;
@@ -302,6 +322,81 @@ TEST_CASE_TEMPLATE("conv1d matches a naive loop (padding, stride, dtypes, chunki
             CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
             run_conv1d<B>(k, dt, seed += 10);
         }
+}
+
+TEST_CASE("conv1d on packed weights matches a naive loop (builds that pack Conv1d weights)") {
+    if constexpr (!cpu::kPackConvWeights) {
+        MESSAGE("this build keeps Conv1d weights row-major (cpu::kPackConvWeights false): nothing to check");
+    } else {
+        // Column counts 1..80 (every micro-kernel width and the 64-column passes), input-channel chunks, output
+        // counts that are not a multiple of the block width, reductions longer than one kPackChunk.
+        const ConvCase cases[] = {
+            {1, 1, 1, 1, 1, 1, 0, true},
+            {2, 3, 7, 5, 3, 1, 1, true},
+            {1, 37, 129, 16, 5, 1, 2, true},
+            {3, 7, 37, 7, 3, 2, 1, false},
+            {1, 129, 3, 4, 1, 1, 0, true},
+            {1, 16, 8, 2, 3, 2, 1, true},
+            {2, 512, 64, 16, 5, 1, 2, true},
+            {1, 4096, 8, 4, 5, 1, 2, true},
+            {5, 6, 9, 16, 5, 1, 2, true},
+            {1, 3, 4, 6, 7, 1, 3, true},
+            {1, 300, 33, 8, 5, 1, 2, true},
+            {1, 64, 17, 5, 5, 1, 2, false},
+            {1, 64, 17, 6, 5, 1, 2, true},
+            {1, 2048, 40, 4, 5, 1, 2, true},
+        };
+        std::uint32_t seed = 5000;
+        for (const auto& k : cases)
+            for (DType dt : kAllDtypes) {
+                CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
+                run_conv1d<Cpu>(k, dt, seed += 10, /*packed=*/true);
+            }
+    }
+}
+
+TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread count") {
+    if constexpr (cpu::kPackConvWeights) {
+        // Each output is summed the same way whichever column group it falls in: a batch-3 call (12 columns: groups
+        // of 6) equals three batch-1 calls (4 columns: one group), bit for bit, at 1 and 2 threads.
+        const int cin = 700, cout = 200, K = 5, L = 4, batch = 3;  // 12 x 3500 x 200 MACs: above kParallelMacs
+        const HostWeights w = make_weights(std::size_t(cout) * cin * K, DType::F32, 77, 0.3f);
+        const auto pw = packed_conv_bytes(w, cout);
+        const auto x = random_vec(std::size_t(batch) * cin * L, 78);
+        Conv1dParams p;
+        p.w = {pw.data(), DType::F32, true};
+        p.in_channels = cin;
+        p.out_channels = cout;
+        p.in_length = L;
+        p.out_length = L;
+        p.kernel = K;
+        p.pad = 2;
+        std::vector<float> single(std::size_t(batch) * cout * L);
+        for (int b = 0; b < batch; ++b) {
+            p.batch = 1;
+            p.x = x.data() + std::size_t(b) * cin * L;
+            p.y = single.data() + std::size_t(b) * cout * L;
+            Ops<Cpu>::conv1d(p);
+        }
+        for (int threads : {1, 2}) {
+            std::vector<float> y(single.size());
+            p.batch = batch;
+            p.x = x.data();
+            p.y = y.data();
+#ifdef _OPENMP
+            const int before = omp_get_max_threads();
+            omp_set_num_threads(threads);
+#endif
+            Ops<Cpu>::conv1d(p);
+#ifdef _OPENMP
+            omp_set_num_threads(before);
+#endif
+            int mismatched = 0;
+            for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
+            CAPTURE(threads);
+            CHECK(mismatched == 0);
+        }
+    }
 }
 
 TEST_CASE_TEMPLATE("conv_transpose1d matches the scatter definition", B, FLOWEDGE_OPS_TEST_BACKENDS) {

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "flowedge/cpu/kernels_gemm.hpp"
+#include "flowedge/cpu/kernels_packed_conv.hpp"
 #include "flowedge/cpu/math.hpp"
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/cpu/simd.hpp"
@@ -190,6 +191,83 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
         }
     }
 }
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+/// Reduction steps per micro-kernel pass over one packed block (kernels_packed_conv.hpp): that slice of the block
+/// (kPackChunk * kPackWidth weights, 8 KiB at F32 on AVX2) and of the panel stay in L1 while every column group uses
+/// them, and each output is summed in chunks of this length whose partial sums are then added to a running total
+/// (shorter float chains than one sequential sum over in*kernel elements).
+inline constexpr int kPackChunk = 128;
+
+/// conv1d_impl on packed weights (WeightRef::packed): the same column passes, input-channel chunks, thread split
+/// (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the im2col panel is laid
+/// out [j][column] and each packed block of kPackWidth outputs is streamed once per pass (one contiguous stream per
+/// thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any thread count.
+template <class WT>
+inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int N = p.batch * Lout;
+    const std::size_t R = std::size_t(Cin) * std::size_t(K);
+    const int blocks = (Cout + kPackWidth - 1) / kPackWidth;
+    constexpr int kCols = 64;  // columns per pass (the packed weights are streamed once per pass)
+    const int ns = std::min(N, kCols);
+    const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
+    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+#pragma omp parallel if (par)
+    {
+        alignas(64) float panel[kScratchFloats];
+        alignas(64) float tot[kCols * kPackWidth];
+        const int tid = thread_index(), nth = thread_count();
+        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
+        for (int n0 = 0; n0 < N; n0 += ns) {
+            const int nn = std::min(ns, N - n0);
+            const int groups = (nn + kPackMaxCols - 1) / kPackMaxCols;
+            for (int i0 = 0; i0 < Cin; i0 += chunk_in) {
+                const int ni = std::min(chunk_in, Cin - i0);
+                const int len = ni * K;
+                // Implicit im2col, transposed: panel[j*nn + c] = x[b, i0 + i, t*stride + k - pad] for j = i*K + k.
+                for (int c = 0; c < nn; ++c) {
+                    const int n = n0 + c, b = n / Lout, t = n % Lout;
+                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
+                    const int start = t * p.stride - p.pad;
+                    for (int i = 0; i < ni; ++i) {
+                        const float* xr = xb + std::size_t(i) * Lin;
+                        for (int k = 0; k < K; ++k) {
+                            const int s = start + k;
+                            panel[std::size_t(i * K + k) * nn + c] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
+                        }
+                    }
+                }
+                const bool first = i0 == 0;
+                for (int ob = b0; ob < b1; ++ob) {
+                    std::fill(tot, tot + std::size_t(nn) * kPackWidth, 0.f);
+                    const WT* wb = wp + (std::size_t(ob) * R + std::size_t(i0) * K) * kPackWidth;
+                    for (int j0 = 0; j0 < len; j0 += kPackChunk) {
+                        const int n = std::min(kPackChunk, len - j0);
+                        // Column groups of <= kPackMaxCols, as even as possible (8 -> 4 + 4: 8 accumulators each).
+                        for (int g = 0, c0 = 0; g < groups; ++g) {
+                            const int c1 = nn * (g + 1) / groups;
+                            packed_chunk_n(c1 - c0, wb + std::size_t(j0) * kPackWidth, panel + std::size_t(j0) * nn,
+                                           std::size_t(nn), n, c0, tot);
+                            c0 = c1;
+                        }
+                    }
+                    const int o0 = ob * kPackWidth, o1 = std::min(Cout, o0 + kPackWidth);
+                    for (int c = 0; c < nn; ++c) {
+                        const int n = n0 + c, b = n / Lout, t = n % Lout;
+                        const float* tc = tot + std::size_t(c) * kPackWidth;
+                        for (int o = o0; o < o1; ++o) {
+                            float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
+                            if (first) dst = tc[o - o0] + (p.bias ? p.bias[o] : 0.f);
+                            else dst += tc[o - o0];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
 
 #if defined(FLOWEDGE_CPU_BF16_MATH)
 constexpr std::size_t round_up32(std::size_t n) { return (n + 31) / 32 * 32; }
@@ -424,6 +502,17 @@ struct Ops<Cpu> {
         FLOWEDGE_CPU_REQUIRE(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, "conv1d",
                              "out_length" + expected_got(want, p.out_length));
         FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "conv1d", "null tensor pointer");
+        if (p.w.packed) {
+            // Packed weights (Parameter<Cpu>, Storage::ConvWeight) exist only where this build streams them; every
+            // MathMode runs the exact packed kernel (no BF16 arithmetic kernel exists on such builds).
+#if defined(__AVX2__) || defined(__AVX512F__)
+            if constexpr (cpu::kPackConvWeights) {
+                cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_packed_impl(p, w); });
+                return;
+            }
+#endif
+            fail("cpu conv1d", "packed weights on a build without the packed kernels");
+        }
 #if defined(FLOWEDGE_CPU_BF16_MATH)
         if (p.math == MathMode::BF16) {
             cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_bf16_impl(p, w); });
