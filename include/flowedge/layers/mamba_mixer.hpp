@@ -84,6 +84,17 @@ public:
             a[i] = -std::exp(a[i]);
         }
         m_A.assign_f32(a, Shape{m_cfg.d_inner, m_cfg.d_state});
+        // CPU: k-major packed copies of the four projections (every call has 1 row, or the prefill length).
+        for (Linear<B>* l : {&m_in_proj, &m_x_proj, &m_dt_proj, &m_out_proj}) l->pack_for_small_batches(MathMode::F32);
+    }
+
+    /// Readies the projections' packed copies (CPU) for arithmetic m (see Linear::set_packed_math); no allocation.
+    void set_math(MathMode m) {
+        for (Linear<B>* l : {&m_in_proj, &m_x_proj, &m_dt_proj, &m_out_proj}) l->set_packed_math(m);
+    }
+    /// Host bytes of the projections' packed copies (CPU; 0 elsewhere).
+    std::size_t packed_bytes() const {
+        return m_in_proj.packed_bytes() + m_x_proj.packed_bytes() + m_dt_proj.packed_bytes() + m_out_proj.packed_bytes();
     }
 
     /// h[t, :] += mixer(n)[t, :] for `length` tokens, continuing from conv_state/ssm_state (zero them for a

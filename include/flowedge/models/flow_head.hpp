@@ -126,12 +126,20 @@ public:
             fail("flow_head", "set_math() during an active solve" + expected_got("no active solve (result() or cancel() first)",
                                                                                  std::to_string(m_done) + " of " + std::to_string(m_steps) + " steps done"));
         Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        for_each_linear([m](Linear<B>& l) { l.set_packed_math(m); });  // CPU: repack in place, no allocation
         m_math = m;
         m_tcache_steps = 0;
         m_graph_full.reset();
         m_graph_part.reset();
     }
     MathMode math() const { return m_math; }
+
+    /// Host bytes of the projections' packed copies (CPU: Linear::pack_for_small_batches at load; 0 elsewhere).
+    std::size_t packed_bytes() const {
+        std::size_t n = m_in_proj.packed_bytes() + m_time_proj.packed_bytes() + m_cond_proj.packed_bytes() + m_out_proj.packed_bytes();
+        for (const Linear<B>& l : m_layers) n += l.packed_bytes();
+        return n;
+    }
 
     /// Scratch bytes for solves of up to `max_batch` rows (allocated once at load).
     std::size_t workspace_bytes(int max_batch) const {
@@ -269,6 +277,8 @@ private:
         m_out_proj = Linear<B>({.in = H, .out = A, .bias = false});
         for (int l = 0; l < m_cfg.n_layers; ++l) m_layers.push_back(Linear<B>({.in = H, .out = H, .bias = false}));
         bind_parameters<B>(*this, file, "flow.", opts, "flow_head");
+        // CPU: k-major packed copies of every projection (a solve multiplies batch rows, 1 in the reference use).
+        for_each_linear([](Linear<B>& l) { l.pack_for_small_batches(MathMode::F32); });
 
         m_ws = Workspace<B>(workspace_bytes(max_batch));
         const int mb = max_batch;
@@ -282,6 +292,12 @@ private:
         m_h[1] = m_ws.template take<float>(Shape{mb, H}).data;
         m_temb = m_ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
         m_tcache = m_ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
+    }
+
+    template <class F>
+    void for_each_linear(F&& f) {
+        for (Linear<B>* l : {&m_in_proj, &m_time_proj, &m_cond_proj, &m_out_proj}) f(*l);
+        for (Linear<B>& l : m_layers) f(l);
     }
 
     /// A moved-from head still holds raw pointers into the workspace it gave away: refuse to use them.

@@ -134,11 +134,19 @@ public:
             fail("mamba", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
         if (m == m_math) return;
         Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        for (Layer& l : m_layers) l.mixer.set_math(m);  // CPU: repack the projections' packed copies in place
         m_math = m;
         m_prefill_graph.reset();
         m_step_graph.reset();
     }
     MathMode math() const { return m_math; }
+
+    /// Host bytes of the projections' packed copies (CPU: Linear::pack_for_small_batches at load; 0 elsewhere).
+    std::size_t packed_bytes() const {
+        std::size_t n = 0;
+        for (const Layer& l : m_layers) n += l.mixer.packed_bytes();
+        return n;
+    }
 
     /// Scratch bytes for a prefill of up to `max_tokens` tokens (the workspace allocated at load).
     std::size_t workspace_bytes(int max_tokens) const {
