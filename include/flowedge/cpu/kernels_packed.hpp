@@ -45,6 +45,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "flowedge/cpu/math.hpp"
 #include "flowedge/cpu/memory.hpp"
@@ -188,13 +189,17 @@ inline void step_bh(const std::uint32_t* w, std::size_t ks, const std::uint32_t*
 }
 #endif
 
-/// Runs step(j, acc[j % S]) for j in [0, n) in order (S steps per iteration, then the remainder).
+/// Runs step(j, acc[j % S]) for j in [0, n) in order (S steps per iteration, then the remainder). The chain index
+/// is a compile-time constant in every call (parameter packs, not a loop over s): with a runtime s GCC kept the
+/// accumulators of S > 1 tiles in memory (FMAs with memory destinations through a pointer).
 template <int S, int R, int V, class Step>
 inline void chains(int n, VecF (&acc)[S][R][V], Step&& step) {
     int j = 0;
     for (; j + S <= n; j += S)
-        for (int s = 0; s < S; ++s) step(j + s, acc[s]);
-    for (int s = 0; j < n; ++j, ++s) step(j, acc[s]);
+        [&]<int... s>(std::integer_sequence<int, s...>) { (step(j + s, acc[s]), ...); }(std::make_integer_sequence<int, S>{});
+    [&]<int... s>(std::integer_sequence<int, s...>) {
+        ((j + s < n ? step(j + s, acc[s]) : void()), ...);
+    }(std::make_integer_sequence<int, S - 1>{});
 }
 
 /// Chains combined in a fixed order: S = 2: c0 + c1; S = 4: (c0 + c1) + (c2 + c3).

@@ -99,7 +99,10 @@ public:
 
     /// h[t, :] += mixer(n)[t, :] for `length` tokens, continuing from conv_state/ssm_state (zero them for a
     /// fresh sequence). n, h: [length, d_model] on B; conv_state: [d_conv-1, d_inner]; ssm_state: [d_inner, d_state].
-    void forward(Context<B>& ctx, const float* n, float* h, int length, float* conv_state, float* ssm_state) const {
+    /// out_from > 0: only rows t >= out_from of h get the residual (out_proj runs on those rows only; the states
+    /// still advance over every token), for callers that need just the last rows.
+    void forward(Context<B>& ctx, const float* n, float* h, int length, float* conv_state, float* ssm_state,
+                 int out_from = 0) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);
         const int di = m_cfg.d_inner, S = m_cfg.d_state, R = m_cfg.dt_rank, ld_dbl = R + 2 * S;
         float* xz = ctx.workspace->template take<float>(Shape{length, 2 * di}).data;
@@ -142,7 +145,9 @@ public:
         sp.d_state = S;
         Ops<B>::selective_scan(sp, ctx.stream);
 
-        m_out_proj.forward(ctx, y, h, length, Activation::None, /*accumulate=*/true);  // residual add
+        const std::size_t skip = std::size_t(out_from);
+        m_out_proj.forward(ctx, y + skip * di, h + skip * m_cfg.d_model, length - out_from, Activation::None,
+                           /*accumulate=*/true);  // residual add
     }
 
 private:

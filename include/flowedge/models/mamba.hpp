@@ -118,6 +118,7 @@ public:
     void set_stream(Stream s) {
         m_stream = s;
         m_prefill_graph.reset();
+        m_prefill_last_graph.reset();
         m_step_graph.reset();
     }
 
@@ -137,6 +138,7 @@ public:
         for (Layer& l : m_layers) l.mixer.set_math(m);  // CPU: repack the projections' packed copies in place
         m_math = m;
         m_prefill_graph.reset();
+        m_prefill_last_graph.reset();
         m_step_graph.reset();
     }
     MathMode math() const { return m_math; }
@@ -190,6 +192,24 @@ public:
             forward(L);
         });
         return m_out.data();
+    }
+
+    /// prefill_device() for callers that need only the LAST token's hidden row (MambaFlowPolicy::act's condition):
+    /// every layer still runs on all L tokens (the conv and scan states need them), but the last layer's out_proj
+    /// residual and the final norm run on the last row only. Returns hidden [d_model] of token L-1 in backend memory,
+    /// valid until the next call; the decode state afterwards equals prefill_device's. On the CPU the row equals
+    /// prefill_device's last row bit for bit (the packed projections do not depend on the row count).
+    const float* prefill_last_device(std::span<const std::int32_t> tokens) {
+        check_live("prefill");
+        check_length(tokens.size());
+        const int L = int(tokens.size());
+        validate_tokens(tokens);
+        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_stream);
+        m_prefill_last_graph.run(m_stream, std::uint64_t(L), [this, L] {
+            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
+            forward(L, /*last_only=*/true);
+        });
+        return m_out.data() + std::size_t(L - 1) * std::size_t(m_cfg.d_model);
     }
 
     /// step() leaving the result on the backend: returns hidden [d_model] in backend memory.
@@ -405,7 +425,9 @@ private:
     }
 
     /// Embedding -> layers (continuing from m_state) -> norm_f for L tokens already in m_ids; result in m_out.
-    void forward(int L) {
+    /// last_only: the last layer adds its mixer output to the last row of m_h only and norm_f runs on that row only
+    /// (m_out row L-1 is the result; the other rows of m_h/m_out are left stale, and they are not state).
+    void forward(int L, bool last_only = false) {
         Context<B> ctx{m_stream, &m_ws, m_math};
         m_ws.reset();
         float* n = m_ws.template take<float>(Shape{L, m_cfg.d_model}).data;
@@ -416,9 +438,11 @@ private:
             float* conv_state = m_state.data() + std::size_t(i) * per_layer;
             float* ssm_state = conv_state + layer.mixer.conv_state_floats();
             layer.norm.forward(ctx, m_h.data(), n, L);
-            layer.mixer.forward(ctx, n, m_h.data(), L, conv_state, ssm_state);
+            const bool last_layer = i == m_cfg.n_layers - 1;
+            layer.mixer.forward(ctx, n, m_h.data(), L, conv_state, ssm_state, last_only && last_layer ? L - 1 : 0);
         }
-        m_norm_f.forward(ctx, m_h.data(), m_out.data(), L);
+        const std::size_t r0 = last_only ? std::size_t(L - 1) * std::size_t(m_cfg.d_model) : 0;
+        m_norm_f.forward(ctx, m_h.data() + r0, m_out.data() + r0, last_only ? 1 : L);
     }
 
     Config m_cfg{};
@@ -432,7 +456,7 @@ private:
     Buffer<std::int32_t, B> m_ids;
     Buffer<float, B> m_h, m_out, m_state;
     Workspace<B> m_ws;
-    Graph<B> m_prefill_graph, m_step_graph;
+    Graph<B> m_prefill_graph, m_prefill_last_graph, m_step_graph;
 };
 
 }  // namespace flowedge

@@ -73,7 +73,8 @@ public:
     /// Action width A of the head.
     int action_dim() { return head().config().action_dim; }
 
-    /// One action chunk per noise row: prefill(tokens) (state reset first), condition = last hidden row,
+    /// One action chunk per noise row: prefill(tokens) (state reset first; Mamba::prefill_last_device, which skips the
+    /// last layer's out_proj and the final norm for all but the last row), condition = last hidden row,
     /// then a flow solve. tokens: [L]; noise, out: [batch, A] (host), batch <= max_batch; every row shares the condition.
     void act(std::span<const std::int32_t> tokens, std::span<const float> noise, std::span<float> out, Solver solver,
              int steps) {
@@ -83,8 +84,7 @@ public:
         if (!(!noise.empty() && noise.size() % std::size_t(A) == 0)) [[unlikely]]
             fail("mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
         const int batch = int(noise.size() / std::size_t(A));
-        const float* hidden = m.prefill_device(tokens);
-        const float* last = hidden + (tokens.size() - 1) * std::size_t(m.config().d_model);
+        const float* last = m.prefill_last_device(tokens);  // only the last row feeds the head
         h.begin_device(last, noise, solver, steps, batch, /*cond_stride=*/0);  // every row reads the same condition
         h.advance(steps);
         h.result(out);
