@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "flowedge/cpu/simd.hpp"
 #include "flowedge/op_params.hpp"
@@ -24,7 +25,7 @@ FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu {
 
 /// Output vectors per packed block and outputs per block (16 with AVX2, 32 with AVX-512).
-inline constexpr int kPackVecs = 2;
+inline constexpr int kPackVecs = 2;  // load_pair yields exactly two vectors
 inline constexpr int kPackWidth = kPackVecs * kLanes;
 
 /// Whether Conv1d weights are kept in the packed layout on this build. AVX2 only: the AVX-512 build keeps the
@@ -41,21 +42,33 @@ constexpr std::size_t packed_conv_elements(int out, std::size_t R) {
     return std::size_t((out + kPackWidth - 1) / kPackWidth) * std::size_t(kPackWidth) * R;
 }
 
-/// dst[b][j][l] = w[b*kPackWidth + l][j] (zero for outputs >= out). w: [out, R] row-major; dst: packed_conv_elements.
+/// Position of block output l (0 <= l < kPackWidth) within one packed step. F32/F16: l itself. BF16: outputs l and
+/// kLanes + l share one 32-bit slot (low and high half), so one full-width load widens to both output vectors with
+/// a shift and a mask (load_pair) instead of two zero-extending shuffles plus two shifts.
+template <class T>
+constexpr int packed_slot(int l) {
+    if constexpr (std::is_same_v<T, bf16>) return l < kLanes ? 2 * l : 2 * (l - kLanes) + 1;
+    else return l;
+}
+
+/// dst[b][j][packed_slot(l)] = w[b*kPackWidth + l][j] (zero for outputs >= out). w: [out, R] row-major;
+/// dst: packed_conv_elements(out, R) elements.
 template <class T>
 inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
     const int blocks = (out + kPackWidth - 1) / kPackWidth;
     for (int b = 0; b < blocks; ++b) {
-        T* db = dst + std::size_t(b) * kPackWidth * R;
+        // Sequential writes, kPackWidth read streams (one per output row): ~10x faster than writing one lane at a
+        // time with a kPackWidth-element stride (1 GB of PushT weights packed in 1.2 s that way).
+        const T* rows[kPackWidth];
+        std::size_t slot[kPackWidth];
         for (int l = 0; l < kPackWidth; ++l) {
             const int o = b * kPackWidth + l;
-            if (o < out) {
-                const T* src = w + std::size_t(o) * R;
-                for (std::size_t j = 0; j < R; ++j) db[j * kPackWidth + std::size_t(l)] = src[j];
-            } else {
-                for (std::size_t j = 0; j < R; ++j) db[j * kPackWidth + std::size_t(l)] = T{};
-            }
+            rows[l] = o < out ? w + std::size_t(o) * R : nullptr;
+            slot[l] = std::size_t(packed_slot<T>(l));
         }
+        T* db = dst + std::size_t(b) * kPackWidth * R;
+        for (std::size_t j = 0; j < R; ++j, db += kPackWidth)
+            for (int l = 0; l < kPackWidth; ++l) db[slot[l]] = rows[l] ? rows[l][j] : T{};
     }
 }
 
@@ -64,11 +77,37 @@ inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
 /// must fit the register file (AVX2: 2*6 + 2 + 1 = 15 of 16).
 inline constexpr int kPackMaxCols = std::min(8, (kRegisters - kPackVecs - 1) / kPackVecs);
 
+/// The two output vectors of one packed step (kPackWidth elements at p).
+inline void load_pair(const float* p, VecF (&wv)[kPackVecs]) {
+    wv[0] = vload(p);
+    wv[1] = vload(p + kLanes);
+}
+inline void load_pair(const f16* p, VecF (&wv)[kPackVecs]) {
+    wv[0] = vload(p);
+    wv[1] = vload(p + kLanes);
+}
+/// BF16 (packed_slot order): each 32-bit slot holds output l (low half) and output kLanes + l (high half); a BF16
+/// value is the high half of its float, so a shift gives the first vector and a mask the second.
+inline void load_pair(const bf16* p, VecF (&wv)[kPackVecs]) {
+#if defined(__AVX512F__)
+    const __m512i raw = _mm512_loadu_si512(p);
+    wv[0] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    wv[1] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(std::int32_t(0xFFFF0000u))));
+#else
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    wv[0] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    wv[1] = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(std::int32_t(0xFFFF0000u))));
+#endif
+}
+
 /// Packed steps a software prefetch runs ahead of the loads (one prefetcht0 per 64-byte line). The hardware
 /// prefetcher alone kept one packed stream at ~14 GB/s on Zen 3 (the ~13 instructions per line limit how far the
 /// out-of-order window runs ahead); 16-32 steps ahead measured 19-21 GB/s at the PushT L4 convs (1 thread, F32,
 /// the machine's streaming-sum bandwidth 21 GB/s), 48 steps and more were slower.
-inline constexpr int kPackPrefetchSteps = 24;
+#ifndef FLOWEDGE_PACK_PREFETCH_BYTES
+#define FLOWEDGE_PACK_PREFETCH_BYTES 2048
+#endif
+inline constexpr int kPackPrefetchBytes = FLOWEDGE_PACK_PREFETCH_BYTES;
 
 /// acc[v][c] += sum_{j in [0, n)} wp[j*kPackWidth + v*kLanes + lane] * x[j*ldx + c], sequentially in j.
 /// wp: packed block from its step j0; x: panel rows from j0 ([j][column], ldx floats per row).
@@ -77,9 +116,9 @@ inline void packed_steps(const WT* wp, const float* x, std::size_t ldx, int n, V
     constexpr int kStepsPerLine = int(64 / (kPackWidth * sizeof(WT))) > 0 ? int(64 / (kPackWidth * sizeof(WT))) : 1;
     for (int j = 0; j < n; ++j) {
         if (j % kStepsPerLine == 0)
-            __builtin_prefetch(wp + std::size_t(j + kPackPrefetchSteps) * kPackWidth, 0, 3);
+            __builtin_prefetch(reinterpret_cast<const char*>(wp + std::size_t(j) * kPackWidth) + kPackPrefetchBytes, 0, 3);
         VecF wv[kPackVecs];
-        for (int v = 0; v < kPackVecs; ++v) wv[v] = vload(wp + std::size_t(j) * kPackWidth + std::size_t(v) * kLanes);
+        load_pair(wp + std::size_t(j) * kPackWidth, wv);
         // Up to 4 columns, keep the weight vectors in registers: GCC otherwise folds the load into every FMA
         // (12 loads instead of 6 per step at 4 columns; L4/L8 measured 5-15% faster). At 5-6 columns there are
         // no spare registers (the asm then forces spills: L16 10% slower), so GCC's choice stays.
