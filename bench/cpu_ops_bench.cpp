@@ -71,6 +71,21 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     std::vector<std::vector<std::uint8_t>> w(static_cast<std::size_t>(copies), std::vector<std::uint8_t>(wbytes));
     for (auto& c : w)
         for (std::size_t i = 0; i < wbytes; i += 2) c[i + 1] = 0x3c;  // small finite values in every dtype
+    // Where the models keep Conv1d weights packed (Storage::ConvWeight on AVX2 builds), time that layout too.
+    const bool packed = cpu::kPackConvWeights;
+    if (packed)
+        for (auto& c : w) {
+            const std::size_t R = std::size_t(C) * K, elem = dtype_size(dt);
+            std::vector<std::uint8_t> pk(cpu::packed_conv_elements(C, R) * elem);
+            auto pack = [&](auto tag) {
+                using T = decltype(tag);
+                cpu::pack_conv_weights(reinterpret_cast<const T*>(c.data()), C, R, reinterpret_cast<T*>(pk.data()));
+            };
+            if (dt == DType::F32) pack(float{});
+            else if (dt == DType::BF16) pack(bf16{});
+            else pack(f16{});
+            c = std::move(pk);
+        }
     std::vector<float> x(std::size_t(C) * L, 0.5f), y(std::size_t(C) * L), bias(std::size_t(C), 0.f);
     Conv1dParams p;
     p.x = x.data(); p.bias = bias.data(); p.y = y.data();
@@ -78,7 +93,7 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     p.math = math;
     int next = 0;
     auto call = [&] {
-        p.w = {w[std::size_t(next)].data(), dt};
+        p.w = {w[std::size_t(next)].data(), dt, packed};
         next = (next + 1) % copies;
         Ops<Cpu>::conv1d(p);
     };
@@ -86,9 +101,9 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     const Timing tm = time_runs(call, 31);
     const double gbs = double(wbytes) / tm.median / 1e9, best = double(wbytes) / tm.best / 1e9, bw = read_bandwidth_gbs();
     const double macs = double(nw) * L;
-    std::printf("conv1d %4d->%4d k5 L%-2d %-4s math %-4s: median %7.3f ms = %6.2f GB/s of weights (%3.0f%% of %.2f GB/s read bw), "
+    std::printf("conv1d %4d->%4d k5 L%-2d %-4s math %-4s%s: median %7.3f ms = %6.2f GB/s of weights (%3.0f%% of %.2f GB/s read bw), "
                 "%5.1f G MAC/s; best %7.3f ms = %6.2f GB/s\n",
-                C, C, L, std::string(dtype_name(dt)).c_str(), math_name(math), tm.median * 1e3, gbs, 100 * gbs / bw, bw,
+                C, C, L, std::string(dtype_name(dt)).c_str(), math_name(math), packed ? " packed" : "", tm.median * 1e3, gbs, 100 * gbs / bw, bw,
                 macs / tm.median / 1e9, tm.best * 1e3, best);
     BENCHMARK(std::string("conv1d ") + std::to_string(C) + " L" + std::to_string(L) + " " + std::string(dtype_name(dt)) +
               " math " + math_name(math)) {
