@@ -8,6 +8,9 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "../support/counting_new.hpp"
 #include "flowedge/cpu/kernels_packed.hpp"
@@ -336,4 +339,29 @@ TEST_CASE("packed linear: no heap allocation after pack (calls in every mode, se
     }
     CHECK(fe_test::g_operator_new_calls.load() == news0);
     CHECK(Memory<Cpu>::allocation_count().load() == mem0);
+}
+
+TEST_CASE("packed linear: calls above 2^22 multiply-adds split outputs over threads with the same bits") {
+    if (!PackedLinear::available) return;
+    for (DType dt : kAllDtypes)
+        for (MathMode m : {MathMode::F32, MathMode::BF16}) {
+            // 37 x 256 -> 500 = 4.7 M multiply-adds: above the threshold; 500 outputs split unevenly over 3 threads.
+            const Case c(dt, 37, 256, 500, 11 + int(dt));
+            PackedLinear pk;
+            pk.pack({c.w.bytes.data(), dt}, 256, 500, m);
+#ifdef _OPENMP
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(1);
+#endif
+            const auto y1 = run_packed(pk, c, m);
+#ifdef _OPENMP
+            for (int nt : {2, 3}) {
+                omp_set_num_threads(nt);
+                INFO("dtype " << dtype_name(dt) << " math " << int(m) << " threads " << nt);
+                CHECK(run_packed(pk, c, m) == y1);
+            }
+            omp_set_num_threads(saved);
+#endif
+            check_rows_independent(pk, c, y1, m);  // 1-row calls stay on one thread: same bits again
+        }
 }

@@ -55,6 +55,10 @@
 #include "flowedge/op_params.hpp"
 #include "flowedge/tensor.hpp"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #define FLOWEDGE_CPU_PACKED 1
 #endif
@@ -68,6 +72,8 @@ enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs };
 #if defined(FLOWEDGE_CPU_PACKED)
 /// Output-vector accumulators a tile keeps in registers (rows x vectors): half the register file, leaving room for
 /// the broadcast x values and the weight vector(s) of one k step (AVX-512: 16 of 32 zmm; AVX2: 8 of 16 ymm).
+/// (Zen 3, AVX2: 12 instead of 8 measured mixed, in_proj 4 x 128 -> 512 9.0 -> 8.3-8.7 us, x_proj 4 x 256 -> 40
+/// 1.46 -> 1.8 us, best of 4001, alternated twice; kept at 8.)
 inline constexpr int kPackAcc = kRegisters / 2;
 /// Vectors per output block: a 1-row tile covers a whole block (one contiguous weight stream), multi-row tiles
 /// split it into kPackAcc / rows vectors (reading kPackAcc/rows of each k step's vectors).
@@ -77,6 +83,8 @@ inline constexpr int kPackMaxRows = 4;
 /// BF16 x-pair scratch (32-bit pairs) for MathMode::BF16: kPackMaxRows rows of up to this many pairs each sit on
 /// the stack (32 KiB); longer rows are not packed for BF16 math (Ops<Cpu>::linear keeps them).
 inline constexpr int kPackBhPairs = 2048;
+/// Multiply-adds from which PackedLinear::linear splits the outputs over OpenMP threads (Ops<Cpu>'s kParallelMacs).
+inline constexpr double kPackParallelMacs = double(1 << 22);
 
 namespace packed {
 
@@ -219,6 +227,7 @@ struct Call {
     const void* w;  ///< packed buffer
     int ksteps;     ///< k steps per block: in (F32) or ceil(in/2) (Pairs)
     int out_vecs;   ///< ceil(out / L)
+    int vbeg = 0, vend = 0;  ///< output vectors [vbeg, vend) this call (thread) computes
 };
 
 /// R rows (r0..r0+R-1) x V vectors starting at vector v0 of block b, S chains per output: accumulate over k, then
@@ -300,10 +309,11 @@ inline void tile_v(int v, const Call& c, int r0, int b, int v0, const std::uint3
 template <Kind K, int S, int R>
 inline void rows_pass(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
     constexpr int vmax = std::max(1, kPackAcc / (S * R));
-    const int nblk = (c.out_vecs + kPackBlockVecs - 1) / kPackBlockVecs;
-    for (int b = 0; b < nblk; ++b) {
-        const int vb = std::min(kPackBlockVecs, c.out_vecs - b * kPackBlockVecs);
-        for (int v0 = 0; v0 < vb; v0 += vmax) tile_v<K, S, R>(std::min(vmax, vb - v0), c, r0, b, v0, xb, ldp);
+    for (int b = c.vbeg / kPackBlockVecs; b * kPackBlockVecs < c.vend; ++b) {
+        // This block's vectors within [vbeg, vend), block-relative.
+        const int lo = std::max(0, c.vbeg - b * kPackBlockVecs);
+        const int hi = std::min({kPackBlockVecs, c.out_vecs - b * kPackBlockVecs, c.vend - b * kPackBlockVecs});
+        for (int v0 = lo; v0 < hi; v0 += vmax) tile_v<K, S, R>(std::min(vmax, hi - v0), c, r0, b, v0, xb, ldp);
     }
 }
 
@@ -418,8 +428,35 @@ public:
         if (!serves(p.math)) [[unlikely]]
             fail("cpu packed linear", "the packed layout does not serve this math mode (set_math first)");
 #if defined(FLOWEDGE_CPU_PACKED)
-        packed::Call c{&p, p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in), p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out),
-                       m_buf.data(), m_layout == PackedLayout::F32 ? m_in : (m_in + 1) / 2, (m_out + kLanes - 1) / kLanes};
+        const int out_vecs = (m_out + kLanes - 1) / kLanes;
+        const packed::Call c{&p,       p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in), p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out),
+                             m_buf.data(), m_layout == PackedLayout::F32 ? m_in : (m_in + 1) / 2, out_vecs, 0, out_vecs};
+        // Every Mamba/flow-head call stays on the calling thread (as in Ops<Cpu>::linear, below 2^22 multiply-adds no
+        // OpenMP region is entered). Larger calls (long prefills, big flow batches) split the output vectors over the
+        // threads; outputs do not depend on the blocking, so the bits do not depend on the thread count.
+        if (double(p.rows) * p.in * p.out < kPackParallelMacs) {
+            run(c);
+            return;
+        }
+#pragma omp parallel
+        {
+#if defined(_OPENMP)
+            const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+            const int tid = 0, nth = 1;
+#endif
+            packed::Call t = c;
+            t.vbeg = int(std::int64_t(out_vecs) * tid / nth);
+            t.vend = int(std::int64_t(out_vecs) * (tid + 1) / nth);
+            if (t.vbeg < t.vend) run(t);
+        }
+#endif
+    }
+
+#if defined(FLOWEDGE_CPU_PACKED)
+    /// One thread's share of linear(): output vectors [c.vbeg, c.vend), all rows.
+    void run(const packed::Call& c) const {
+        const LinearParams& p = *c.p;
         const int S = chains_for(c.out_vecs);
         if (m_layout == PackedLayout::F32) {
             packed::run_chains<packed::Kind::F32>(S, c, nullptr, 0);
@@ -427,17 +464,19 @@ public:
         }
 #if defined(FLOWEDGE_CPU_BF16_MATH)
         if (bf16_math(p.math)) {
-            // x rows rounded once to BF16 (RNE, as Ops<Cpu>::linear does); round_to_bh zero-fills to a multiple of
-            // 32 elements, so a row takes round_up32(in)/2 pairs and an odd in's last pair reads x[in] = 0.
+            // x rows rounded once to BF16 (RNE, as Ops<Cpu>::linear does) into this thread's stack; round_to_bh
+            // zero-fills to a multiple of 32 elements, so a row takes round_up32(in)/2 pairs and an odd in's last pair
+            // reads x[in] = 0.
             const std::size_t ldp = std::size_t((m_in + 31) / 32 * 16);
             alignas(64) std::uint32_t xb[kPackMaxRows * std::size_t(kPackBhPairs)];
             packed::run_chains<packed::Kind::Bh>(S, c, xb, ldp);
             return;
         }
 #endif
+        (void)p;
         packed::run_chains<packed::Kind::Pair>(S, c, nullptr, 0);
-#endif
     }
+#endif
 
     /// Independent sums per output (see packed::chains): enough FMA chains in flight for a 1-row call when the
     /// output has few vectors (latency 4, 2 pipes: >= 8 chains); depends only on the output count, so every row
