@@ -68,6 +68,9 @@ namespace flowedge::cpu {
 
 /// Storage of a PackedLinear (see the file comment).
 enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs };
+/// BF16 x-pair scratch (32-bit pairs) for MathMode::BF16: kPackMaxRows rows of up to this many pairs each sit on
+/// the stack (32 KiB); longer rows are not packed for BF16 math (Ops<Cpu>::linear keeps them).
+inline constexpr int kPackBhPairs = 2048;
 
 #if defined(FLOWEDGE_CPU_PACKED)
 /// Output-vector accumulators a tile keeps in registers (rows x vectors): half the register file, leaving room for
@@ -80,9 +83,6 @@ inline constexpr int kPackAcc = kRegisters / 2;
 inline constexpr int kPackBlockVecs = kPackAcc;
 /// Rows one tile multiplies against each loaded weight vector (prefill's 4 tokens in one sweep).
 inline constexpr int kPackMaxRows = 4;
-/// BF16 x-pair scratch (32-bit pairs) for MathMode::BF16: kPackMaxRows rows of up to this many pairs each sit on
-/// the stack (32 KiB); longer rows are not packed for BF16 math (Ops<Cpu>::linear keeps them).
-inline constexpr int kPackBhPairs = 2048;
 /// Multiply-adds from which PackedLinear::linear splits the outputs over OpenMP threads (Ops<Cpu>'s kParallelMacs).
 inline constexpr double kPackParallelMacs = double(1 << 22);
 
