@@ -2,6 +2,11 @@
 // vs naive double-precision loops written from the PyTorch/SPEC definitions.
 #include "ops_test_util.hpp"
 
+#include <algorithm>
+#include <cfloat>
+#include <cstddef>
+#include <initializer_list>
+
 #include "flowedge/noise.hpp"
 
 using namespace optest;
@@ -402,3 +407,245 @@ TEST_CASE_TEMPLATE("diffusion_step: DDIM and seeded DDPM updates with clamp", B,
                 check_all(dx.host(n), ref, sc, 2e-6, "diffusion_step");
             }
 }
+
+TEST_CASE_TEMPLATE("causal_conv: kernel sizes 1-5, channels around the vector width, vs the full-sequence definition", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    // K = 4 takes the transposed-weight-block path of the vector code, other K the gathered one; C = 13 and 37
+    // leave 5 channels to the scalar loop after 1 or 2 blocks of 8 (AVX2) / 0 or 2 blocks of 16 (AVX-512).
+    for (int K : {1, 2, 3, 4, 5})
+        for (int C : {13, 37}) {
+            const int L = 6;
+            CAPTURE(K); CAPTURE(C);
+            const auto x = random_vec(std::size_t(L) * C, 71 + C + K);
+            const auto bias = random_vec(C, 72 + C + K);
+            const HostWeights w = make_weights(std::size_t(C) * K, DType::F32, 73 + C + K);
+            std::vector<double> scale;
+            const auto ref = ref_causal(x, L, C, w.value, bias, K, &scale);
+            Dev<float, B> dx(x), db(bias), dst(std::size_t(std::max(K - 1, 1)) * C), du(std::size_t(L) * C);
+            DevWeights<B> dw(w);
+            CausalConvParams p;
+            p.w = dw.ref(); p.bias = db.ptr(); p.state = K > 1 ? dst.ptr() : nullptr; p.channels = C; p.kernel = K;
+            int t0 = 0;
+            for (int len : {1, 3, 2}) {  // a step, a chunk, a chunk
+                p.x = dx.ptr() + std::size_t(t0) * C;
+                p.u = du.ptr() + std::size_t(t0) * C;
+                p.length = len;
+                Ops<B>::causal_conv(p);
+                t0 += len;
+            }
+            REQUIRE(t0 == L);
+            check_all(du.host(std::size_t(L) * C), ref, scale, 2e-6, "causal_conv");
+        }
+}
+
+TEST_CASE_TEMPLATE("selective_scan: d_state 5, 8, 16, 17, lengths 1-5, channels not a multiple of the vector width", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    // C = 13 and 37: whole 8/16-channel blocks (d_state 16) plus 5 channels on the per-channel path. Each channel
+    // is also scanned alone (C = 1, always the per-channel path): its state must come out with the same bits, since
+    // both paths update a state element with the same operations (the gate may differ in the last ulp: vector vs
+    // scalar SiLU).
+    for (int S : {5, 8, 16, 17})
+        for (int C : {13, 37})
+            for (int L = 1; L <= 5; ++L) {
+                CAPTURE(S); CAPTURE(C); CAPTURE(L);
+                const std::uint32_t seed = std::uint32_t(100 * S + 10 * C + L);
+                const int ldbc = 2 * S, ldz = C;
+                const auto u = random_vec(std::size_t(L) * C, seed + 1);
+                const auto dt = random_vec(std::size_t(L) * C, seed + 2, 0.001f, 0.5f);
+                auto A = random_vec(std::size_t(C) * S, seed + 3, 0.f, 3.f);
+                for (auto& a : A) a = -std::exp(a);
+                const auto bc = random_vec(std::size_t(L) * ldbc, seed + 4);
+                std::vector<float> Bm(bc), Cm(std::size_t(L) * ldbc);
+                for (int t = 0; t < L; ++t)
+                    for (int n = 0; n < S; ++n) Cm[std::size_t(t) * ldbc + n] = bc[std::size_t(t) * ldbc + S + n];
+                const auto D = random_vec(C, seed + 5);
+                const auto z = random_vec(std::size_t(L) * ldz, seed + 6, -3.f, 3.f);
+                const auto ref = ref_scan(L, C, S, u, dt, A, Bm, Cm, ldbc, D, z, ldz);
+                Dev<float, B> du(u), ddt(dt), dA(A), dbc(bc), dD(D), dz(z), dstate(std::size_t(C) * S), dy(std::size_t(L) * C);
+                SelectiveScanParams p;
+                p.u = du.ptr(); p.dt = ddt.ptr(); p.A = dA.ptr(); p.B = dbc.ptr(); p.C = dbc.ptr() + S; p.ld_bc = ldbc;
+                p.D = dD.ptr(); p.z = dz.ptr(); p.ld_z = ldz; p.state = dstate.ptr(); p.y = dy.ptr();
+                p.length = L; p.channels = C; p.d_state = S;
+                Ops<B>::selective_scan(p);
+                check_all(dy.host(std::size_t(L) * C), ref.y, ref.scale, 2e-6, "selective_scan");
+                const auto state = dstate.host(std::size_t(C) * S);
+                std::size_t state_mismatch = 0;
+                for (int c = 0; c < C; ++c) {
+                    std::vector<float> u1(L), dt1(L), z1(L);
+                    for (int t = 0; t < L; ++t) {
+                        u1[t] = u[std::size_t(t) * C + c];
+                        dt1[t] = dt[std::size_t(t) * C + c];
+                        z1[t] = z[std::size_t(t) * ldz + c];
+                    }
+                    const std::vector<float> A1(A.begin() + std::ptrdiff_t(c) * S, A.begin() + std::ptrdiff_t(c + 1) * S), D1{D[c]};
+                    Dev<float, B> du1(u1), ddt1(dt1), dA1(A1), dD1(D1), dz1(z1), ds1{std::size_t(S)}, dy1{std::size_t(L)};
+                    SelectiveScanParams q = p;
+                    q.u = du1.ptr(); q.dt = ddt1.ptr(); q.A = dA1.ptr(); q.D = dD1.ptr(); q.z = dz1.ptr(); q.ld_z = 1;
+                    q.state = ds1.ptr(); q.y = dy1.ptr(); q.channels = 1;
+                    Ops<B>::selective_scan(q);
+                    const auto s1 = ds1.host(std::size_t(S));
+                    state_mismatch += std::size_t(std::memcmp(s1.data(), state.data() + std::size_t(c) * S, std::size_t(S) * sizeof(float)) != 0);
+                }
+                CHECK(state_mismatch == 0);
+            }
+}
+
+// ---- The vector exp/log/activations of cpu/math.hpp (builds with AVX-512 or AVX2 + FMA) ----
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+namespace {
+#if defined(__AVX512F__)
+constexpr int kW = 16;
+using VecT = __m512;
+VecT vec_load(const float* p) { return _mm512_loadu_ps(p); }
+void vec_store(float* p, VecT v) { _mm512_storeu_ps(p, v); }
+#else
+constexpr int kW = 8;
+using VecT = __m256;
+VecT vec_load(const float* p) { return _mm256_loadu_ps(p); }
+void vec_store(float* p, VecT v) { _mm256_storeu_ps(p, v); }
+#endif
+
+/// f applied to every element of x, kW at a time (x padded with 1 to a multiple of kW).
+template <class F>
+std::vector<float> apply_vec(F f, std::vector<float> x) {
+    const std::size_t n = x.size();
+    x.resize((n + kW - 1) / kW * kW, 1.f);
+    for (std::size_t i = 0; i < x.size(); i += kW) vec_store(&x[i], f(vec_load(&x[i])));
+    x.resize(n);
+    return x;
+}
+
+/// Spacing of floats in the binade of |r| (2^-149, the denormal step, below FLT_MIN).
+double ulp_at(double r) {
+    r = std::fabs(r);
+    if (r < double(FLT_MIN)) return std::ldexp(1.0, -149);
+    int e;
+    std::frexp(r, &e);
+    return std::ldexp(1.0, e - 24);
+}
+
+/// Every 97th float (by bit pattern) with |x| <= lim, both signs, then `extra`.
+std::vector<float> float_sweep(float lim, std::initializer_list<float> extra) {
+    std::vector<float> x;
+    for (std::uint32_t b = 0; b < 0x7f800000u; b += 97) {
+        float f;
+        std::memcpy(&f, &b, sizeof f);
+        if (f > lim) break;
+        x.push_back(f);
+        x.push_back(-f);
+    }
+    x.insert(x.end(), extra.begin(), extra.end());
+    return x;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+}  // namespace
+
+TEST_CASE("vexp: <= 1.02 ulp for normal results, <= 1 denormal step below FLT_MIN, clamped to [-104, 88.7] like the AVX-512 form") {
+    const float lo = -104.f, hi = 88.7f;
+    const auto x = float_sweep(120.f, {lo, std::nextafter(lo, -200.f), std::nextafter(lo, 0.f), -103.97208f, -87.336548f,
+                                      -87.33655f, hi, std::nextafter(hi, 0.f), std::nextafter(hi, 200.f), 88.72284f, 1e30f,
+                                      -1e30f, FLT_MAX, -FLT_MAX, FLT_MIN, 0.f, -0.f});
+    const auto y = apply_vec([](VecT v) { return cpu::vexp(v); }, x);
+    const float top = apply_vec([](VecT v) { return cpu::vexp(v); }, {hi})[0];
+    CHECK(std::isfinite(top));
+    CHECK(std::fabs(double(top) - std::exp(double(hi))) <= 1.02 * ulp_at(std::exp(double(hi))));
+    std::size_t bad = 0;
+    double worst = 0, worst_den = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if (x[i] > hi) { bad += !same_bits(y[i], top); continue; }     // clamp: exp(88.7), finite
+        if (x[i] < lo) { bad += !same_bits(y[i], 0.f); continue; }     // clamp: exp(-104) rounds to +0
+        const double r = std::exp(double(x[i])), err = std::fabs(double(y[i]) - r);
+        if (r >= double(FLT_MIN)) worst = std::max(worst, err / ulp_at(r));
+        else worst_den = std::max(worst_den, err / std::ldexp(1.0, -149));
+    }
+    INFO("max " << worst << " ulp (normal results), " << worst_den << " denormal steps");
+    CHECK(bad == 0);
+    CHECK(worst <= 1.02);  // exhaustive over all floats in range (17:59 UTC 2026-12-03, AVX2): 1.0103
+    CHECK(worst_den <= 1.0);  // exhaustive: 0.75
+    // NaN and infinities, as the AVX-512 form (vmaxps returns its second operand, -104, for a NaN).
+    const auto s = apply_vec([](VecT v) { return cpu::vexp(v); }, {NAN, -NAN, INFINITY, -INFINITY});
+    CHECK(same_bits(s[0], 0.f));
+    CHECK(same_bits(s[1], 0.f));
+    CHECK(same_bits(s[2], top));
+    CHECK(same_bits(s[3], 0.f));
+}
+
+TEST_CASE("vlog: <= 0.9 ulp over positive normal floats, log(1) = 0") {
+    std::vector<float> x;
+    for (std::uint32_t b = 0x00800000u; b < 0x7f800000u; b += 97) {
+        float f;
+        std::memcpy(&f, &b, sizeof f);
+        x.push_back(f);
+    }
+    for (float v : {1.f, std::nextafter(1.f, 2.f), std::nextafter(1.f, 0.f), 1.41421356f, 1.41421366f, 0.70710677f, 2.f,
+                    FLT_MIN, FLT_MAX, 3.4e38f})
+        x.push_back(v);
+    const auto y = apply_vec([](VecT v) { return cpu::vlog(v); }, x);
+    double worst = 0;
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        const double r = std::log(double(x[i]));
+        if (r == 0) bad += !same_bits(y[i], 0.f);
+        else worst = std::max(worst, std::fabs(double(y[i]) - r) / ulp_at(r));
+    }
+    INFO("max " << worst << " ulp");
+    CHECK(bad == 0);
+    CHECK(worst <= 0.9);  // exhaustive over positive normal floats (AVX2): 0.8265
+}
+
+TEST_CASE("vector SiLU / Softplus / Mish: close to the definitions over +-130, NaN and inf as documented, exact tails") {
+    std::vector<float> x = float_sweep(130.f, {-104.f, -103.9f, -88.7f, -88.8f, -87.3f, 88.7f, 88.8f, 19.999f, 20.f, 20.0001f,
+                                               -20.f, 9.f, -9.f, 1e-30f, -1e-30f, 1e-40f, -1e-40f});
+    if (x.size() % kW == 0) x.push_back(0.5f);  // one masked tail in the sweep itself
+    for (Activation a : {Activation::Silu, Activation::Softplus, Activation::Mish}) {
+        CAPTURE(int(a));
+        std::vector<float> y = x;
+        cpu::activate_inplace(a, y.data(), static_cast<long long>(y.size()));
+        std::size_t bad = 0, first = 0;
+        double worst = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            const double r = ref_act(a, x[i]), err = std::fabs(double(y[i]) - r);
+            bool ok;
+            if (a == Activation::Silu && x[i] < -88.7f) {
+                // exp(-x) is clamped at exp(88.7) = 3.3e38, so the result is x / 3.3e38 (|.| < 4e-37; exact < 1e-36).
+                ok = y[i] <= 0.f && y[i] >= -4e-37f;
+            } else if (a == Activation::Mish) {
+                // Below FLT_MIN e = exp(x) is a denormal with few bits; x e carries up to |x| / 2 steps of 2^-149.
+                ok = err <= 6 * ulp_at(r) + 64 * std::ldexp(1.0, -149);
+                if (std::fabs(r) >= double(FLT_MIN)) worst = std::max(worst, err / ulp_at(r));
+            } else {
+                ok = err <= 4 * ulp_at(r);
+                worst = std::max(worst, err / ulp_at(r));
+            }
+            if (!ok && bad++ == 0) first = i;
+        }
+        INFO(bad << " out of bound, first x = " << x[first] << " got " << y[first] << " want " << ref_act(a, x[first])
+                 << "; max " << worst << " ulp (normal results)");
+        CHECK(bad == 0);  // measured (AVX2): SiLU 2.25 ulp, Softplus 2.98, Mish 4.23 (normal results)
+        // Tails: every length 1 .. 2 kW + 1 gives the lanes' bits of the full-vector run and writes nothing past n.
+        for (int n = 1; n <= 2 * kW + 1; ++n) {
+            std::vector<float> buf(std::size_t(n + kW), -7.f);
+            std::copy(x.begin(), x.begin() + n, buf.begin());
+            cpu::activate_inplace(a, buf.data(), n);
+            for (int i = 0; i < n; ++i) CHECK(same_bits(buf[std::size_t(i)], y[std::size_t(i)]));
+            for (int i = n; i < n + kW; ++i) CHECK(buf[std::size_t(i)] == -7.f);
+        }
+    }
+    // NaN / inf (the same in the AVX-512 and AVX2 forms; vexp(NaN) = 0): SiLU and Mish propagate NaN, Softplus
+    // returns 0 for NaN (the scalar form returns NaN); SiLU(-inf) = -inf (scalar: NaN), Mish(-inf) = NaN.
+    auto act = [](Activation a, float v) {
+        cpu::activate_inplace(a, &v, 1);
+        return v;
+    };
+    CHECK(std::isnan(act(Activation::Silu, NAN)));
+    CHECK(act(Activation::Silu, INFINITY) == INFINITY);
+    CHECK(act(Activation::Silu, -INFINITY) == -INFINITY);
+    CHECK(same_bits(act(Activation::Softplus, NAN), 0.f));
+    CHECK(act(Activation::Softplus, INFINITY) == INFINITY);
+    CHECK(same_bits(act(Activation::Softplus, -INFINITY), 0.f));
+    CHECK(std::isnan(act(Activation::Mish, NAN)));
+    CHECK(act(Activation::Mish, INFINITY) == INFINITY);
+    CHECK(std::isnan(act(Activation::Mish, -INFINITY)));
+}
+#endif
