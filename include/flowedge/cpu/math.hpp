@@ -34,7 +34,9 @@ inline float activate(Activation act, float x) {
 /// exp(x) for 16 floats: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2]
 /// (Cephes expf coefficients), scaled by 2^n with vscalefps. Under 1 ulp (r + r^2 P(r) first, then + 1); underflows to 0 below -104.
 inline __m512 vexp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.7f));
+    // Constant first: vmaxps/vminps return their second operand when one is NaN, so a NaN stays NaN (a NaN
+    // activation must not turn into a finite softplus/exp and hide upstream corruption).
+    x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -105,8 +107,8 @@ inline __m512 vmish(__m512 x) {
 // AVX2 + FMA twins of the AVX-512 forms above, 8 floats per vector: the same clamp, reduction, polynomials and
 // operation order, so each lane gives the bits the AVX-512 code gives (the differences are only the instructions
 // that AVX2 lacks: vscalefps, vgetmant/vgetexp and mask registers). NaN/inf behave as in the AVX-512 code:
-// vexp(NaN) = vexp(-inf) = 0 (vmaxps returns its second operand -104 for a NaN), vexp(+inf) = exp(88.7) = 3.3e38;
-// hence vsilu(NaN) = NaN, vsilu(+-inf) = +-inf, vsoftplus(NaN) = 0 (scalar: NaN), vsoftplus(+inf) = inf,
+// vexp(NaN) = NaN (the clamp passes a NaN through), vexp(-inf) = 0, vexp(+inf) = exp(88.7) = 3.3e38;
+// hence vsilu(NaN) = NaN, vsilu(+-inf) = +-inf, vsoftplus(NaN) = NaN (as the scalar form), vsoftplus(+inf) = inf,
 // vsoftplus(-inf) = 0, vmish(NaN) = NaN, vmish(+inf) = inf, vmish(-inf) = NaN (as the scalar form).
 
 /// exp(x) for 8 floats: as the AVX-512 vexp. vscalefps is replaced by an integer add of n into p's exponent field
@@ -117,7 +119,7 @@ inline __m512 vmish(__m512 x) {
 // always_inline: GCC otherwise calls vexp out of line from the scan and the packed linear epilogues, and every ymm
 // register is caller-saved, so live vectors spill around each call (decode step 20.4 -> 19.7 us min, 3 runs).
 [[gnu::always_inline]] inline __m256 vexp(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.f)), _mm256_set1_ps(88.7f));
+    x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-104.f), x));  // NaN stays NaN (see AVX-512)
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
