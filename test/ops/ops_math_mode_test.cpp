@@ -24,27 +24,6 @@ double gamma_acc(std::size_t n) {
     return d * kU32 / (1 - d * kU32);
 }
 
-/// Independent round-to-nearest-even of a float to BF16 (finite, normal inputs as in these tests), as a double.
-double rne_bf16(double v) {
-    const float f = float(v);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0) return 0.0;  // DAZ: zero and denormals read as zero
-    const std::uint32_t lsb = (u >> 16) & 1u;
-    u = (u + 0x7fffu + lsb) & 0xffff0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-}
-
-/// Whether this build runs MathMode::BF16 on the vdpbf16ps kernels (else BF16 requests compute exactly).
-constexpr bool kBf16Kernels =
-#if defined(FLOWEDGE_CPU_BF16_MATH)
-    true;
-#else
-    false;
-#endif
-
 /// One output's references: exact value, value with the operands rounded as the kernel rounds them (BF16
 /// activations; BF16 weights for F32/F16 storage), and the magnitudes the bound scales with.
 struct Ref {

@@ -28,25 +28,6 @@ constexpr double kTiny = 2.3509887016445750e-38;  // 2^-125: DAZ/FTZ term per el
 
 double gamma_seq(double d) { return d * kU32 / (1 - d * kU32); }
 
-/// Independent round-to-nearest-even of a finite float to BF16, denormals read as zero (as vcvtne2ps2bf16).
-double rne_bf16(double v) {
-    const float f = float(v);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0) return 0.0;
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-}
-
-constexpr bool kBf16Kernels =
-#if defined(FLOWEDGE_CPU_BF16_MATH)
-    true;
-#else
-    false;
-#endif
-
 const int kIns[] = {1, 7, 8, 9, 33, 128, 256};
 const int kOuts[] = {1, 15, 16, 17, 40, 256, 512};
 const Activation kActs[] = {Activation::None, Activation::Silu, Activation::Softplus, Activation::Mish};

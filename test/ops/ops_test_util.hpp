@@ -129,4 +129,25 @@ inline double ref_act(Activation a, double x) {
 /// Bound on |d act/dx| near x, used to carry a pre-activation error bound through the activation.
 inline double act_slope(Activation a) { return a == Activation::None ? 1.0 : 1.2; }
 
+/// Independent round-to-nearest-even of a finite float to BF16, zero and denormals read as zero (DAZ, as
+/// vcvtne2ps2bf16), as a double: the operand rounding the MathMode::BF16 kernels apply.
+inline double rne_bf16(double v) {
+    const float f = float(v);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) return 0.0;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return r;
+}
+
+/// Whether this build runs MathMode::BF16 on vdpbf16ps kernels (else BF16 requests compute exactly).
+constexpr bool kBf16Kernels =
+#if defined(FLOWEDGE_CPU_BF16_MATH)
+    true;
+#else
+    false;
+#endif
+
 }  // namespace optest
