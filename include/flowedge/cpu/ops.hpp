@@ -140,9 +140,35 @@ inline void linear_impl(const LinearParams& p, const WT* w) {
     }
 }
 
+/// Implicit im2col, shared by the Conv1d kernels: panel column n (b = n / out_length, t = n % out_length) over input
+/// channels [i0, i0 + ni) is put(j, x[b, i0 + i, t*stride + k - pad]) for j = i*K + k in increasing j (zero where
+/// the window leaves the input: PyTorch's zero padding). Each kernel's `put` lays the column out its own way.
+template <class Put>
+inline void im2col_column(const Conv1dParams& p, int n, int i0, int ni, Put&& put) {
+    const int K = p.kernel, Lin = p.in_length, b = n / p.out_length, t = n % p.out_length;
+    const float* xb = p.x + (std::size_t(b) * std::size_t(p.in_channels) + std::size_t(i0)) * std::size_t(Lin);
+    const int start = t * p.stride - p.pad;
+    for (int i = 0; i < ni; ++i) {
+        const float* xr = xb + std::size_t(i) * Lin;
+        for (int k = 0; k < K; ++k) {
+            const int s = start + k;
+            put(i * K + k, (s >= 0 && s < Lin) ? xr[s] : 0.f);
+        }
+    }
+}
+
+/// Conv1d output y[b, o, t] of panel column n: the first input-channel chunk stores bias + v, later chunks add v
+/// (the same order in every kernel, so a thread count or layout change keeps the bits of each sum's epilogue).
+inline void conv_out(const Conv1dParams& p, int n, int o, float v, bool first) {
+    const int b = n / p.out_length, t = n % p.out_length;
+    float& dst = p.y[(std::size_t(b) * std::size_t(p.out_channels) + std::size_t(o)) * std::size_t(p.out_length) + std::size_t(t)];
+    if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
+    else dst += v;
+}
+
 template <class WT>
 inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
-    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lout = p.out_length;
     const int N = p.batch * Lout;
     const std::size_t R = std::size_t(Cin) * std::size_t(K);
     // Columns per pass (weights are streamed once per pass) and input channels per im2col panel.
@@ -165,27 +191,13 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
                 const int ni = std::min(chunk_in, Cin - i0);
                 const int len = ni * K;
                 const std::size_t ldp = round_up16(std::size_t(len));
-                // Implicit im2col: panel column c holds x[b, i0 + i, t*stride + k - pad] at i*K + k (zero padded).
+                // Panel column c: the reduction index i*K + k contiguous (the weight row's order).
                 for (int c = 0; c < nn; ++c) {
-                    const int n = n0 + c, b = n / Lout, t = n % Lout;
-                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
                     float* dst = panel + std::size_t(c) * ldp;
-                    const int start = t * p.stride - p.pad;
-                    for (int i = 0; i < ni; ++i) {
-                        const float* xr = xb + std::size_t(i) * Lin;
-                        for (int k = 0; k < K; ++k) {
-                            const int s = start + k;
-                            dst[i * K + k] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
-                        }
-                    }
+                    im2col_column(p, n0 + c, i0, ni, [dst](int j, float v) { dst[j] = v; });
                 }
                 const bool first = i0 == 0;
-                auto epilogue = [&](int o, int c, float v) {
-                    const int n = n0 + c, b = n / Lout, t = n % Lout;
-                    float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
-                    if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
-                    else dst += v;
-                };
+                auto epilogue = [&](int o, int c, float v) { conv_out(p, n0 + c, o, v, first); };
                 if (o0 < o1) gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
             }
         }
@@ -205,7 +217,7 @@ inline constexpr int kPackChunk = 128;
 /// thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any thread count.
 template <class WT>
 inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
-    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lout = p.out_length;
     const int N = p.batch * Lout;
     const std::size_t R = std::size_t(Cin) * std::size_t(K);
     const int blocks = (Cout + kPackWidth - 1) / kPackWidth;
@@ -225,19 +237,9 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
             for (int i0 = 0; i0 < Cin; i0 += chunk_in) {
                 const int ni = std::min(chunk_in, Cin - i0);
                 const int len = ni * K;
-                // Implicit im2col, transposed: panel[j*nn + c] = x[b, i0 + i, t*stride + k - pad] for j = i*K + k.
-                for (int c = 0; c < nn; ++c) {
-                    const int n = n0 + c, b = n / Lout, t = n % Lout;
-                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
-                    const int start = t * p.stride - p.pad;
-                    for (int i = 0; i < ni; ++i) {
-                        const float* xr = xb + std::size_t(i) * Lin;
-                        for (int k = 0; k < K; ++k) {
-                            const int s = start + k;
-                            panel[std::size_t(i * K + k) * nn + c] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
-                        }
-                    }
-                }
+                // The panel transposed ([j][column]): one row of nn columns per reduction index j.
+                for (int c = 0; c < nn; ++c)
+                    im2col_column(p, n0 + c, i0, ni, [&](int j, float v) { panel[std::size_t(j) * nn + c] = v; });
                 const bool first = i0 == 0;
                 for (int ob = b0; ob < b1; ++ob) {
                     std::fill(tot, tot + std::size_t(nn) * kPackWidth, 0.f);
@@ -253,15 +255,8 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
                         }
                     }
                     const int o0 = ob * kPackWidth, o1 = std::min(Cout, o0 + kPackWidth);
-                    for (int c = 0; c < nn; ++c) {
-                        const int n = n0 + c, b = n / Lout, t = n % Lout;
-                        const float* tc = tot + std::size_t(c) * kPackWidth;
-                        for (int o = o0; o < o1; ++o) {
-                            float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
-                            if (first) dst = tc[o - o0] + (p.bias ? p.bias[o] : 0.f);
-                            else dst += tc[o - o0];
-                        }
-                    }
+                    for (int c = 0; c < nn; ++c)
+                        for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * kPackWidth + std::size_t(o - o0)], first);
                 }
             }
         }
@@ -329,7 +324,7 @@ inline void linear_bf16_impl(const LinearParams& p, const WT* w) {
 /// input channels.
 template <class WT>
 inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
-    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lout = p.out_length;
     const int N = p.batch * Lout;
     const std::size_t R = std::size_t(Cin) * std::size_t(K);
     constexpr std::size_t kPanelBh = 2 * kScratchFloats;  // BF16 elements in the same 256 KiB
@@ -349,35 +344,23 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
                 const int len = ni * K;
                 const std::size_t ldp = round_up32(std::size_t(len));
                 for (int c = 0; c < nn; ++c) {
-                    const int n = n0 + c, b = n / Lout, t = n % Lout;
-                    const float* xb = p.x + (std::size_t(b) * Cin + std::size_t(i0)) * std::size_t(Lin);
                     bf16* dst = panel + std::size_t(c) * ldp;
-                    const int start = t * p.stride - p.pad;
                     // Gathered 32 floats at a time, then rounded together (vcvtne2ps2bf16).
                     alignas(64) float tmp[32];
                     int fill = 0;
                     std::size_t at = 0;
-                    for (int i = 0; i < ni; ++i) {
-                        const float* xr = xb + std::size_t(i) * Lin;
-                        for (int k = 0; k < K; ++k) {
-                            const int s = start + k;
-                            tmp[fill++] = (s >= 0 && s < Lin) ? xr[s] : 0.f;
-                            if (fill == 32) {
-                                _mm512_store_si512(dst + at, __m512i(vload_bh(tmp)));
-                                at += 32;
-                                fill = 0;
-                            }
+                    im2col_column(p, n0 + c, i0, ni, [&](int, float v) {
+                        tmp[fill++] = v;
+                        if (fill == 32) {
+                            _mm512_store_si512(dst + at, __m512i(vload_bh(tmp)));
+                            at += 32;
+                            fill = 0;
                         }
-                    }
+                    });
                     if (fill) _mm512_store_si512(dst + at, __m512i(vload_bh_n(tmp, fill)));
                 }
                 const bool first = i0 == 0;
-                auto epilogue = [&](int o, int c, float v) {
-                    const int n = n0 + c, b = n / Lout, t = n % Lout;
-                    float& dst = p.y[(std::size_t(b) * Cout + std::size_t(o)) * Lout + std::size_t(t)];
-                    if (first) dst = v + (p.bias ? p.bias[o] : 0.f);
-                    else dst += v;
-                };
+                auto epilogue = [&](int o, int c, float v) { conv_out(p, n0 + c, o, v, first); };
                 if (o0 < o1) gemm_rows(w + std::size_t(i0) * K, R, panel, ldp, len, o0, o1, nn, epilogue);
             }
         }
