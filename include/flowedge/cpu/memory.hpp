@@ -3,6 +3,7 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -25,11 +26,24 @@ struct Memory<Cpu> {
         static std::atomic<std::size_t> n{0};
         return n;
     }
-    /// Physical memory of this host in bytes (0 when unknown); no single allocation may exceed it.
+    /// Memory this process may use in bytes (0 when unknown): the host's physical memory, or the control group's
+    /// limit when lower (a container sees the host's RAM through sysconf, but its limit is what the OOM killer
+    /// enforces). No single allocation may exceed it.
     static std::size_t physical_bytes() {
         static const std::size_t n = [] {
             const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-            return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : std::size_t(0);
+            std::size_t bytes = pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : std::size_t(0);
+            // cgroup v2 ("max" = no limit), then v1 (an unlimited v1 group reports a huge page-rounded number).
+            for (const char* file : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+                if (std::FILE* f = std::fopen(file, "r")) {
+                    unsigned long long limit = 0;
+                    const bool number = std::fscanf(f, "%llu", &limit) == 1;
+                    std::fclose(f);
+                    if (number && limit > 0 && (bytes == 0 || limit < bytes)) bytes = std::size_t(limit);
+                    break;
+                }
+            }
+            return bytes;
         }();
         return n;
     }
