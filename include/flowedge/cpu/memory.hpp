@@ -64,10 +64,11 @@ struct Memory<Cpu> {
         // distributions) they would otherwise sit in 4 KiB pages, one TLB miss per 4 KiB of a weight stream.
         const bool huge = bytes >= kHugePageMinBytes;
         const std::size_t align = huge ? kHugePageBytes : 64;
-        void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+        const std::size_t size = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of align
+        void* p = std::aligned_alloc(align, size);
         if (!p) fail("cpu", "out of host memory allocating " + std::to_string(bytes) + " bytes");
 #ifdef MADV_HUGEPAGE
-        if (huge) ::madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);  // advice only: failure is harmless
+        if (huge) ::madvise(p, size, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif
         return p;
     }
