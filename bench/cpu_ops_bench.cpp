@@ -76,7 +76,7 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     if (packed)
         for (auto& c : w) {
             const std::size_t R = std::size_t(C) * K, elem = dtype_size(dt);
-            std::vector<std::uint8_t> pk(cpu::packed_conv_elements(C, R) * elem);
+            std::vector<std::uint8_t> pk(cpu::packed_conv_elements(dt, C, R) * elem);
             auto pack = [&](auto tag) {
                 using T = decltype(tag);
                 cpu::pack_conv_weights(reinterpret_cast<const T*>(c.data()), C, R, reinterpret_cast<T*>(pk.data()));

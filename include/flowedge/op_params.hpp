@@ -15,8 +15,8 @@ namespace flowedge {
 struct WeightRef {
     const void* data = nullptr;
     DType dtype = DType::F32;
-    /// CPU only: a Conv1d weight held in the packed layout of cpu/kernels_packed_conv.hpp ([out_block][in*kernel]
-    /// [cpu::kPackWidth]) instead of [out, in, kernel]. Set by Parameter<Cpu> for Storage::ConvWeight on builds where
+    /// CPU only: a Conv1d weight held in the packed block layout of cpu/kernels_packed_conv.hpp (blocks of
+    /// cpu::kConvBlockWidth outputs, step by step along in*kernel) instead of [out, in, kernel]. Set by Parameter<Cpu> for Storage::ConvWeight on builds where
     /// cpu::kPackConvWeights; never on the GPU.
     bool packed = false;
 };

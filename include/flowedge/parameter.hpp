@@ -126,7 +126,7 @@ private:
         const int out = int(m_shape.dims[0]);
         const std::size_t R = static_cast<std::size_t>(m_shape.numel()) / static_cast<std::size_t>(out);
         const std::size_t n = static_cast<std::size_t>(m_shape.numel()), elem = dtype_size(want);
-        const std::size_t packed_bytes = cpu::packed_conv_elements(out, R) * elem;
+        const std::size_t packed_bytes = cpu::packed_conv_elements(want, out, R) * elem;
         Memory<Cpu>::check_fits(packed_bytes, "tensor '" + t.name + "' (" + component_str(component) + ")");
         std::vector<std::byte> converted;
         const void* src = t.data;

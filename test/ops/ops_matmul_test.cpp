@@ -57,7 +57,7 @@ struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
 /// The weight bytes of w in the CPU's packed Conv1d layout (cpu/kernels_packed_conv.hpp) for `out` outputs.
 inline std::vector<std::uint8_t> packed_conv_bytes(const HostWeights& w, int out) {
     const std::size_t elem = dtype_size(w.dtype), R = w.bytes.size() / elem / std::size_t(out);
-    std::vector<std::uint8_t> dst(cpu::packed_conv_elements(out, R) * elem, 0xAB);  // not zero: padding is written
+    std::vector<std::uint8_t> dst(cpu::packed_conv_elements(w.dtype, out, R) * elem, 0xAB);  // not zero: padding is written
     auto pack = [&](auto tag) {
         using T = decltype(tag);
         cpu::pack_conv_weights(reinterpret_cast<const T*>(w.bytes.data()), out, R, reinterpret_cast<T*>(dst.data()));
@@ -345,6 +345,7 @@ TEST_CASE("conv1d on packed weights matches a naive loop (builds that pack Conv1
             {1, 64, 17, 5, 5, 1, 2, false},
             {1, 64, 17, 6, 5, 1, 2, true},
             {1, 2048, 40, 4, 5, 1, 2, true},
+            {4, 401, 30, 16, 3, 1, 1, true},  // 64 columns, K = 3: 341 channels per pass (BF16 pairs: 340), odd R
         };
         std::uint32_t seed = 5000;
         for (const auto& k : cases)
@@ -358,43 +359,47 @@ TEST_CASE("conv1d on packed weights matches a naive loop (builds that pack Conv1
 TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread count") {
     if constexpr (cpu::kPackConvWeights) {
         // Each output is summed the same way whichever column group it falls in: a batch-3 call (12 columns: groups
-        // of 6) equals three batch-1 calls (4 columns: one group), bit for bit, at 1 and 2 threads.
+        // of 6 for F32/F16 blocks, 4 for BF16 blocks) equals three batch-1 calls (4 columns: one group), bit for
+        // bit, at 1 and 2 threads.
         const int cin = 700, cout = 200, K = 5, L = 4, batch = 3;  // 12 x 3500 x 200 MACs: above kParallelMacs
-        const HostWeights w = make_weights(std::size_t(cout) * cin * K, DType::F32, 77, 0.3f);
-        const auto pw = packed_conv_bytes(w, cout);
-        const auto x = random_vec(std::size_t(batch) * cin * L, 78);
-        Conv1dParams p;
-        p.w = {pw.data(), DType::F32, true};
-        p.in_channels = cin;
-        p.out_channels = cout;
-        p.in_length = L;
-        p.out_length = L;
-        p.kernel = K;
-        p.pad = 2;
-        std::vector<float> single(std::size_t(batch) * cout * L);
-        for (int b = 0; b < batch; ++b) {
-            p.batch = 1;
-            p.x = x.data() + std::size_t(b) * cin * L;
-            p.y = single.data() + std::size_t(b) * cout * L;
-            Ops<Cpu>::conv1d(p);
-        }
-        for (int threads : {1, 2}) {
-            std::vector<float> y(single.size());
-            p.batch = batch;
-            p.x = x.data();
-            p.y = y.data();
+        for (DType dt : kAllDtypes) {
+            CAPTURE(dtype_name(dt));
+            const HostWeights w = make_weights(std::size_t(cout) * cin * K, dt, 77, 0.3f);
+            const auto pw = packed_conv_bytes(w, cout);
+            const auto x = random_vec(std::size_t(batch) * cin * L, 78);
+            Conv1dParams p;
+            p.w = {pw.data(), dt, true};
+            p.in_channels = cin;
+            p.out_channels = cout;
+            p.in_length = L;
+            p.out_length = L;
+            p.kernel = K;
+            p.pad = 2;
+            std::vector<float> single(std::size_t(batch) * cout * L);
+            for (int b = 0; b < batch; ++b) {
+                p.batch = 1;
+                p.x = x.data() + std::size_t(b) * cin * L;
+                p.y = single.data() + std::size_t(b) * cout * L;
+                Ops<Cpu>::conv1d(p);
+            }
+            for (int threads : {1, 2}) {
+                std::vector<float> y(single.size());
+                p.batch = batch;
+                p.x = x.data();
+                p.y = y.data();
 #ifdef _OPENMP
-            const int before = omp_get_max_threads();
-            omp_set_num_threads(threads);
+                const int before = omp_get_max_threads();
+                omp_set_num_threads(threads);
 #endif
-            Ops<Cpu>::conv1d(p);
+                Ops<Cpu>::conv1d(p);
 #ifdef _OPENMP
-            omp_set_num_threads(before);
+                omp_set_num_threads(before);
 #endif
-            int mismatched = 0;
-            for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
-            CAPTURE(threads);
-            CHECK(mismatched == 0);
+                int mismatched = 0;
+                for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
+                CAPTURE(threads);
+                CHECK(mismatched == 0);
+            }
         }
     }
 }

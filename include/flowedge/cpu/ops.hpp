@@ -206,34 +206,40 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 /// Reduction steps per micro-kernel pass over one packed block (kernels_packed_conv.hpp): that slice of the block
-/// (kPackChunk * kPackWidth weights, 8 KiB at F32 on AVX2) and of the panel stay in L1 while every column group uses
-/// them, and each output is summed in chunks of this length whose partial sums are then added to a running total
-/// (shorter float chains than one sequential sum over in*kernel elements).
+/// (kPackChunk * kConvBlockWidth weights, 8 KiB at F32 on AVX2) and of the panel stay in L1 while every column group
+/// uses them, and each output is summed in chunks of this length whose partial sums are then added to a running total
+/// (shorter float chains than one sequential sum over in*kernel elements). Even: BF16 blocks store steps in pairs.
 inline constexpr int kPackChunk = 128;
 
 /// conv1d_impl on packed weights (WeightRef::packed): the same column passes, input-channel chunks, thread split
 /// (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the im2col panel is laid
-/// out [j][column] and each packed block of kPackWidth outputs is streamed once per pass (one contiguous stream per
-/// thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any thread count.
+/// out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass (one contiguous
+/// stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any
+/// thread count and column grouping.
 template <class WT>
 inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
+    constexpr int W = kConvBlockWidth<WT>, kMaxCols = kConvMaxCols<WT>;
     const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lout = p.out_length;
     const int N = p.batch * Lout;
-    const std::size_t R = std::size_t(Cin) * std::size_t(K);
-    const int blocks = (Cout + kPackWidth - 1) / kPackWidth;
+    const std::size_t R = std::size_t(Cin) * std::size_t(K), block_steps = packed_conv_steps<WT>(R);
+    const int blocks = (Cout + W - 1) / W;
     constexpr int kCols = 64;  // columns per pass (the packed weights are streamed once per pass)
-    const int ns = std::min(N, kCols);
-    const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
+    // BF16 blocks pair steps (j, j+1) from j = 0, so every input-channel chunk must start at an even step: an even
+    // channel count per chunk (at least 2, hence at most kScratchFloats / (2K) columns per pass).
+    constexpr bool kPairs = packed_conv_steps<WT>(1) == 2;
+    const int ns = std::min({N, kCols, kPairs ? int(kScratchFloats / (2 * std::size_t(K))) : kCols});
+    int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
+    if (kPairs && chunk_in < Cin) chunk_in &= ~1;
     [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
 #pragma omp parallel if (par)
     {
         alignas(64) float panel[kScratchFloats];
-        alignas(64) float tot[kCols * kPackWidth];
+        alignas(64) float tot[kCols * W];
         const int tid = thread_index(), nth = thread_count();
         const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
         for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
-            const int groups = (nn + kPackMaxCols - 1) / kPackMaxCols;
+            const int groups = (nn + kMaxCols - 1) / kMaxCols;
             for (int i0 = 0; i0 < Cin; i0 += chunk_in) {
                 const int ni = std::min(chunk_in, Cin - i0);
                 const int len = ni * K;
@@ -242,21 +248,20 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
                     im2col_column(p, n0 + c, i0, ni, [&](int j, float v) { panel[std::size_t(j) * nn + c] = v; });
                 const bool first = i0 == 0;
                 for (int ob = b0; ob < b1; ++ob) {
-                    std::fill(tot, tot + std::size_t(nn) * kPackWidth, 0.f);
-                    const WT* wb = wp + (std::size_t(ob) * R + std::size_t(i0) * K) * kPackWidth;
+                    std::fill(tot, tot + std::size_t(nn) * W, 0.f);
+                    const WT* wb = wp + (std::size_t(ob) * block_steps + std::size_t(i0) * K) * W;
                     for (int j0 = 0; j0 < len; j0 += kPackChunk) {
                         const int n = std::min(kPackChunk, len - j0);
-                        // Column groups of <= kPackMaxCols, as even as possible (8 -> 4 + 4: 8 accumulators each).
+                        // Column groups of <= kMaxCols, as even as possible (8 -> 4 + 4: 8 or 12 accumulators each).
                         for (int g = 0, c0 = 0; g < groups; ++g) {
                             const int c1 = nn * (g + 1) / groups;
-                            packed_chunk_n(c1 - c0, wb + std::size_t(j0) * kPackWidth, panel + std::size_t(j0) * nn,
-                                           std::size_t(nn), n, c0, tot);
+                            packed_chunk_n(c1 - c0, wb + std::size_t(j0) * W, panel + std::size_t(j0) * nn, std::size_t(nn), n, c0, tot);
                             c0 = c1;
                         }
                     }
-                    const int o0 = ob * kPackWidth, o1 = std::min(Cout, o0 + kPackWidth);
+                    const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
                     for (int c = 0; c < nn; ++c)
-                        for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * kPackWidth + std::size_t(o - o0)], first);
+                        for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(o - o0)], first);
                 }
             }
         }
