@@ -404,6 +404,103 @@ TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread
     }
 }
 
+TEST_CASE("linear and linear_batch on streamed (conv-packed) weights") {
+    if constexpr (!cpu::kPackConvWeights) {
+        MESSAGE("this build keeps Linear weights row-major (cpu::kPackConvWeights false): nothing to check");
+    } else {
+        struct Shape3 { int rows, in, out; };
+        std::uint32_t seed = 9000;
+        for (DType dt : kAllDtypes)
+            for (Shape3 sh : {Shape3{1, 260, 1024}, Shape3{2, 7, 33}, Shape3{3, 129, 50}, Shape3{1, 1, 1}}) {
+                CAPTURE(dtype_name(dt)); CAPTURE(sh.rows); CAPTURE(sh.in); CAPTURE(sh.out);
+                const auto x = random_vec(std::size_t(sh.rows) * sh.in, seed += 10);
+                const auto bias = random_vec(std::size_t(sh.out), seed + 1);
+                const HostWeights w = make_weights(std::size_t(sh.out) * sh.in, dt, seed + 2, 0.3f);
+                const auto pw = packed_conv_bytes(w, sh.out);
+                std::vector<double> ref(std::size_t(sh.rows) * sh.out), scale(ref.size());
+                for (int r = 0; r < sh.rows; ++r)
+                    for (int o = 0; o < sh.out; ++o) {
+                        double acc = bias[std::size_t(o)], mag = std::fabs(acc);
+                        for (int i = 0; i < sh.in; ++i) {
+                            const double v = w.value[std::size_t(o) * sh.in + i] * x[std::size_t(r) * sh.in + i];
+                            acc += v;
+                            mag += std::fabs(v);
+                        }
+                        ref[std::size_t(r) * sh.out + o] = acc;
+                        scale[std::size_t(r) * sh.out + o] = mag;
+                    }
+                std::vector<float> y(ref.size(), -7.f), y_act(ref.size());
+                LinearParams p;
+                p.x = x.data();
+                p.w = {pw.data(), dt, true};
+                p.bias = bias.data();
+                p.y = y.data();
+                p.rows = sh.rows;
+                p.in = sh.in;
+                p.out = sh.out;
+                Ops<Cpu>::linear(p);
+                check_all(y, ref, scale, 2e-6, "linear on packed weights");
+                // The activation runs over the finished rows: SiLU of the plain result, bit for bit.
+                p.y = y_act.data();
+                p.act = Activation::Silu;
+                Ops<Cpu>::linear(p);
+                std::vector<float> expect = y;
+                cpu::activate_inplace(Activation::Silu, expect.data(), expect.size());
+                CHECK(std::memcmp(expect.data(), y_act.data(), 4 * y_act.size()) == 0);
+                // Strided rows and accumulate are not supported there: a clear error, not a wrong answer.
+                p.act = Activation::None;
+                p.accumulate = true;
+                CHECK_THROWS_WITH_AS(Ops<Cpu>::linear(p), doctest::Contains("packed (streamed) weights need contiguous rows"), flowedge::Error);
+                p.accumulate = false;
+                p.ld_x = sh.in + 1;
+                CHECK_THROWS_WITH_AS(Ops<Cpu>::linear(p), doctest::Contains("packed (streamed) weights need contiguous rows"), flowedge::Error);
+            }
+        // linear_batch: FiLM-like items (one shared row, 260 inputs) above kParallelMacs together run in one parallel
+        // region; every item equals its own linear() call bit for bit, at 1 and 2 threads.
+        for (DType dt : kAllDtypes) {
+            CAPTURE(dtype_name(dt));
+            const int in = 260, outs[] = {1024, 48, 2048, 4096, 100, 4096, 4096, 2048};  // 4.6 M MACs
+            const auto x = random_vec(std::size_t(in), 321);
+            std::vector<std::vector<std::uint8_t>> pws;
+            std::vector<std::vector<float>> biases, singles, batched;
+            LinearBatchParams lb;
+            for (int o : outs) {
+                const HostWeights w = make_weights(std::size_t(o) * in, dt, std::uint32_t(400 + o), 0.3f);
+                pws.push_back(packed_conv_bytes(w, o));
+                biases.push_back(random_vec(std::size_t(o), std::uint32_t(500 + o)));
+                singles.emplace_back(std::size_t(o));
+                batched.emplace_back(std::size_t(o));
+            }
+            for (std::size_t i = 0; i < pws.size(); ++i) {
+                LinearParams& it = lb.items[lb.n_items++];
+                it.x = x.data();
+                it.w = {pws[i].data(), dt, true};
+                it.bias = biases[i].data();
+                it.y = singles[i].data();
+                it.rows = 1;
+                it.in = in;
+                it.out = outs[i];
+                it.act = i == 1 ? Activation::Mish : Activation::None;
+                Ops<Cpu>::linear(it);
+                it.y = batched[i].data();
+            }
+            for (int threads : {1, 2}) {
+#ifdef _OPENMP
+                const int before = omp_get_max_threads();
+                omp_set_num_threads(threads);
+#endif
+                for (auto& b : batched) std::fill(b.begin(), b.end(), -3.f);
+                Ops<Cpu>::linear_batch(lb);
+#ifdef _OPENMP
+                omp_set_num_threads(before);
+#endif
+                CAPTURE(threads);
+                for (std::size_t i = 0; i < pws.size(); ++i) CHECK(std::memcmp(singles[i].data(), batched[i].data(), 4 * singles[i].size()) == 0);
+            }
+        }
+    }
+}
+
 TEST_CASE_TEMPLATE("conv_transpose1d matches the scatter definition", B, FLOWEDGE_OPS_TEST_BACKENDS) {
     const ConvCase cases[] = {
         {1, 1, 1, 1, 4, 2, 1, true},

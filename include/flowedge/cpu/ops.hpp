@@ -216,8 +216,10 @@ inline constexpr int kPackChunk = 128;
 /// out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass (one contiguous
 /// stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any
 /// thread count and column grouping.
+/// This thread's share (output blocks [blocks*tid/nth, blocks*(tid+1)/nth)) of conv1d_packed_impl, so that several
+/// convolutions can share one parallel region (linear_batch on packed weights).
 template <class WT>
-inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
+inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int nth) {
     constexpr int W = kConvBlockWidth<WT>, kMaxCols = kConvMaxCols<WT>;
     const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lout = p.out_length;
     const int N = p.batch * Lout;
@@ -230,13 +232,11 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
     const int ns = std::min({N, kCols, kPairs ? int(kScratchFloats / (2 * std::size_t(K))) : kCols});
     int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
     if (kPairs && chunk_in < Cin) chunk_in &= ~1;
-    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
-#pragma omp parallel if (par)
     {
         alignas(64) float panel[kScratchFloats];
         alignas(64) float tot[kCols * W];
-        const int tid = thread_index(), nth = thread_count();
         const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
+        if (b0 == b1) return;
         for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
             const int groups = (nn + kMaxCols - 1) / kMaxCols;
@@ -266,6 +266,30 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
             }
         }
     }
+}
+
+template <class WT>
+inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
+    [[maybe_unused]] const bool par =
+        double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
+#pragma omp parallel if (par)
+    conv1d_packed_part(p, wp, thread_index(), thread_count());
+}
+
+/// A Linear on weights packed like a kernel-1 Conv1d (Storage::StreamedMatrix): x [rows, in] is the conv input
+/// [batch = rows, in, length 1] and y [rows, out] its output, so rows must be contiguous (ld_x = in, ld_y = out).
+inline Conv1dParams linear_as_packed_conv(const LinearParams& p) {
+    Conv1dParams c;
+    c.x = p.x;
+    c.w = p.w;
+    c.bias = p.bias;
+    c.y = p.y;
+    c.batch = p.rows;
+    c.in_channels = p.in;
+    c.out_channels = p.out;
+    c.in_length = c.out_length = 1;
+    c.kernel = 1;
+    return c;
 }
 #endif
 
@@ -450,14 +474,18 @@ template <>
 struct Ops<Cpu> {
     /// torch.nn.Linear with fused bias, activation and optional accumulate (see LinearParams).
     static void linear(const LinearParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.in > 0 && p.out > 0, "linear",
-                             "bad sizes (expected rows >= 0, in > 0, out > 0, got rows " + std::to_string(p.rows) +
-                                 ", in " + std::to_string(p.in) + ", out " + std::to_string(p.out) + ")");
-        FLOWEDGE_CPU_REQUIRE((p.ld_x == 0 || p.ld_x >= p.in) && (p.ld_y == 0 || p.ld_y >= p.out), "linear",
-                             "row stride shorter than the row" + expected_got("ld_x >= in and ld_y >= out",
-                                                                              std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y)));
+        linear_checks(p);
         if (p.rows == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "linear", "null tensor pointer");
+        if (p.w.packed) {
+            check_packed_linear(p);
+#if defined(__AVX2__) || defined(__AVX512F__)
+            if constexpr (cpu::kPackConvWeights) {
+                cpu::with_weights(p.w, [&](auto w) { cpu::conv1d_packed_impl(cpu::linear_as_packed_conv(p), w); });
+                if (p.act != Activation::None) cpu::activate_inplace(p.act, p.y, std::size_t(p.rows) * std::size_t(p.out));
+                return;
+            }
+#endif
+        }
 #if defined(FLOWEDGE_CPU_BF16_MATH)
         if (cpu::linear_uses_bf16(p)) {
             cpu::with_weights(p.w, [&](auto w) { cpu::linear_bf16_impl(p, w); });
@@ -467,10 +495,61 @@ struct Ops<Cpu> {
         cpu::with_weights(p.w, [&](auto w) { cpu::linear_impl(p, w); });
     }
 
+    /// linear()'s argument checks (sizes, strides, pointers when rows > 0).
+    static void linear_checks(const LinearParams& p) {
+        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.in > 0 && p.out > 0, "linear",
+                             "bad sizes (expected rows >= 0, in > 0, out > 0, got rows " + std::to_string(p.rows) +
+                                 ", in " + std::to_string(p.in) + ", out " + std::to_string(p.out) + ")");
+        FLOWEDGE_CPU_REQUIRE((p.ld_x == 0 || p.ld_x >= p.in) && (p.ld_y == 0 || p.ld_y >= p.out), "linear",
+                             "row stride shorter than the row" + expected_got("ld_x >= in and ld_y >= out",
+                                                                              std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y)));
+        if (p.rows > 0) FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "linear", "null tensor pointer");
+    }
+    /// What a linear on packed weights (Storage::StreamedMatrix) supports: the kernel-1 Conv1d path, contiguous
+    /// rows, no accumulate; every MathMode computes exactly there (as conv1d on packed weights).
+    static void check_packed_linear(const LinearParams& p) {
+        FLOWEDGE_CPU_REQUIRE(cpu::kPackConvWeights, "linear", "packed weights on a build without the packed kernels");
+        FLOWEDGE_CPU_REQUIRE((p.ld_x == 0 || p.ld_x == p.in) && (p.ld_y == 0 || p.ld_y == p.out) && !p.accumulate, "linear",
+                             "packed (streamed) weights need contiguous rows and no accumulate" +
+                                 expected_got("ld_x = in, ld_y = out, accumulate off",
+                                              std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y) + "/" +
+                                                  (p.accumulate ? "on" : "off")));
+    }
+
     /// Several independent linears in one op (see LinearBatchParams): every item is validated first, then each runs
     /// through linear() in item order, so results equal the single op bit for bit.
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) {
         check_linear_batch(p, "cpu linear_batch");
+#if defined(__AVX2__) || defined(__AVX512F__)
+        // Items on packed weights (the U-Net's FiLM projections at batch 1: each far below kParallelMacs, together
+        // ~7.5 M multiply-adds of streamed weights) share one parallel region, every thread taking its blocks of
+        // each item, instead of running one after another on one thread. Same kernel per output, same bits.
+        if constexpr (cpu::kPackConvWeights) {
+            double macs = 0;
+            bool all_packed = p.n_items > 0;
+            for (int i = 0; i < p.n_items; ++i) {
+                const LinearParams& it = p.items[i];
+                all_packed = all_packed && it.w.packed && it.rows > 0;
+                macs += double(it.rows) * it.in * it.out;
+            }
+            if (all_packed && macs >= cpu::kParallelMacs) {
+                for (int i = 0; i < p.n_items; ++i) {
+                    linear_checks(p.items[i]);
+                    check_packed_linear(p.items[i]);
+                }
+#pragma omp parallel
+                {
+                    const int tid = cpu::thread_index(), nth = cpu::thread_count();
+                    for (int i = 0; i < p.n_items; ++i)
+                        cpu::with_weights(p.items[i].w, [&](auto w) { cpu::conv1d_packed_part(cpu::linear_as_packed_conv(p.items[i]), w, tid, nth); });
+                }
+                for (int i = 0; i < p.n_items; ++i)
+                    if (p.items[i].act != Activation::None)
+                        cpu::activate_inplace(p.items[i].act, p.items[i].y, std::size_t(p.items[i].rows) * std::size_t(p.items[i].out));
+                return;
+            }
+        }
+#endif
         for (int i = 0; i < p.n_items; ++i) linear(p.items[i], s);
     }
 

@@ -25,6 +25,9 @@ public:
         int in = 0;
         int out = 0;
         bool bias = true;
+        /// Storage::StreamedMatrix for the weight (CPU: packed like a kernel-1 Conv1d). For linears run at a row or
+        /// two on weights that come from DRAM every call; forward() then needs contiguous rows and no accumulate.
+        bool streamed = false;
     };
 
     Linear() = default;
@@ -35,7 +38,7 @@ public:
     /// Lists ("weight", [out, in]) and ("bias", [out]) as in the PyTorch state dict.
     template <class F>
     void visit_parameters(F&& f) {
-        f("weight", m_weight, Shape{m_cfg.out, m_cfg.in}, Storage::Matrix);
+        f("weight", m_weight, Shape{m_cfg.out, m_cfg.in}, m_cfg.streamed ? Storage::StreamedMatrix : Storage::Matrix);
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
@@ -80,6 +83,7 @@ public:
     /// the weights are bound (load time: this allocates packed_bytes() of host memory once); the bound weight data
     /// must stay alive (set_packed_math repacks from it).
     void pack_for_small_batches(MathMode m = MathMode::F32) {
+        if (m_weight.packed()) fail("linear", "pack_for_small_batches on a streamed weight (already in the Conv1d block layout)");
         if constexpr (std::same_as<B, Cpu>) m_packed.pack(m_weight.ref(), m_cfg.in, m_cfg.out, m);
     }
     /// Readies the packed copy (if any) for forward() calls with ctx.math = m: repacks in place when m needs another

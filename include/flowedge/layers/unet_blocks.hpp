@@ -82,7 +82,7 @@ public:
     explicit ConditionalResidualBlock1d(Config cfg)
         : m_cfg(cfg),
           m_conv1({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups}),
-          m_film({.in = cfg.cond_dim, .out = 2 * cfg.out, .bias = true}),
+          m_film({.in = cfg.cond_dim, .out = 2 * cfg.out, .bias = true, .streamed = true}),
           m_conv2({.in = cfg.out, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups}) {
         check(cfg.cond_dim > 0, "residual_block", "cond_dim must be positive" + expected_got("> 0", cfg.cond_dim));
         if (cfg.in != cfg.out) m_residual.emplace(typename Conv1d<B>::Config{.in = cfg.in, .out = cfg.out, .kernel = 1});
