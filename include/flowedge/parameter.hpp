@@ -30,6 +30,10 @@ enum class Storage : std::uint8_t {
     /// cpu::kPackConvWeights copied into the packed Conv1d layout as a kernel-1 convolution, which streams ~1.5x
     /// faster there than the row-major GEMV (Zen 3: 15 vs 8 GB/s of BF16 weights at batch 1).
     StreamedMatrix,
+    /// A ConvTranspose1d weight [in, out, kernel]: stored like Matrix, but on the CPU of builds where
+    /// cpu::kPackConvWeights packed as the kernel-1 Conv1d [out*kernel, in] it is per input column
+    /// (cpu::pack_conv_transpose_weights), so Ops<Cpu>::conv_transpose1d streams it with the packed kernels.
+    ConvTransposeWeight,
 };
 
 /// Load-time choices shared by every model.
@@ -69,8 +73,8 @@ public:
         const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 4 == 0;
         m_packed = false;
         if constexpr (std::same_as<B, Cpu> && cpu::kPackConvWeights) {
-            if (storage == Storage::ConvWeight || storage == Storage::StreamedMatrix) {
-                load_packed_conv(t, want, component);
+            if (storage == Storage::ConvWeight || storage == Storage::StreamedMatrix || storage == Storage::ConvTransposeWeight) {
+                load_packed_conv(t, want, component, storage == Storage::ConvTransposeWeight);
                 return;
             }
         }
@@ -127,8 +131,9 @@ private:
 
     /// Storage::ConvWeight / StreamedMatrix on the CPU: converts to `want` if needed, then copies [out, in*kernel] into the packed
     /// block layout (an owned buffer; the file mapping is not kept for this tensor).
-    void load_packed_conv(const io::TensorInfo& t, DType want, std::string_view component) {
-        const int out = int(m_shape.dims[0]);
+    /// transposed: a ConvTranspose1d weight [in, out, kernel], packed as the [out*kernel, in] kernel-1 Conv1d.
+    void load_packed_conv(const io::TensorInfo& t, DType want, std::string_view component, bool transposed) {
+        const int out = transposed ? int(m_shape.dims[1] * m_shape.dims[2]) : int(m_shape.dims[0]);
         const std::size_t R = static_cast<std::size_t>(m_shape.numel()) / static_cast<std::size_t>(out);
         const std::size_t n = static_cast<std::size_t>(m_shape.numel()), elem = dtype_size(want);
         const std::size_t packed_bytes = cpu::packed_conv_elements(want, out, R) * elem;
@@ -141,10 +146,17 @@ private:
             src = converted.data();
         }
         m_owned = Buffer<std::byte, B>(packed_bytes);
+        auto pack = [&](auto tag) {
+            using T = decltype(tag);
+            const T* w = static_cast<const T*>(src);
+            T* dst = reinterpret_cast<T*>(m_owned.data());
+            if (transposed) cpu::pack_conv_transpose_weights(w, int(m_shape.dims[0]), int(m_shape.dims[1]), int(m_shape.dims[2]), dst);
+            else cpu::pack_conv_weights(w, out, R, dst);
+        };
         switch (want) {
-            case DType::F32: cpu::pack_conv_weights(static_cast<const float*>(src), out, R, reinterpret_cast<float*>(m_owned.data())); break;
-            case DType::BF16: cpu::pack_conv_weights(static_cast<const bf16*>(src), out, R, reinterpret_cast<bf16*>(m_owned.data())); break;
-            case DType::F16: cpu::pack_conv_weights(static_cast<const f16*>(src), out, R, reinterpret_cast<f16*>(m_owned.data())); break;
+            case DType::F32: pack(float{}); break;
+            case DType::BF16: pack(bf16{}); break;
+            case DType::F16: pack(f16{}); break;
         }
         m_keeper.reset();
         m_data = m_owned.data();

@@ -118,8 +118,9 @@ void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
     check_all(dy.host(ny), ref, scale, 2e-6, "conv1d");
 }
 
+/// packed: CPU only, the weights packed as the kernel-1 Conv1d [out*kernel, in] (Storage::ConvTransposeWeight).
 template <class B>
-void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_t seed) {
+void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_t seed, bool packed = false) {
     const int lout = (k.lin - 1) * k.stride - 2 * k.pad + k.kernel + out_pad;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(k.cout, seed + 1);
@@ -154,6 +155,18 @@ void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_
     ConvTranspose1dParams p;
     p.x = dx.ptr();
     p.w = dw.ref();
+    std::vector<std::uint8_t> pw;
+    if (packed) {
+        pw.assign(cpu::packed_conv_elements(dt, k.cout * k.kernel, std::size_t(k.cin)) * dtype_size(dt), 0xAB);
+        auto pack = [&](auto tag) {
+            using T = decltype(tag);
+            cpu::pack_conv_transpose_weights(reinterpret_cast<const T*>(w.bytes.data()), k.cin, k.cout, k.kernel, reinterpret_cast<T*>(pw.data()));
+        };
+        if (dt == DType::F32) pack(float{});
+        else if (dt == DType::BF16) pack(bf16{});
+        else pack(f16{});
+        p.w = {pw.data(), dt, true};
+    }
     p.bias = k.bias ? db.ptr() : nullptr;
     p.y = dy.ptr();
     p.batch = k.batch;
@@ -518,7 +531,66 @@ TEST_CASE_TEMPLATE("conv_transpose1d matches the scatter definition", B, FLOWEDG
                 CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
                 CAPTURE(out_pad); CAPTURE(dtype_name(dt));
                 run_conv_transpose1d<B>(k, out_pad, dt, seed += 10);
+                if constexpr (std::is_same_v<B, Cpu> && cpu::kPackConvWeights) run_conv_transpose1d<B>(k, out_pad, dt, seed += 10, /*packed=*/true);
             }
+}
+
+TEST_CASE("conv_transpose1d on packed weights: same bits for any batch grouping, row chunking and thread count") {
+    if constexpr (cpu::kPackConvWeights) {
+        // A batch-40 call of length 16 takes groups of batch rows and several chunks of output rows (the z scratch
+        // holds 65536 floats); every batch row must equal its own batch-1 call bit for bit, at 1 and 2 threads.
+        for (DType dt : kAllDtypes) {
+            CAPTURE(dtype_name(dt));
+            // K = 5 does not divide the 96-row chunks, so output channels straddle chunk boundaries.
+            const int cin = 96, cout = 300, K = 5, L = 16, batch = 40, lout = 31;
+            const HostWeights w = make_weights(std::size_t(cin) * cout * K, dt, 91, 0.3f);
+            std::vector<std::uint8_t> pw(cpu::packed_conv_elements(dt, cout * K, std::size_t(cin)) * dtype_size(dt));
+            auto pack = [&](auto tag) {
+                using T = decltype(tag);
+                cpu::pack_conv_transpose_weights(reinterpret_cast<const T*>(w.bytes.data()), cin, cout, K, reinterpret_cast<T*>(pw.data()));
+            };
+            if (dt == DType::F32) pack(float{});
+            else if (dt == DType::BF16) pack(bf16{});
+            else pack(f16{});
+            const auto x = random_vec(std::size_t(batch) * cin * L, 92);
+            const auto bias = random_vec(std::size_t(cout), 93);
+            ConvTranspose1dParams p;
+            p.w = {pw.data(), dt, true};
+            p.bias = bias.data();
+            p.in_channels = cin;
+            p.out_channels = cout;
+            p.in_length = L;
+            p.out_length = lout;
+            p.kernel = K;
+            p.stride = 2;
+            p.pad = 2;
+            std::vector<float> single(std::size_t(batch) * cout * lout);
+            for (int b = 0; b < batch; ++b) {
+                p.batch = 1;
+                p.x = x.data() + std::size_t(b) * cin * L;
+                p.y = single.data() + std::size_t(b) * cout * lout;
+                Ops<Cpu>::conv_transpose1d(p);
+            }
+            for (int threads : {1, 2}) {
+                std::vector<float> y(single.size(), -5.f);
+                p.batch = batch;
+                p.x = x.data();
+                p.y = y.data();
+#ifdef _OPENMP
+                const int before = omp_get_max_threads();
+                omp_set_num_threads(threads);
+#endif
+                Ops<Cpu>::conv_transpose1d(p);
+#ifdef _OPENMP
+                omp_set_num_threads(before);
+#endif
+                int mismatched = 0;
+                for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
+                CAPTURE(threads);
+                CHECK(mismatched == 0);
+            }
+        }
+    }
 }
 
 TEST_CASE("cpu conv and linear reject inconsistent shapes with flowedge::Error") {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "flowedge/cpu/simd.hpp"
 #include "flowedge/op_params.hpp"
@@ -102,6 +103,22 @@ inline void pack_conv_weights(const bf16* w, int out, std::size_t R, bf16* dst) 
                     db[4 * L + 2 * l + s] = at(2 * L + l, j + s);
                 }
     }
+}
+
+/// ConvTranspose1d weights [in, out, K] packed as the kernel-1 Conv1d they are per input column (Ops<Cpu>::
+/// conv_transpose1d computes Z[b, o*K + k, s] = sum_i w[i, o, k] x[b, i, s] with the packed kernels, then scatters Z):
+/// row o*K + k of the [out*K, in] matrix is w[:, o, k]. dst: packed_conv_elements<T>(out*K, in) elements. Load time
+/// only (transposes through a temporary copy).
+template <class T>
+inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, T* dst) {
+    const std::size_t J = std::size_t(out) * std::size_t(K), I = std::size_t(in);
+    std::vector<T> rows(J * I);
+    constexpr std::size_t kTile = 64;  // cache-sized tiles: a plain strided transpose took ~0.3 s for PushT's Upsample1d
+    for (std::size_t i0 = 0; i0 < I; i0 += kTile)
+        for (std::size_t r0 = 0; r0 < J; r0 += kTile)
+            for (std::size_t i = i0; i < std::min(I, i0 + kTile); ++i)
+                for (std::size_t r = r0; r < std::min(J, r0 + kTile); ++r) rows[r * I + i] = w[i * J + r];
+    pack_conv_weights(rows.data(), int(J), I, dst);
 }
 
 #if defined(__AVX2__) || defined(__AVX512F__)

@@ -276,6 +276,69 @@ inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
     conv1d_packed_part(p, wp, thread_index(), thread_count());
 }
 
+/// torch.nn.ConvTranspose1d on packed weights (Storage::ConvTransposeWeight: [out*K, in] rows o*K + k, see
+/// cpu::pack_conv_transpose_weights). Per group of batch rows and chunk of whole packed blocks of rows:
+///   Z[b, r, s] = sum_i wt[r, i] x[b, i, s]             (the packed kernel-1 Conv1d, any number of threads)
+///   y[b, o, s*stride - pad + k] += Z[b, o*K + k, s]    (col2im, threads split by output channel)
+/// after y = bias. Each y element gets bias, then its (k, s) terms in increasing k: the same order for any chunking
+/// or thread count. Why: the axpy form (conv_transpose1d_impl) re-reads its partial sums from L2 for every 4 input
+/// channels and streamed the PushT Upsample1d weights at ~6-8 GB/s; this form streams them like a Conv1d.
+/// Needs in_length * kConvBlockWidth<WT> <= kScratchFloats (the caller checks).
+template <class WT>
+inline void conv_transpose1d_packed_impl(const ConvTranspose1dParams& p, const WT* wp) {
+    constexpr int W = kConvBlockWidth<WT>;
+    const int K = p.kernel, Cin = p.in_channels, Cout = p.out_channels, Lin = p.in_length, Lout = p.out_length;
+    const int J = Cout * K;
+    const int group = std::max(1, std::min(p.batch, int(kScratchFloats / (std::size_t(W) * std::size_t(Lin)))));
+    const int chunk_rows = int(kScratchFloats / (std::size_t(group) * std::size_t(Lin))) / W * W;  // >= W
+    const std::size_t block_elems = std::size_t(W) * packed_conv_steps<WT>(std::size_t(Cin));
+    alignas(64) float z[kScratchFloats];
+    [[maybe_unused]] const bool par = double(p.batch) * Lin * double(J) * Cin >= kParallelMacs;
+#pragma omp parallel if (par)
+    {
+        const int tid = thread_index(), nth = thread_count();
+        auto share = [&](int lo, int hi, int& a, int& b) {  // this thread's part of [lo, hi)
+            a = lo + int(std::int64_t(hi - lo) * tid / nth);
+            b = lo + int(std::int64_t(hi - lo) * (tid + 1) / nth);
+        };
+        int oa, ob;
+        share(0, Cout, oa, ob);
+        for (int b = 0; b < p.batch; ++b)
+            for (int o = oa; o < ob; ++o)
+                std::fill_n(p.y + (std::size_t(b) * Cout + std::size_t(o)) * std::size_t(Lout), Lout, p.bias ? p.bias[o] : 0.f);
+        for (int b0 = 0; b0 < p.batch; b0 += group) {
+            const int nb = std::min(group, p.batch - b0);
+            for (int r0 = 0; r0 < J; r0 += chunk_rows) {
+                const int r1 = std::min(J, r0 + chunk_rows), rows = r1 - r0;
+                Conv1dParams c;
+                c.x = p.x + std::size_t(b0) * std::size_t(Cin) * std::size_t(Lin);
+                c.w = p.w;
+                c.y = z;
+                c.batch = nb;
+                c.in_channels = Cin;
+                c.out_channels = rows;
+                c.in_length = c.out_length = Lin;
+                c.kernel = 1;
+                conv1d_packed_part(c, wp + std::size_t(r0 / W) * block_elems, tid, nth);
+#pragma omp barrier
+                share(r0 / K, (r1 + K - 1) / K, oa, ob);
+                for (int bb = 0; bb < nb; ++bb)
+                    for (int o = oa; o < ob; ++o) {
+                        float* yo = p.y + (std::size_t(b0 + bb) * Cout + std::size_t(o)) * std::size_t(Lout);
+                        for (int k = std::max(0, r0 - o * K); k < K && o * K + k < r1; ++k) {
+                            const float* zr = z + (std::size_t(bb) * rows + std::size_t(o * K + k - r0)) * std::size_t(Lin);
+                            for (int s = 0; s < Lin; ++s) {
+                                const int t = s * p.stride - p.pad + k;
+                                if (t >= 0 && t < Lout) yo[t] += zr[s];
+                            }
+                        }
+                    }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
 /// A Linear on weights packed like a kernel-1 Conv1d (Storage::StreamedMatrix): x [rows, in] is the conv input
 /// [batch = rows, in, length 1] and y [rows, out] its output, so rows must be contiguous (ld_x = in, ld_y = out).
 inline Conv1dParams linear_as_packed_conv(const LinearParams& p) {
@@ -602,6 +665,22 @@ struct Ops<Cpu> {
                              "conv_transpose1d", "in_length * kernel too large for the stack scratch" +
                                                      expected_got("<= 65536 floats", p.in_length * p.kernel));
         FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.y, "conv_transpose1d", "null tensor pointer");
+        if (p.w.packed) {
+            // Packed weights (Parameter<Cpu>, Storage::ConvTransposeWeight) exist only where this build streams them.
+#if defined(__AVX2__) || defined(__AVX512F__)
+            if constexpr (cpu::kPackConvWeights) {
+                cpu::with_weights(p.w, [&](auto w) {
+                    constexpr int W = cpu::kConvBlockWidth<std::remove_cvref_t<decltype(*w)>>;
+                    FLOWEDGE_CPU_REQUIRE(std::size_t(p.in_length) * W <= cpu::kScratchFloats, "conv_transpose1d",
+                                         "in_length too long for packed weights" +
+                                             expected_got("<= " + std::to_string(cpu::kScratchFloats / W), p.in_length));
+                    cpu::conv_transpose1d_packed_impl(p, w);
+                });
+                return;
+            }
+#endif
+            fail("cpu conv_transpose1d", "packed weights on a build without the packed kernels");
+        }
         cpu::with_weights(p.w, [&](auto w) { cpu::conv_transpose1d_impl(p, w); });
     }
 

@@ -39,7 +39,7 @@ public:
     /// Lists ("weight", [in, out, kernel]) and ("bias", [out]) as in the PyTorch state dict.
     template <class F>
     void visit_parameters(F&& f) {
-        f("weight", m_weight, Shape{m_cfg.in, m_cfg.out, m_cfg.kernel}, Storage::Matrix);
+        f("weight", m_weight, Shape{m_cfg.in, m_cfg.out, m_cfg.kernel}, Storage::ConvTransposeWeight);
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
