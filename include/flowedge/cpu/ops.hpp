@@ -211,13 +211,8 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
 /// (shorter float chains than one sequential sum over in*kernel elements). Even: BF16 blocks store steps in pairs.
 inline constexpr int kPackChunk = 128;
 
-/// conv1d_impl on packed weights (WeightRef::packed): the same column passes, input-channel chunks, thread split
-/// (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the im2col panel is laid
-/// out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass (one contiguous
-/// stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any
-/// thread count and column grouping.
 /// This thread's share (output blocks [blocks*tid/nth, blocks*(tid+1)/nth)) of conv1d_packed_impl, so that several
-/// convolutions can share one parallel region (linear_batch on packed weights).
+/// convolutions can share one parallel region (linear_batch, conv_transpose1d on packed weights).
 template <class WT>
 inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int nth) {
     constexpr int W = kConvBlockWidth<WT>, kMaxCols = kConvMaxCols<WT>;
@@ -268,6 +263,11 @@ inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int
     }
 }
 
+/// conv1d_impl on packed weights (WeightRef::packed): the same column passes, input-channel chunks, thread split
+/// (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the im2col panel is laid
+/// out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass (one contiguous
+/// stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any
+/// thread count and column grouping.
 template <class WT>
 inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
     [[maybe_unused]] const bool par =
