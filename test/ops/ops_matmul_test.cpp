@@ -68,6 +68,40 @@ inline std::vector<std::uint8_t> packed_conv_bytes(const HostWeights& w, int out
     return dst;
 }
 
+/// The bytes of ConvTranspose1d weights w [in, out, kernel] packed as the kernel-1 Conv1d [out*kernel, in].
+inline std::vector<std::uint8_t> packed_conv_transpose_bytes(const HostWeights& w, int in, int out, int kernel) {
+    std::vector<std::uint8_t> dst(cpu::packed_conv_elements(w.dtype, out * kernel, std::size_t(in)) * dtype_size(w.dtype), 0xAB);
+    auto pack = [&](auto tag) {
+        using T = decltype(tag);
+        cpu::pack_conv_transpose_weights(reinterpret_cast<const T*>(w.bytes.data()), in, out, kernel, reinterpret_cast<T*>(dst.data()));
+    };
+    if (w.dtype == DType::F32) pack(float{});
+    else if (w.dtype == DType::BF16) pack(bf16{});
+    else pack(f16{});
+    return dst;
+}
+
+/// Runs f() with the OpenMP team size set to `threads` (restored afterwards; a no-op without OpenMP).
+template <class F>
+void with_threads(int threads, F&& f) {
+#ifdef _OPENMP
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+#endif
+    f();
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+    (void)threads;
+}
+
+/// Elements whose bits differ between a and b (same size).
+inline int bit_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+    int n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
+    return n;
+}
+
 /// packed: CPU only, the weights in the packed layout (WeightRef::packed) instead of [out, in, kernel].
 template <class B>
 void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false) {
@@ -157,14 +191,7 @@ void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_
     p.w = dw.ref();
     std::vector<std::uint8_t> pw;
     if (packed) {
-        pw.assign(cpu::packed_conv_elements(dt, k.cout * k.kernel, std::size_t(k.cin)) * dtype_size(dt), 0xAB);
-        auto pack = [&](auto tag) {
-            using T = decltype(tag);
-            cpu::pack_conv_transpose_weights(reinterpret_cast<const T*>(w.bytes.data()), k.cin, k.cout, k.kernel, reinterpret_cast<T*>(pw.data()));
-        };
-        if (dt == DType::F32) pack(float{});
-        else if (dt == DType::BF16) pack(bf16{});
-        else pack(f16{});
+        pw = packed_conv_transpose_bytes(w, k.cin, k.cout, k.kernel);
         p.w = {pw.data(), dt, true};
     }
     p.bias = k.bias ? db.ptr() : nullptr;
@@ -262,9 +289,7 @@ TEST_CASE_TEMPLATE("linear_batch equals the single linear on every item (odd siz
         CAPTURE(i);
         const std::size_t len = y0s[std::size_t(i)].size();
         const auto got = y_batch[std::size_t(i)].host(len), want = y_single[std::size_t(i)].host(len);
-        std::size_t bad = 0;
-        for (std::size_t j = 0; j < len; ++j) bad += std::memcmp(&got[j], &want[j], sizeof(float)) != 0;
-        CHECK(bad == 0);  // bit-identical to the single op
+        CHECK(bit_mismatches(got, want) == 0);  // bit-identical to the single op
         if (items[i].rows == 0) CHECK(got == y0s[std::size_t(i)]);
     }
     // The single op itself is pinned to a double reference by the linear test above; check one item here too
@@ -400,18 +425,9 @@ TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread
                 p.batch = batch;
                 p.x = x.data();
                 p.y = y.data();
-#ifdef _OPENMP
-                const int before = omp_get_max_threads();
-                omp_set_num_threads(threads);
-#endif
-                Ops<Cpu>::conv1d(p);
-#ifdef _OPENMP
-                omp_set_num_threads(before);
-#endif
-                int mismatched = 0;
-                for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
+                with_threads(threads, [&] { Ops<Cpu>::conv1d(p); });
                 CAPTURE(threads);
-                CHECK(mismatched == 0);
+                CHECK(bit_mismatches(y, single) == 0);
             }
         }
     }
@@ -459,7 +475,7 @@ TEST_CASE("linear and linear_batch on streamed (conv-packed) weights") {
                 Ops<Cpu>::linear(p);
                 std::vector<float> expect = y;
                 cpu::activate_inplace(Activation::Silu, expect.data(), expect.size());
-                CHECK(std::memcmp(expect.data(), y_act.data(), 4 * y_act.size()) == 0);
+                CHECK(bit_mismatches(expect, y_act) == 0);
                 // Strided rows and accumulate are not supported there: a clear error, not a wrong answer.
                 p.act = Activation::None;
                 p.accumulate = true;
@@ -498,17 +514,10 @@ TEST_CASE("linear and linear_batch on streamed (conv-packed) weights") {
                 it.y = batched[i].data();
             }
             for (int threads : {1, 2}) {
-#ifdef _OPENMP
-                const int before = omp_get_max_threads();
-                omp_set_num_threads(threads);
-#endif
                 for (auto& b : batched) std::fill(b.begin(), b.end(), -3.f);
-                Ops<Cpu>::linear_batch(lb);
-#ifdef _OPENMP
-                omp_set_num_threads(before);
-#endif
+                with_threads(threads, [&] { Ops<Cpu>::linear_batch(lb); });
                 CAPTURE(threads);
-                for (std::size_t i = 0; i < pws.size(); ++i) CHECK(std::memcmp(singles[i].data(), batched[i].data(), 4 * singles[i].size()) == 0);
+                for (std::size_t i = 0; i < pws.size(); ++i) CHECK(bit_mismatches(singles[i], batched[i]) == 0);
             }
         }
     }
@@ -544,14 +553,7 @@ TEST_CASE("conv_transpose1d on packed weights: same bits for any batch grouping,
             // K = 5 does not divide the 96-row chunks, so output channels straddle chunk boundaries.
             const int cin = 96, cout = 300, K = 5, L = 16, batch = 40, lout = 31;
             const HostWeights w = make_weights(std::size_t(cin) * cout * K, dt, 91, 0.3f);
-            std::vector<std::uint8_t> pw(cpu::packed_conv_elements(dt, cout * K, std::size_t(cin)) * dtype_size(dt));
-            auto pack = [&](auto tag) {
-                using T = decltype(tag);
-                cpu::pack_conv_transpose_weights(reinterpret_cast<const T*>(w.bytes.data()), cin, cout, K, reinterpret_cast<T*>(pw.data()));
-            };
-            if (dt == DType::F32) pack(float{});
-            else if (dt == DType::BF16) pack(bf16{});
-            else pack(f16{});
+            const auto pw = packed_conv_transpose_bytes(w, cin, cout, K);
             const auto x = random_vec(std::size_t(batch) * cin * L, 92);
             const auto bias = random_vec(std::size_t(cout), 93);
             ConvTranspose1dParams p;
@@ -576,18 +578,9 @@ TEST_CASE("conv_transpose1d on packed weights: same bits for any batch grouping,
                 p.batch = batch;
                 p.x = x.data();
                 p.y = y.data();
-#ifdef _OPENMP
-                const int before = omp_get_max_threads();
-                omp_set_num_threads(threads);
-#endif
-                Ops<Cpu>::conv_transpose1d(p);
-#ifdef _OPENMP
-                omp_set_num_threads(before);
-#endif
-                int mismatched = 0;
-                for (std::size_t i = 0; i < y.size(); ++i) mismatched += std::memcmp(&y[i], &single[i], 4) != 0;
+                with_threads(threads, [&] { Ops<Cpu>::conv_transpose1d(p); });
                 CAPTURE(threads);
-                CHECK(mismatched == 0);
+                CHECK(bit_mismatches(y, single) == 0);
             }
         }
     }
