@@ -35,7 +35,7 @@ inline void check_linear_batch(const LinearBatchParams& p, std::string_view comp
         if (!(q.w.dtype == DType::F32 || q.w.dtype == DType::BF16 || q.w.dtype == DType::F16))
             item_fail(i, "unknown weight dtype" + expected_got("F32, BF16 or F16", int(q.w.dtype)));
         if (q.rows == 0) continue;
-        if (!q.x || !q.w.data || !q.y) item_fail(i, "null x, w or y pointer");
+        if (!q.x || !(q.w.data || q.w.prepared) || !q.y) item_fail(i, "null x, w or y pointer");
         const auto at = [](const float* base, std::int64_t n) {
             return Range{reinterpret_cast<std::uintptr_t>(base), reinterpret_cast<std::uintptr_t>(base + n)};
         };

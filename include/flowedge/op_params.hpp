@@ -11,14 +11,15 @@
 
 namespace flowedge {
 
-/// A weight tensor in its storage dtype.
+class PreparedWeight;
+
+/// A weight tensor in its storage dtype, plus the form its backend prepared at load (weights.hpp), if any.
 struct WeightRef {
+    /// The tensor as stored ([out, in], [out, in, kernel], ...), or null where the prepared form replaced it.
     const void* data = nullptr;
     DType dtype = DType::F32;
-    /// CPU only: a Conv1d weight held in the packed block layout of cpu/kernels_packed_conv.hpp (blocks of
-    /// cpu::kConvBlockWidth outputs, step by step along in*kernel) instead of [out, in, kernel]. Set by Parameter<Cpu> for Storage::ConvWeight on builds where
-    /// cpu::kPackConvWeights; never on the GPU.
-    bool packed = false;
+    /// The backend's re-laid-out copy (Ops<B>::prepare_weight), opaque outside that backend; null when none.
+    const PreparedWeight* prepared = nullptr;
 };
 
 /// Pointwise activation applied inside an op (or on its own by Ops::activation).

@@ -8,33 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "flowedge/cpu/kernels_packed_conv.hpp"
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/dtype.hpp"
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/ops.hpp"
 #include "flowedge/tensor.hpp"
+#include "flowedge/weights.hpp"
 
 namespace flowedge {
-
-/// How a parameter is stored after load.
-enum class Storage : std::uint8_t {
-    Matrix,  ///< keeps the file's dtype (or LoadOptions::weight_dtype); widened on the fly by the ops
-    Vector,  ///< always converted to F32 (biases, norm weights, A_log, D, ...)
-    /// A Conv1d weight [out, in, kernel]: stored like Matrix, but on the CPU of builds where cpu::kPackConvWeights
-    /// (AVX2) it is copied once into the packed layout of cpu/kernels_packed_conv.hpp (WeightRef::packed) that
-    /// Ops<Cpu>::conv1d streams; the GPU and other builds keep [out, in, kernel].
-    ConvWeight,
-    /// A Linear weight [out, in] that is streamed once per call at a row or two (the U-Net's FiLM projections, 7.6 M
-    /// weights read from DRAM per denoising step): stored like Matrix, but on the CPU of builds where
-    /// cpu::kPackConvWeights copied into the packed Conv1d layout as a kernel-1 convolution, which streams ~1.5x
-    /// faster there than the row-major GEMV (Zen 3: 15 vs 8 GB/s of BF16 weights at batch 1).
-    StreamedMatrix,
-    /// A ConvTranspose1d weight [in, out, kernel]: stored like Matrix, but on the CPU of builds where
-    /// cpu::kPackConvWeights packed as the kernel-1 Conv1d [out*kernel, in] it is per input column
-    /// (cpu::pack_conv_transpose_weights), so Ops<Cpu>::conv_transpose1d streams it with the packed kernels.
-    ConvTransposeWeight,
-};
 
 /// Load-time choices shared by every model.
 struct LoadOptions {
@@ -50,18 +32,23 @@ public:
     const Shape& shape() const { return m_shape; }
     std::int64_t numel() const { return m_shape.numel(); }
     std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(m_dtype); }
-    bool loaded() const { return m_data != nullptr; }
-    WeightRef ref() const { return {m_data, m_dtype, m_packed}; }
-    /// Whether the data is in the CPU's packed Conv1d layout (see Storage::ConvWeight).
-    bool packed() const { return m_packed; }
+    bool loaded() const { return m_data != nullptr || m_prepared != nullptr; }
+    WeightRef ref() const { return {m_data, m_dtype, m_prepared.get()}; }
+    /// Bytes of the backend's prepared form (0 when none; see weights.hpp).
+    std::size_t prepared_bytes() const { return m_prepared ? m_prepared->bytes() : 0; }
+    /// Readies the prepared form (if any) for arithmetic m: in place, no allocation (models call it from set_math).
+    void set_math(MathMode m) {
+        if (m_prepared) m_prepared->set_math(m);
+    }
     /// F32 view of a Storage::Vector parameter (or an F32 matrix).
     const float* f32() const {
         if (m_dtype != DType::F32) fail("parameter", "F32 access to a " + std::string(dtype_name(m_dtype)) + " tensor");
         return static_cast<const float*>(m_data);
     }
 
-    /// Binds tensor `t` (checked against `expected`), converting as `storage`/`opts` ask.
-    /// `keeper` keeps the source mapping alive when the data is referenced in place (host-accessible backends).
+    /// Binds tensor `t` (checked against `expected`), converting as `storage`/`opts` ask, then lets the backend
+    /// prepare it (Ops<B>::prepare_weight). `keeper` keeps the source mapping alive when the data is referenced in
+    /// place (host-accessible backends).
     void load(const io::TensorInfo& t, const Shape& expected, Storage storage, const LoadOptions& opts,
               std::shared_ptr<const void> keeper, std::string_view component) {
         if (!(t.shape == expected))
@@ -71,16 +58,11 @@ public:
         m_dtype = want;
         const std::size_t n = static_cast<std::size_t>(expected.numel());
         const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 4 == 0;
-        m_packed = false;
-        if constexpr (std::same_as<B, Cpu> && cpu::kPackConvWeights) {
-            if (storage == Storage::ConvWeight || storage == Storage::StreamedMatrix || storage == Storage::ConvTransposeWeight) {
-                load_packed_conv(t, want, component, storage == Storage::ConvTransposeWeight);
-                return;
-            }
-        }
+        m_prepared.reset();
         if (want == t.dtype && Memory<B>::host_accessible && aligned) {
             m_keeper = std::move(keeper);  // zero-copy: reference the mapped file
             m_data = t.data;
+            prepare(storage, t.name, component);
             return;
         }
         std::vector<std::byte> converted;
@@ -96,6 +78,7 @@ public:
         Memory<B>::copy_from_host(m_owned.data(), src, m_owned.bytes());
         Memory<B>::synchronize();
         m_data = m_owned.data();
+        prepare(storage, t.name, component);
     }
 
     /// Sets an F32 vector computed at load (e.g. A = -exp(A_log)); uploads to B.
@@ -129,46 +112,24 @@ public:
 private:
     static std::string component_str(std::string_view c) { return std::string(c); }
 
-    /// Storage::ConvWeight / StreamedMatrix on the CPU: converts to `want` if needed, then copies [out, in*kernel] into the packed
-    /// block layout (an owned buffer; the file mapping is not kept for this tensor).
-    /// transposed: a ConvTranspose1d weight [in, out, kernel], packed as the [out*kernel, in] kernel-1 Conv1d.
-    void load_packed_conv(const io::TensorInfo& t, DType want, std::string_view component, bool transposed) {
-        const int out = transposed ? int(m_shape.dims[1] * m_shape.dims[2]) : int(m_shape.dims[0]);
-        const std::size_t R = static_cast<std::size_t>(m_shape.numel()) / static_cast<std::size_t>(out);
-        const std::size_t n = static_cast<std::size_t>(m_shape.numel()), elem = dtype_size(want);
-        const std::size_t packed_bytes = cpu::packed_conv_elements(want, out, R) * elem;
-        Memory<Cpu>::check_fits(packed_bytes, "tensor '" + t.name + "' (" + component_str(component) + ")");
-        std::vector<std::byte> converted;
-        const void* src = t.data;
-        if (want != t.dtype || reinterpret_cast<std::uintptr_t>(t.data) % elem != 0) {
-            converted.resize(n * elem);
-            convert(t.data, t.dtype, converted.data(), want, n);
-            src = converted.data();
+    /// The backend's layout for this tensor (none: read as stored); the stored data is released when the prepared
+    /// form replaces it.
+    void prepare(Storage storage, const std::string& name, std::string_view component) {
+        m_prepared = Ops<B>::prepare_weight(storage, {m_data, m_dtype, nullptr}, m_shape,
+                                            "tensor '" + name + "' (" + component_str(component) + ")");
+        if (m_prepared && m_prepared->replaces_source()) {
+            m_owned = Buffer<std::byte, B>();
+            m_keeper.reset();
+            m_data = nullptr;
         }
-        m_owned = Buffer<std::byte, B>(packed_bytes);
-        auto pack = [&](auto tag) {
-            using T = decltype(tag);
-            const T* w = static_cast<const T*>(src);
-            T* dst = reinterpret_cast<T*>(m_owned.data());
-            if (transposed) cpu::pack_conv_transpose_weights(w, int(m_shape.dims[0]), int(m_shape.dims[1]), int(m_shape.dims[2]), dst);
-            else cpu::pack_conv_weights(w, out, R, dst);
-        };
-        switch (want) {
-            case DType::F32: pack(float{}); break;
-            case DType::BF16: pack(bf16{}); break;
-            case DType::F16: pack(f16{}); break;
-        }
-        m_keeper.reset();
-        m_data = m_owned.data();
-        m_packed = true;
     }
 
     DType m_dtype = DType::F32;
     Shape m_shape{};
     const void* m_data = nullptr;
-    bool m_packed = false;
     Buffer<std::byte, B> m_owned;
     std::shared_ptr<const void> m_keeper;
+    std::unique_ptr<PreparedWeight> m_prepared;
 };
 
 /// Signature of the visitor every layer/model accepts in visit_parameters:

@@ -1,11 +1,15 @@
 // Ops<Cuda>: the backend boundary for NVIDIA GPUs, forwarding every primitive to a precompiled launcher.
 #pragma once
 #include <cstddef>
+#include <memory>
+#include <string_view>
 
 #include "flowedge/backend.hpp"
 #include "flowedge/cuda/launchers.hpp"
 #include "flowedge/cuda/memory.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/tensor.hpp"
+#include "flowedge/weights.hpp"
 
 namespace flowedge {
 
@@ -17,6 +21,9 @@ struct Ops<Cuda> {
     static void copy(void* dst, const void* src, std::size_t bytes, Stream s = {}) { Memory<Cuda>::copy(dst, src, bytes, s); }
     static void fill_zero(void* dst, std::size_t bytes, Stream s = {}) { Memory<Cuda>::fill_zero(dst, bytes, s); }
     static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
+
+    /// The weight-preparation hook: the kernels read every weight as stored, so nothing is prepared.
+    static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view) { return nullptr; }
 
     static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { cuda::linear_batch(p, s); }

@@ -29,10 +29,10 @@ public:
     MambaMixer() = default;
     explicit MambaMixer(Config cfg)
         : m_cfg(cfg),
-          m_in_proj({.in = cfg.d_model, .out = 2 * cfg.d_inner, .bias = false}),
-          m_x_proj({.in = cfg.d_inner, .out = cfg.dt_rank + 2 * cfg.d_state, .bias = false}),
-          m_dt_proj({.in = cfg.dt_rank, .out = cfg.d_inner, .bias = true}),
-          m_out_proj({.in = cfg.d_inner, .out = cfg.d_model, .bias = false}) {}
+          m_in_proj({.in = cfg.d_model, .out = 2 * cfg.d_inner, .bias = false, .small_rows = true}),
+          m_x_proj({.in = cfg.d_inner, .out = cfg.dt_rank + 2 * cfg.d_state, .bias = false, .small_rows = true}),
+          m_dt_proj({.in = cfg.dt_rank, .out = cfg.d_inner, .bias = true, .small_rows = true}),
+          m_out_proj({.in = cfg.d_inner, .out = cfg.d_model, .bias = false, .small_rows = true}) {}
 
     const Config& config() const { return m_cfg; }
 
@@ -84,17 +84,15 @@ public:
             a[i] = -std::exp(a[i]);
         }
         m_A.assign_f32(a, Shape{m_cfg.d_inner, m_cfg.d_state});
-        // CPU: k-major packed copies of the four projections (every call has 1 row, or the prefill length).
-        for (Linear<B>* l : {&m_in_proj, &m_x_proj, &m_dt_proj, &m_out_proj}) l->pack_for_small_batches(MathMode::F32);
     }
 
-    /// Readies the projections' packed copies (CPU) for arithmetic m (see Linear::set_packed_math); no allocation.
+    /// Readies the projections' prepared weights for arithmetic m (Linear::set_math); no allocation.
     void set_math(MathMode m) {
-        for (Linear<B>* l : {&m_in_proj, &m_x_proj, &m_dt_proj, &m_out_proj}) l->set_packed_math(m);
+        for (Linear<B>* l : {&m_in_proj, &m_x_proj, &m_dt_proj, &m_out_proj}) l->set_math(m);
     }
-    /// Host bytes of the projections' packed copies (CPU; 0 elsewhere).
-    std::size_t packed_bytes() const {
-        return m_in_proj.packed_bytes() + m_x_proj.packed_bytes() + m_dt_proj.packed_bytes() + m_out_proj.packed_bytes();
+    /// Bytes of the projections' prepared weights (the backend's small-row copies; 0 when none).
+    std::size_t prepared_bytes() const {
+        return m_in_proj.prepared_bytes() + m_x_proj.prepared_bytes() + m_dt_proj.prepared_bytes() + m_out_proj.prepared_bytes();
     }
 
     /// h[t, :] += mixer(n)[t, :] for `length` tokens, continuing from conv_state/ssm_state (zero them for a

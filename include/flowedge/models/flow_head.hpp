@@ -126,7 +126,7 @@ public:
             fail("flow_head", "set_math() during an active solve" + expected_got("no active solve (result() or cancel() first)",
                                                                                  std::to_string(m_done) + " of " + std::to_string(m_steps) + " steps done"));
         Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
-        for_each_linear([m](Linear<B>& l) { l.set_packed_math(m); });  // CPU: repack in place, no allocation
+        for_each_linear([m](Linear<B>& l) { l.set_math(m); });  // prepared weights: in place, no allocation
         m_math = m;
         m_tcache_steps = 0;
         m_graph_full.reset();
@@ -134,10 +134,10 @@ public:
     }
     MathMode math() const { return m_math; }
 
-    /// Host bytes of the projections' packed copies (CPU: Linear::pack_for_small_batches at load; 0 elsewhere).
-    std::size_t packed_bytes() const {
-        std::size_t n = m_in_proj.packed_bytes() + m_time_proj.packed_bytes() + m_cond_proj.packed_bytes() + m_out_proj.packed_bytes();
-        for (const Linear<B>& l : m_layers) n += l.packed_bytes();
+    /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
+    std::size_t prepared_bytes() const {
+        std::size_t n = m_in_proj.prepared_bytes() + m_time_proj.prepared_bytes() + m_cond_proj.prepared_bytes() + m_out_proj.prepared_bytes();
+        for (const Linear<B>& l : m_layers) n += l.prepared_bytes();
         return n;
     }
 
@@ -271,14 +271,13 @@ private:
         if (max_batch < 1 || max_batch > kMaxBatch)
             fail("flow_head", "max_batch out of range" + expected_got("1.." + std::to_string(kMaxBatch), max_batch));
         const int A = m_cfg.action_dim, H = m_cfg.hidden;
-        m_in_proj = Linear<B>({.in = A, .out = H, .bias = false});
-        m_time_proj = Linear<B>({.in = m_cfg.time_dim, .out = H, .bias = false});
-        m_cond_proj = Linear<B>({.in = m_cfg.cond_dim, .out = H, .bias = false});
-        m_out_proj = Linear<B>({.in = H, .out = A, .bias = false});
-        for (int l = 0; l < m_cfg.n_layers; ++l) m_layers.push_back(Linear<B>({.in = H, .out = H, .bias = false}));
+        m_in_proj = Linear<B>({.in = A, .out = H, .bias = false, .small_rows = true});
+        m_time_proj = Linear<B>({.in = m_cfg.time_dim, .out = H, .bias = false, .small_rows = true});
+        m_cond_proj = Linear<B>({.in = m_cfg.cond_dim, .out = H, .bias = false, .small_rows = true});
+        m_out_proj = Linear<B>({.in = H, .out = A, .bias = false, .small_rows = true});
+        for (int l = 0; l < m_cfg.n_layers; ++l) m_layers.push_back(Linear<B>({.in = H, .out = H, .bias = false, .small_rows = true}));
+        // Every projection multiplies batch rows (1 in the reference use): small-row weights.
         bind_parameters<B>(*this, file, "flow.", opts, "flow_head");
-        // CPU: k-major packed copies of every projection (a solve multiplies batch rows, 1 in the reference use).
-        for_each_linear([](Linear<B>& l) { l.pack_for_small_batches(MathMode::F32); });
 
         m_ws = Workspace<B>(workspace_bytes(max_batch));
         const int mb = max_batch;

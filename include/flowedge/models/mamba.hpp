@@ -135,7 +135,7 @@ public:
             fail("mamba", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
         if (m == m_math) return;
         Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
-        for (Layer& l : m_layers) l.mixer.set_math(m);  // CPU: repack the projections' packed copies in place
+        for (Layer& l : m_layers) l.mixer.set_math(m);  // prepared weights: in place, no allocation
         m_math = m;
         m_prefill_graph.reset();
         m_prefill_last_graph.reset();
@@ -143,10 +143,10 @@ public:
     }
     MathMode math() const { return m_math; }
 
-    /// Host bytes of the projections' packed copies (CPU: Linear::pack_for_small_batches at load; 0 elsewhere).
-    std::size_t packed_bytes() const {
+    /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
+    std::size_t prepared_bytes() const {
         std::size_t n = 0;
-        for (const Layer& l : m_layers) n += l.mixer.packed_bytes();
+        for (const Layer& l : m_layers) n += l.mixer.prepared_bytes();
         return n;
     }
 

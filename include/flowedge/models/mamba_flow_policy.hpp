@@ -64,10 +64,9 @@ public:
     }
     MathMode math() const { return m_head ? m_head->math() : m_backbone->math(); }
 
-    /// Host bytes of the packed projection copies of both parts (CPU: k-major copies made at load for the
-    /// small-row kernels, cpu/kernels_packed.hpp; 0 on other backends).
-    std::size_t packed_bytes() const {
-        return (m_backbone ? m_backbone->packed_bytes() : 0) + (m_head ? m_head->packed_bytes() : 0);
+    /// Bytes of both parts' prepared projection weights (the backend's small-row copies; 0 when none).
+    std::size_t prepared_bytes() const {
+        return (m_backbone ? m_backbone->prepared_bytes() : 0) + (m_head ? m_head->prepared_bytes() : 0);
     }
 
     /// Action width A of the head.

@@ -1,16 +1,6 @@
-// Weight-streaming matrix kernels for the CPU ops: every weight element is read once per call, widened in
-// registers, and multiplied against a handful of activation columns held in L1 (conv/linear at batch 1 are
-// memory-bound, so this is the whole game).
-#pragma once
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <type_traits>
-
-#include "flowedge/cpu/simd.hpp"
-
-FLOWEDGE_SIMD_WARNINGS_OFF
-namespace flowedge::cpu {
+// Row-major weight-streaming kernels (the default Linear/Conv1d path): every weight element is read once per call,
+// widened in registers and multiplied against a handful of activation columns held in L1 (conv/linear at batch 1
+// are memory-bound, so this is the whole game). Kernel-set body: included once per instruction set by cpu/kernels.hpp.
 
 /// Largest number of activation columns one micro-kernel call multiplies against a weight row block.
 inline constexpr int kMaxCols = 8;
@@ -116,7 +106,7 @@ inline void dot_rows_fixed(const WT* w, std::size_t ldw, const float* x, std::si
     }
 }
 
-#if defined(__AVX512F__)
+#if FLOWEDGE_ISA_AVX512
 /// Short-row kernel (AVX-512): RO weight rows x NC columns (RO * NC <= 16) accumulated in 16 vectors and
 /// reduced together by vsum16, so lane r*NC + c of the result is dot(w row r, x column c). Rows at or past
 /// `nrows` re-read the last valid row (their lanes are ignored by the caller); a len % 16 tail is loaded
@@ -237,7 +227,7 @@ inline constexpr int kShortRow = 64;
 /// Runtime-nc front end of dot_rows_fixed (1 <= nc <= kMaxCols).
 template <class WT, class F>
 inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-#if defined(__AVX512F__)
+#if FLOWEDGE_ISA_AVX512
     if (len < kShortRow || nc == 1) {
         switch (nc) {
             case 1:
@@ -288,7 +278,7 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx
     }
 }
 
-#if defined(FLOWEDGE_CPU_BF16_MATH)
+#if FLOWEDGE_ISA_AVX512
 // ---- MathMode::BF16 kernels (vdpbf16ps) -------------------------------------------------------------------------
 // Same blocking as the F32 kernels above, but one step covers 32 reduction elements: each weight vector holds 32
 // BF16 values (stored BF16 as is; F32/F16 rounded once to BF16 in a register, vload_bh) and vdpbf16ps multiplies
@@ -492,5 +482,3 @@ inline void axpy_rows(const WT* w, std::size_t ldw, const float* xs, int nc, flo
     }
 }
 
-}  // namespace flowedge::cpu
-FLOWEDGE_SIMD_WARNINGS_ON

@@ -21,28 +21,7 @@
 // Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, so with two vectors
 // x 4 columns (8 accumulators, 4-cycle FMA latency) the Zen 3 core reached ~40 of 50.8 G MAC/s; three vectors x 4
 // columns keep 12 FMA chains in flight and share each broadcast over 3 FMAs (measured below, at the kernel).
-#pragma once
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-#include "flowedge/cpu/simd.hpp"
-#include "flowedge/op_params.hpp"
-
-FLOWEDGE_SIMD_WARNINGS_OFF
-namespace flowedge::cpu {
-
-/// Whether Conv1d weights are kept in the packed layout on this build. AVX2 only: the AVX-512 build keeps the
-/// row-major kernels that were tuned and measured on Zen 4 (7 weight rows x 4 columns in 32 registers reached
-/// 1.24-1.36x of the weight-streaming floor there), and this layout has only been measured on AVX2.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-inline constexpr bool kPackConvWeights = true;
-#else
-inline constexpr bool kPackConvWeights = false;
-#endif
+#if FLOWEDGE_ISA_AVX2  // the packed layout is the AVX2 set's (the AVX-512 set's row-major kernels use 32 registers)
 
 /// Output vectors per packed block (see the layouts above) and outputs per block.
 template <class T>
@@ -121,7 +100,6 @@ inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, T* d
     pack_conv_weights(rows.data(), int(J), I, dst);
 }
 
-#if defined(__AVX2__) || defined(__AVX512F__)
 /// Columns one micro-kernel call takes: vecs*NC accumulators + vecs weight vectors + one broadcast must fit the
 /// register file (AVX2: F32 2*6 + 2 + 1 = 15 of 16; BF16 3*4 + 3 + 1 = 16, the widening mask taken from memory).
 template <class T>
@@ -139,15 +117,9 @@ inline void load_pair(const f16* p, VecF& w0, VecF& w1) {
 /// BF16: kLanes 32-bit slots at p, low halves to w0 (shift), high halves to w1 (mask). A BF16 value is the high
 /// half of its float, so both are exact.
 inline void load_pair(const bf16* p, VecF& w0, VecF& w1) {
-#if defined(__AVX512F__)
-    const __m512i raw = _mm512_loadu_si512(p);
-    w0 = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-    w1 = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(std::int32_t(0xFFFF0000u))));
-#else
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
     w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(std::int32_t(0xFFFF0000u))));
-#endif
 }
 
 /// Bytes a software prefetch runs ahead of the weight loads (one prefetcht0 per 64-byte line). The hardware
@@ -220,7 +192,6 @@ inline void packed_steps(const bf16* wp, const float* x, std::size_t ldx, int n,
     }
 }
 
-#if defined(__x86_64__) && defined(__AVX2__) && !defined(__AVX512F__) && defined(__GNUC__)
 alignas(32) inline constexpr std::uint32_t kBf16HighMask[8] = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
                                                                 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u};
 /// packed_steps<4> on BF16 blocks for `pairs` >= 1 whole step pairs, AVX2, in inline assembly: 12 accumulators
@@ -282,8 +253,6 @@ inline void packed_pairs_bf16_nc4(const bf16* wp, const float* x, std::size_t ld
         : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
           "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
-#define FLOWEDGE_PACKED_BF16_ASM 1
-#endif
 
 /// tot[c*W + l] += block x panel columns [c0, c0 + NC) over n steps (fresh accumulators, then added), W the
 /// block width of WT.
@@ -293,13 +262,12 @@ inline void packed_chunk(const WT* wp, const float* x, std::size_t ldx, int n, i
     VecF acc[V][NC];
     for (int v = 0; v < V; ++v)
         for (int c = 0; c < NC; ++c) acc[v][c] = vzero();
-#if defined(FLOWEDGE_PACKED_BF16_ASM)
     if constexpr (std::is_same_v<WT, bf16> && NC == 4) {
         if (n >= 2) packed_pairs_bf16_nc4(wp, x + c0, ldx, n / 2, acc);
         if (n % 2) packed_steps<NC>(wp + std::size_t(n / 2) * 6 * kLanes, x + c0 + std::size_t(n - 1) * ldx, ldx, 1, acc);
-    } else
-#endif
+    } else {
         packed_steps<NC>(wp, x + c0, ldx, n, acc);
+    }
     for (int c = 0; c < NC; ++c)
         for (int v = 0; v < V; ++v) {
             float* t = tot + std::size_t(c0 + c) * kConvBlockWidth<WT> + std::size_t(v) * kLanes;
@@ -324,7 +292,4 @@ inline void packed_chunk_n(int nc, const WT* wp, const float* x, std::size_t ldx
     }
     __builtin_unreachable();
 }
-#endif
-
-}  // namespace flowedge::cpu
-FLOWEDGE_SIMD_WARNINGS_ON
+#endif  // FLOWEDGE_ISA_AVX2

@@ -1,0 +1,107 @@
+// Which CPU kernel set runs: every SIMD kernel is compiled for each supported instruction set whatever the
+// consumer's -march (cpu/kernels.hpp), and one set is picked once per process by CPUID.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "flowedge/error.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/// The x86-64 kernel sets (AVX2, AVX-512) exist in this build (GCC and Clang compile them with target pragmas).
+#define FLOWEDGE_CPU_X86 1
+#endif
+
+namespace flowedge::cpu {
+
+/// A CPU kernel set, in increasing order of what it needs.
+enum class Isa : int {
+    Scalar = 0,  ///< portable C++ (every machine; the only set off x86-64)
+    Avx2 = 1,    ///< AVX2 + FMA + F16C (Haswell, Zen 1-3 and later)
+    Avx512 = 2,  ///< AVX-512 F/BW/DQ/VL (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and later)
+};
+
+inline constexpr std::string_view isa_name(Isa i) {
+    switch (i) {
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::Avx512: return "avx512";
+    }
+    return "?";
+}
+
+/// What this machine's CPU supports (CPUID and the OS's register-state support, via the compiler's builtins).
+struct CpuFeatures {
+    bool avx2 = false;
+    bool avx512 = false;
+    bool avx512_bf16 = false;  ///< vdpbf16ps / vcvtne2ps2bf16: the opt-in MathMode::BF16 kernels
+};
+
+inline CpuFeatures detect_cpu_features() {
+    CpuFeatures f;
+#if defined(FLOWEDGE_CPU_X86)
+    __builtin_cpu_init();
+    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#if defined(__clang__) || __GNUC__ >= 12
+    f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+#endif
+    return f;
+}
+
+/// The best kernel set this machine runs.
+inline Isa best_isa(const CpuFeatures& f) {
+    if (f.avx512) return Isa::Avx512;
+    if (f.avx2) return Isa::Avx2;
+    return Isa::Scalar;
+}
+
+/// The kernel set a FLOWEDGE_CPU_ISA value asks for ("scalar", "avx2", "avx512"; empty or unset = the best one).
+/// A set the machine cannot run, or an unknown name, is an Error naming the choices.
+inline Isa choose_isa(std::string_view requested, const CpuFeatures& f) {
+    const Isa best = best_isa(f);
+    if (requested.empty()) return best;
+    for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+        if (requested != isa_name(i)) continue;
+        if (int(i) > int(best))
+            fail("cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
+                            expected_got("one of scalar..." + std::string(isa_name(best)), requested));
+        return i;
+    }
+    fail("cpu", "unknown FLOWEDGE_CPU_ISA" + expected_got("scalar, avx2 or avx512", requested));
+}
+
+namespace detail {
+struct IsaState {
+    CpuFeatures features;
+    Isa isa;
+};
+inline const IsaState& isa_state() {
+    static const IsaState s = [] {
+        IsaState st{detect_cpu_features(), Isa::Scalar};
+        const char* env = std::getenv("FLOWEDGE_CPU_ISA");
+        st.isa = choose_isa(env ? std::string_view(env) : std::string_view{}, st.features);
+        return st;
+    }();
+    return s;
+}
+}  // namespace detail
+
+/// The kernel set every Ops<Cpu> call of this process runs: the best the CPU supports, or FLOWEDGE_CPU_ISA's
+/// choice (for A/B runs and tests). Fixed at the first call; weights packed at load follow it.
+inline Isa active_isa() { return detail::isa_state().isa; }
+/// Whether MathMode::BF16 has its vdpbf16ps kernels here (the AVX-512 set on a CPU with AVX512_BF16).
+inline bool bf16_math_available() {
+    return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_bf16;
+}
+/// One line for logs and benchmark records, e.g. "avx512 (+bf16)".
+inline std::string kernel_set_name() {
+    std::string s(isa_name(active_isa()));
+    if (bf16_math_available()) s += " (+bf16)";
+    return s;
+}
+
+}  // namespace flowedge::cpu

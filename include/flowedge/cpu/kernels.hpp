@@ -1,0 +1,131 @@
+// Every CPU kernel, compiled once per instruction set into its own namespace (cpu::scalar, cpu::avx2, cpu::avx512)
+// whatever the consumer's -march: each set's region enables that set's instructions for the functions in it
+// (#pragma GCC target / clang attribute), so the code, the data layouts and the kernel choice are the same in every
+// translation unit, and Ops<Cpu> picks one set per process at run time (cpu/isa.hpp). The op bodies in kernels/ are
+// written once against the set's vocabulary (arch/<set>.hpp: VecF, vload, vfma, vexp, ...); where a set needs its
+// own algorithm the body says so with FLOWEDGE_ISA_AVX512 / FLOWEDGE_ISA_AVX2 (0 or 1 in each region).
+#pragma once
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "flowedge/cpu/isa.hpp"
+#include "flowedge/cpu/math.hpp"
+#include "flowedge/cpu/parallel.hpp"
+#include "flowedge/dtype.hpp"
+#include "flowedge/error.hpp"
+#include "flowedge/noise.hpp"
+#include "flowedge/op_params.hpp"
+
+#if defined(FLOWEDGE_CPU_X86)
+#include <immintrin.h>
+#endif
+
+// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized / -Wuninitialized (`__m512 __Y = __Y;` in
+// _mm512_undefined_ps, GCC bug 105593, fixed in GCC 13) wherever their intrinsics are inlined into a kernel. The
+// kernel regions switch those two warnings off around their own code only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#define FLOWEDGE_SIMD_WARNINGS_OFF                                     \
+    _Pragma("GCC diagnostic push")                                     \
+    _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")       \
+    _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define FLOWEDGE_SIMD_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define FLOWEDGE_SIMD_WARNINGS_OFF
+#define FLOWEDGE_SIMD_WARNINGS_ON
+#endif
+
+namespace flowedge::cpu {
+/// Storage of a small-row packed linear (kernels/packed_linear.hpp): none, F32 vectors, or BF16 pairs.
+enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs };
+/// BF16 x-pair scratch (32-bit pairs) for MathMode::BF16: up to 4 rows of this many pairs sit on the stack (32 KiB);
+/// longer rows are not packed for BF16 math (the row-major kernels keep them).
+inline constexpr int kPackBhPairs = 2048;
+}  // namespace flowedge::cpu
+
+// ---- the portable set (every machine) ----
+#define FLOWEDGE_ISA_AVX512 0
+#define FLOWEDGE_ISA_AVX2 0
+#define FLOWEDGE_ISA_SIMD 0
+FLOWEDGE_SIMD_WARNINGS_OFF
+namespace flowedge::cpu::scalar {
+#include "flowedge/cpu/arch/scalar.hpp"
+#include "flowedge/cpu/kernels/set.hpp"
+}  // namespace flowedge::cpu::scalar
+FLOWEDGE_SIMD_WARNINGS_ON
+#undef FLOWEDGE_ISA_AVX512
+#undef FLOWEDGE_ISA_AVX2
+#undef FLOWEDGE_ISA_SIMD
+
+#if defined(FLOWEDGE_CPU_X86)
+// ---- AVX2 + FMA + F16C ----
+#define FLOWEDGE_ISA_AVX512 0
+#define FLOWEDGE_ISA_AVX2 1
+#define FLOWEDGE_ISA_SIMD 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+FLOWEDGE_SIMD_WARNINGS_OFF
+namespace flowedge::cpu::avx2 {
+#include "flowedge/cpu/arch/avx2.hpp"
+#include "flowedge/cpu/kernels/set.hpp"
+}  // namespace flowedge::cpu::avx2
+FLOWEDGE_SIMD_WARNINGS_ON
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef FLOWEDGE_ISA_AVX512
+#undef FLOWEDGE_ISA_AVX2
+#undef FLOWEDGE_ISA_SIMD
+
+// ---- AVX-512 F/BW/DQ/VL (+ BF16 instructions, run only where the CPU has them) ----
+#define FLOWEDGE_ISA_AVX512 1
+#define FLOWEDGE_ISA_AVX2 0
+#define FLOWEDGE_ISA_SIMD 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+#endif
+FLOWEDGE_SIMD_WARNINGS_OFF
+namespace flowedge::cpu::avx512 {
+#include "flowedge/cpu/arch/avx512.hpp"
+#include "flowedge/cpu/kernels/set.hpp"
+}  // namespace flowedge::cpu::avx512
+FLOWEDGE_SIMD_WARNINGS_ON
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef FLOWEDGE_ISA_AVX512
+#undef FLOWEDGE_ISA_AVX2
+#undef FLOWEDGE_ISA_SIMD
+#endif  // FLOWEDGE_CPU_X86
+
+/// Runs `call` (an unqualified kernel call, e.g. conv1d(p, nullptr, false)) in the process's kernel set.
+#if defined(FLOWEDGE_CPU_X86)
+#define FLOWEDGE_CPU_KERNEL(call)                                      \
+    do {                                                               \
+        switch (::flowedge::cpu::active_isa()) {                       \
+            case ::flowedge::cpu::Isa::Avx512: ::flowedge::cpu::avx512::call; break; \
+            case ::flowedge::cpu::Isa::Avx2: ::flowedge::cpu::avx2::call; break;     \
+            default: ::flowedge::cpu::scalar::call; break;             \
+        }                                                              \
+    } while (0)
+#else
+#define FLOWEDGE_CPU_KERNEL(call) ::flowedge::cpu::scalar::call
+#endif

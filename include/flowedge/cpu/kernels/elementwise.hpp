@@ -1,0 +1,81 @@
+// Elementwise and data-movement ops (activation, axpby, concat, sinusoid, embedding, the scheduler step, MIN_MAX
+// un-normalisation). Kernel-set body: included once per instruction set by cpu/kernels.hpp; the argument checks
+// are in Ops<Cpu> (cpu/ops.hpp).
+/// Elementwise y = act(x) (x may equal y).
+inline void activation(const ActivationParams& p) {
+    if (p.x != p.y) std::memmove(p.y, p.x, std::size_t(p.n) * sizeof(float));
+    activate_inplace(p.act, p.y, p.n);
+}
+
+/// Elementwise out = a*x + b*y (out may alias x or y; y may be null when b == 0).
+inline void axpby(const AxpbyParams& p) {
+    if (p.b == 0.f || !p.y) {
+        for (std::int64_t i = 0; i < p.n; ++i) p.out[i] = p.a * p.x[i];
+    } else {
+        for (std::int64_t i = 0; i < p.n; ++i) p.out[i] = p.a * p.x[i] + p.b * p.y[i];
+    }
+}
+
+/// torch.cat([a, b], dim=1) for [batch, c, length] tensors.
+inline void concat_channels(const ConcatParams& p) {
+    const std::size_t na = std::size_t(p.ca) * p.length, nb = std::size_t(p.cb) * p.length;
+    for (int b = 0; b < p.batch; ++b) {
+        float* y = p.y + std::size_t(b) * (na + nb);
+        if (na) std::memmove(y, p.a + std::size_t(b) * na, na * sizeof(float));
+        if (nb) std::memmove(y + na, p.b + std::size_t(b) * nb, nb * sizeof(float));
+    }
+}
+
+/// Sinusoidal time features: out[r] = [sin(t*f_i) | cos(t*f_i)], f_i = exp(-(i * (log_base / denom))) in float32.
+inline void sinusoid(const SinusoidParams& p) {
+    const float step = p.log_base / p.denom;
+    for (int i = 0; i < p.half; ++i) {
+        const float f = std::exp(float(i) * -step);
+        const float arg = p.t * f;
+        p.out[i] = std::sin(arg);
+        p.out[p.half + i] = std::cos(arg);
+    }
+    for (int r = 1; r < p.rows; ++r)
+        std::memcpy(p.out + std::size_t(r) * 2 * p.half, p.out, std::size_t(2 * p.half) * sizeof(float));
+}
+
+/// torch.nn.Embedding: y[r, :] = table[ids[r], :] widened to float (ids validated by the caller).
+inline void embedding(const EmbeddingParams& p) {
+    with_weights(p.table, [&](auto table) {
+        for (int r = 0; r < p.rows; ++r) {
+            const auto* row = table + std::size_t(p.ids[r]) * p.dim;
+            float* y = p.y + std::size_t(r) * p.dim;
+            for (int i = 0; i < p.dim; ++i) y[i] = widen(row[i]);
+        }
+    });
+}
+
+/// One DDIM/DDPM update of x: [batch, per_sample] given eps (SPEC 1.4); DDPM noise by global draw index.
+inline void diffusion_step(const DiffusionStepParams& p) {
+    const std::uint64_t seed0 = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const bool noise = p.kind == StepKind::Ddpm && p.noise_std != 0.f;
+    for (int b = 0; b < p.batch; ++b) {
+        float* x = p.x + std::size_t(b) * p.per_sample;
+        const float* e = p.eps + std::size_t(b) * p.per_sample;
+        for (int i = 0; i < p.per_sample; ++i) {
+            float x0 = (x[i] - p.sqrt_one_minus_abar * e[i]) / p.sqrt_abar;
+            if (p.clip) x0 = std::min(std::max(x0, -p.clip_range), p.clip_range);
+            if (p.kind == StepKind::Ddim) {
+                x[i] = p.c_x0 * x0 + p.c_other * e[i];
+            } else {
+                float v = p.c_x0 * x0 + p.c_other * x[i];
+                if (noise) v += p.noise_std * normal_at(seed0 + std::uint64_t(b), p.draw_offset + std::uint64_t(i));
+                x[i] = v;
+            }
+        }
+    }
+}
+
+/// MIN_MAX un-normalisation y = (x + 1) / 2 * (max - min) + min per column. x, y: [rows, dim].
+inline void unnormalize(const UnnormalizeParams& p) {
+    for (int r = 0; r < p.rows; ++r)
+        for (int d = 0; d < p.dim; ++d) {
+            const std::size_t i = std::size_t(r) * p.dim + d;
+            p.y[i] = (p.x[i] + 1.f) / 2.f * (p.max[d] - p.min[d]) + p.min[d];
+        }
+}

@@ -1,0 +1,217 @@
+// Mamba-1's causal depthwise conv + SiLU and selective scan. Kernel-set body: included once per instruction set by
+// cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
+/// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`.
+inline void causal_conv(const CausalConvParams& p) {
+    const int K = p.kernel, C = p.channels, L = p.length, H = K - 1;
+    const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(C);
+    with_weights(p.w, [&](auto w) {
+        for (int t = 0; t < L; ++t) {
+            float* u = p.u + std::size_t(t) * C;
+            int c0 = 0;
+#if FLOWEDGE_ISA_AVX512
+            // 16 channels at a time: tap k of channels c..c+15 gathered from the [C, K] weight, the
+            // history/input rows read as vectors (same multiply-add order as the scalar loop below).
+            if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
+                const __m512i lane_k = _mm512_mullo_epi32(
+                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
+                for (; c0 + 16 <= C; c0 += 16) {
+                    __m512 acc = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
+                    if (K == 4) {
+                        // The 16 x 4 weight block is 4 vectors; tap k of channels 0..7 comes from the first
+                        // two, of channels 8..15 from the last two (two lane permutes and a 256-bit merge
+                        // instead of a 16-element gather).
+                        const float* wb = w + std::size_t(c0) * 4;
+                        const __m512 a0 = _mm512_loadu_ps(wb), a1 = _mm512_loadu_ps(wb + 16);
+                        const __m512 a2 = _mm512_loadu_ps(wb + 32), a3 = _mm512_loadu_ps(wb + 48);
+                        for (int k = 0; k < 4; ++k) {
+                            const int row = t + k;
+                            const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                            const __m512i idx = _mm512_add_epi32(
+                                _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0), _mm512_set1_epi32(k));
+                            const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1), hi = _mm512_permutex2var_ps(a2, idx, a3);
+                            const __m512 wk = _mm512_shuffle_f32x4(lo, hi, 0x44);
+                            acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
+                        }
+                        _mm512_storeu_ps(u + c0, acc);
+                        continue;
+                    }
+                    for (int k = 0; k < K; ++k) {
+                        const int row = t + k;  // row of xx = [state ; x]
+                        const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                        const __m512 wk = _mm512_i32gather_ps(lane_k, w + std::size_t(c0) * K + k, 4);
+                        acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
+                    }
+                    _mm512_storeu_ps(u + c0, acc);
+                }
+            }
+#elif FLOWEDGE_ISA_AVX2
+            // 8 channels at a time (same multiply-add order as the scalar loop below).
+            if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
+                const __m256i lane_k = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(K));
+                for (; c0 + 8 <= C; c0 += 8) {
+                    __m256 acc = p.bias ? _mm256_loadu_ps(p.bias + c0) : _mm256_setzero_ps();
+                    if (K == 4) {
+                        // The 8 x 4 weight block [c][k] as rows [c | c + 4] (128-bit halves), then a 4 x 4
+                        // transpose in each half: wk[k] = tap k of channels 0..3 | 4..7 (12 shuffles, no gather).
+                        const float* wb = w + std::size_t(c0) * 4;
+                        __m256 r[4], wk[4];
+                        for (int j = 0; j < 4; ++j)
+                            r[j] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(wb + 4 * j)), _mm_loadu_ps(wb + 16 + 4 * j), 1);
+                        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                        wk[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+                        wk[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+                        wk[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+                        wk[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+                        for (int k = 0; k < 4; ++k) {
+                            const int row = t + k;
+                            const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                            acc = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(src), acc);
+                        }
+                        _mm256_storeu_ps(u + c0, acc);
+                        continue;
+                    }
+                    for (int k = 0; k < K; ++k) {
+                        const int row = t + k;  // row of xx = [state ; x]
+                        const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
+                        const __m256 wk = _mm256_i32gather_ps(w + std::size_t(c0) * K + k, lane_k, 4);
+                        acc = _mm256_fmadd_ps(wk, _mm256_loadu_ps(src), acc);
+                    }
+                    _mm256_storeu_ps(u + c0, acc);
+                }
+            }
+#endif
+            for (int c = c0; c < C; ++c) {
+                float acc = p.bias ? p.bias[c] : 0.f;
+                for (int k = 0; k < K; ++k) {
+                    const int row = t + k;  // row of xx = [state ; x]
+                    const float v = row < H ? p.state[std::size_t(row) * C + c] : p.x[std::size_t(row - H) * ldx + c];
+                    acc += widen(w[std::size_t(c) * K + k]) * v;
+                }
+                u[c] = acc;
+            }
+            activate_inplace(Activation::Silu, u, C);
+        }
+    });
+    // New history: the last H rows of xx (shift the old state forward when fewer than H new rows came in).
+    for (int j = 0; j < H; ++j) {
+        const int row = L + j;  // row of xx
+        float* dst = p.state + std::size_t(j) * C;
+        if (row < H) std::memmove(dst, p.state + std::size_t(row) * C, std::size_t(C) * sizeof(float));
+        else std::memcpy(dst, p.x + std::size_t(row - H) * ldx, std::size_t(C) * sizeof(float));
+    }
+}
+
+/// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state.
+inline void selective_scan(const SelectiveScanParams& p) {
+    const int C = p.channels, S = p.d_state;
+    const std::size_t ldbc = p.ld_bc ? std::size_t(p.ld_bc) : std::size_t(S);
+    const std::size_t ldz = p.ld_z ? std::size_t(p.ld_z) : std::size_t(C);
+    for (int t = 0; t < p.length; ++t) {
+        const float* Bt = p.B + std::size_t(t) * ldbc;
+        const float* Ct = p.C + std::size_t(t) * ldbc;
+        int c = 0;
+#if FLOWEDGE_ISA_AVX512
+        if (S == 16) {
+            // 16 channels at a time: one vector of states per channel, the 16 C-weighted state vectors
+            // reduced together (vsum16), then D skip and SiLU(z) gate as vectors.
+            const __m512 vB = _mm512_loadu_ps(Bt), vC = _mm512_loadu_ps(Ct);
+            for (; c + 16 <= C; c += 16) {
+                const std::size_t tc0 = std::size_t(t) * C + c;
+                __m512 prod[16];
+                for (int k = 0; k < 16; ++k) {
+                    const float dtv = p.dt[tc0 + k];
+                    float* st = p.state + std::size_t(c + k) * 16;
+                    const __m512 decay = vexp(_mm512_mul_ps(_mm512_set1_ps(dtv), _mm512_loadu_ps(p.A + std::size_t(c + k) * 16)));
+                    const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(dtv * p.u[tc0 + k]), vB));
+                    _mm512_storeu_ps(st, sn);
+                    prod[k] = _mm512_mul_ps(sn, vC);
+                }
+                const __m512 uv = _mm512_loadu_ps(p.u + tc0);
+                const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
+                const __m512 yv = _mm512_fmadd_ps(dv, uv, vsum16(prod));
+                const __m512 g = vsilu(_mm512_loadu_ps(p.z + std::size_t(t) * ldz + c));
+                _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, g));
+            }
+        }
+#elif FLOWEDGE_ISA_AVX2
+        if (S == 16) {
+            // 8 channels at a time, two vectors of states per channel: prod[k] = s_lo C_lo + s_hi C_hi (one
+            // fma), then the 8 prod vectors summed lane-wise by a transpose-add tree whose additions are the
+            // ones vsum makes for one vector ((l + l+4), then pairs), so each channel gets the bits of the
+            // per-channel loop below; then D skip and SiLU(z) gate as vectors.
+            const __m256 vB0 = _mm256_loadu_ps(Bt), vB1 = _mm256_loadu_ps(Bt + 8);
+            const __m256 vC0 = _mm256_loadu_ps(Ct), vC1 = _mm256_loadu_ps(Ct + 8);
+            for (; c + 8 <= C; c += 8) {
+                const std::size_t tc0 = std::size_t(t) * C + c;
+                __m256 prod[8];
+                for (int k = 0; k < 8; ++k) {
+                    const float dtv = p.dt[tc0 + k];
+                    const __m256 vdt = _mm256_set1_ps(dtv), vdu = _mm256_set1_ps(dtv * p.u[tc0 + k]);
+                    float* st = p.state + std::size_t(c + k) * 16;
+                    const float* a = p.A + std::size_t(c + k) * 16;
+                    const __m256 d0 = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a)));
+                    const __m256 d1 = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a + 8)));
+                    const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(st), _mm256_mul_ps(vdu, vB0));
+                    const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(st + 8), _mm256_mul_ps(vdu, vB1));
+                    _mm256_storeu_ps(st, s0);
+                    _mm256_storeu_ps(st + 8, s1);
+                    prod[k] = _mm256_fmadd_ps(s1, vC1, _mm256_mul_ps(s0, vC0));
+                }
+                // h[k] = [lanes l + l+4 of prod[k] | of prod[k+4]] (l = 0..3), then pairs within 128-bit halves.
+                __m256 h[4];
+                for (int k = 0; k < 4; ++k)
+                    h[k] = _mm256_add_ps(_mm256_permute2f128_ps(prod[k], prod[k + 4], 0x20),
+                                         _mm256_permute2f128_ps(prod[k], prod[k + 4], 0x31));
+                const __m256 q01 = _mm256_add_ps(_mm256_unpacklo_ps(h[0], h[1]), _mm256_unpackhi_ps(h[0], h[1]));
+                const __m256 q23 = _mm256_add_ps(_mm256_unpacklo_ps(h[2], h[3]), _mm256_unpackhi_ps(h[2], h[3]));
+                const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(q01, q23, 0x44), _mm256_shuffle_ps(q01, q23, 0xEE));
+                const __m256 uv = _mm256_loadu_ps(p.u + tc0);
+                const __m256 dv = p.D ? _mm256_loadu_ps(p.D + c) : _mm256_setzero_ps();
+                const __m256 yv = _mm256_fmadd_ps(dv, uv, sum);
+                const __m256 g = vsilu(_mm256_loadu_ps(p.z + std::size_t(t) * ldz + c));
+                _mm256_storeu_ps(p.y + tc0, _mm256_mul_ps(yv, g));
+            }
+        }
+#endif
+        for (; c < C; ++c) {
+            const std::size_t tc = std::size_t(t) * C + c;
+            const float dtv = p.dt[tc], uv = p.u[tc];
+            const float du = dtv * uv;
+            float* s = p.state + std::size_t(c) * S;
+            const float* a = p.A + std::size_t(c) * S;
+            float acc = 0.f;
+            int n = 0;
+#if FLOWEDGE_ISA_AVX512
+            __m512 vacc = _mm512_setzero_ps();
+            const __m512 vdt = _mm512_set1_ps(dtv), vdu = _mm512_set1_ps(du);
+            for (; n + 16 <= S; n += 16) {
+                const __m512 decay = vexp(_mm512_mul_ps(vdt, _mm512_loadu_ps(a + n)));
+                const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(s + n), _mm512_mul_ps(vdu, _mm512_loadu_ps(Bt + n)));
+                _mm512_storeu_ps(s + n, sn);
+                vacc = _mm512_fmadd_ps(sn, _mm512_loadu_ps(Ct + n), vacc);
+            }
+            acc = _mm512_reduce_add_ps(vacc);
+#elif FLOWEDGE_ISA_AVX2
+            if (S >= 8) {
+                __m256 vacc = _mm256_setzero_ps();
+                const __m256 vdt = _mm256_set1_ps(dtv), vdu = _mm256_set1_ps(du);
+                for (; n + 8 <= S; n += 8) {
+                    const __m256 decay = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a + n)));
+                    const __m256 sn = _mm256_fmadd_ps(decay, _mm256_loadu_ps(s + n), _mm256_mul_ps(vdu, _mm256_loadu_ps(Bt + n)));
+                    _mm256_storeu_ps(s + n, sn);
+                    vacc = _mm256_fmadd_ps(sn, _mm256_loadu_ps(Ct + n), vacc);
+                }
+                acc = vsum(vacc);
+            }
+#endif
+            for (; n < S; ++n) {
+                const float sn = std::exp(dtv * a[n]) * s[n] + du * Bt[n];
+                s[n] = sn;
+                acc += sn * Ct[n];
+            }
+            const float d = p.D ? p.D[c] : 0.f;
+            p.y[tc] = (acc + d * uv) * silu(p.z[std::size_t(t) * ldz + c]);
+        }
+    }
+}

@@ -1,0 +1,396 @@
+// Small-row linear kernels on a load-time packed, k-major weight copy (Storage::SmallRowsMatrix, cpu/weights.hpp).
+// Kernel-set body (AVX2 and AVX-512 sets): included once per instruction set by cpu/kernels.hpp.
+//
+// Why: at batch 1 (decode, flow solve) and 4 rows (Mamba prefill) every product is a matrix-vector product whose
+// weights live in L2. The dot-product kernels of kernels_gemm.hpp reduce 16 weight rows per output block through a
+// transpose tree and get no reuse across 4 rows. Here the weights are stored k-major per output block, so a product
+// is an axpy sweep: broadcast x[r][k], FMA it with one vector of outputs' weights into output-vector accumulators.
+// No horizontal reductions, every loaded weight vector serves all rows of the call, and every output is summed
+// sequentially over k in S chains (chain s takes the k pairs (2j, 2j+1) with j % S == s, in k order; chain 0 starts
+// at the bias; one FMA rounding per term; then c0 + c1, or (c0 + c1) + (c2 + c3)):
+//   S = 1: y[r][o] = act(fl(...fl(fl(bias[o] + w[o][0] x[r][0]) + w[o][1] x[r][1]) ... + w[o][in-1] x[r][in-1]))  (+ y_old)
+// S depends only on the output count (PackedLinear::chains_for: 1 from half a block of vectors up, 2 or 4 below, so
+// that a 1-row call of a narrow linear still has >= 8 FMA chains in flight), so an output's bits do not depend on
+// how many rows a call has or how outputs are blocked: a 4-row prefill row equals the same row decoded alone.
+// Exact modes: any term passes through at most 2*ceil(ceil(in/2)/S) + log2(S) <= in roundings (adding an empty
+// chain's exact zero is exact), so |y - y_exact| <= gamma_in * (sum_i |w_i||x_i| + |bias|), gamma_d = d 2^-24 / (1 - d 2^-24),
+// before the activation; accumulate adds one more rounding.
+//
+// Layouts (L = kLanes outputs per vector: 16 with AVX-512, 8 with AVX2; out padded to whole vectors with zeros;
+// output blocks of up to kPackBlockVecs vectors, block b holds outputs [b*kPackBlockVecs*L, ...)):
+//   F32:   per block, for k in [0, in): the block's vectors of L floats (one contiguous stream per block).
+//          F32 weights as stored; F16 weights widened at pack time (exact).
+//   Pairs: per block, for each k pair (k, k+1): the block's vectors of L 32-bit lanes, lane i = (bf16 w[o_i][k+1]
+//          << 16) | bf16 w[o_i][k] (an odd `in` pads the last pair with a zero weight). Exact math widens the even
+//          half with a shift and the odd half with an and-mask (no shuffles, two FMAs, k before k+1); MathMode::BF16
+//          (builds with FLOWEDGE_CPU_BF16_MATH) feeds the pair vector to vdpbf16ps against the x pair broadcast.
+//          BF16 weights as stored; under MathMode::BF16, F32/F16 weights rounded to BF16 (RNE, vcvtne2ps2bf16, the
+//          same rounding Ops<Cpu>::linear applies as it loads them) at pack time.
+// A PackedLinear holds one layout at a time in a buffer sized at the first pack() for the larger one it can need;
+// set_math() repacks in place (no allocation after load).
+//
+// MathMode::BF16 accumulation chain (the packed counterpart of the bound in op_params.hpp's MathMode doc): each
+// vdpbf16ps adds two exact BF16 x BF16 products to a chain's lane sum (chain 0 started at the bias), at most one
+// rounding per addition, then the log2(S) chain additions. With P = ceil(in/2) pairs, the longest chain any product
+// (or the bias) passes through is d = 2*ceil(P/S) + log2(S) <= 2P additions (P >= 5: only in > 8 takes this path),
+// and with g = d*2^-24 / (1 - d*2^-24), c = 2^-8 (BF16 weights) or 2^-7 + 2^-16 (rounded F32/F16 weights),
+// Sw = sum_i |w_i||x_i|:
+//   |y - y_exact| <= (c + g*(1 + c)) * Sw + g*|bias| + 2^-125 * (sum_i (|w_i| + |x_i| + 1) + 16)
+// before the activation (the last term is the DAZ/FTZ one as in op_params.hpp); accumulate adds one more rounding.
+// test/ops/ops_packed_test.cpp checks it with d = 2P, and the accumulation alone against a double emulation of the
+// BF16-rounded operands.
+#if FLOWEDGE_ISA_SIMD
+/// Output-vector accumulators a tile keeps in registers (rows x vectors): half the register file, leaving room for
+/// the broadcast x values and the weight vector(s) of one k step (AVX-512: 16 of 32 zmm; AVX2: 8 of 16 ymm).
+inline constexpr int kPackAcc = kRegisters / 2;
+/// Vectors per output block: a 1-row tile covers a whole block (one contiguous weight stream), multi-row tiles
+/// split it into kPackAcc / rows vectors (reading kPackAcc/rows of each k step's vectors).
+inline constexpr int kPackBlockVecs = kPackAcc;
+/// Rows one tile multiplies against each loaded weight vector (prefill's 4 tokens in one sweep).
+inline constexpr int kPackMaxRows = 4;
+/// Multiply-adds from which packed_linear splits the outputs over OpenMP threads (Ops<Cpu>'s kParallelMacs).
+inline constexpr double kPackParallelMacs = double(1 << 22);
+
+namespace packed {
+
+/// Which tile loop a call runs.
+enum class Kind : std::uint8_t {
+    F32,   ///< F32 layout, exact
+    Pair,  ///< Pairs layout widened to F32, exact
+    Bh,    ///< Pairs layout x BF16 x pairs, vdpbf16ps (MathMode::BF16)
+};
+
+/// The tiles below keep S independent sums per output (chain s takes the k pairs j with j % S == s, in k order) so
+/// that few output vectors still give enough FMA chains in flight; S is fixed per packed shape (chains_for), never
+/// by the row count, and combine() adds the chains in a fixed order.
+/// acc[s][r][v] += w[k][v] * x[r][k], F32 layout: w points at the tile's first vector of k = 0, k steps ks floats apart.
+template <int S, int R, int V>
+inline void step_f32(const float* w, std::size_t ks, const float* x, std::size_t ldx, int k, VecF (&acc)[R][V]) {
+    VecF xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = vset1(x[std::size_t(r) * ldx + std::size_t(k)]);
+    const float* wk = w + std::size_t(k) * ks;
+    for (int v = 0; v < V; ++v) {
+        const VecF wv = vload(wk + v * kLanes);
+        for (int r = 0; r < R; ++r) acc[r][v] = vfma(wv, xb[r], acc[r][v]);
+    }
+}
+
+/// Pairs layout, exact: the k = 2kp term then the k+1 term into the same sum (w: the tile's first pair vector,
+/// pairs ks lanes apart); `odd_too` false for an odd in's last pair (x[in] is never read).
+template <int R, int V>
+inline void step_pair(const std::uint32_t* w, std::size_t ks, const float* x, std::size_t ldx, int kp, bool odd_too,
+                      VecF (&acc)[R][V]) {
+    VecF xe[R], xo[R];
+    for (int r = 0; r < R; ++r) {
+        xe[r] = vset1(x[std::size_t(r) * ldx + std::size_t(2 * kp)]);
+        xo[r] = odd_too ? vset1(x[std::size_t(r) * ldx + std::size_t(2 * kp + 1)]) : vzero();
+    }
+    const std::uint32_t* wk = w + std::size_t(kp) * ks;
+    for (int v = 0; v < V; ++v) {
+        const VecU u = load_u(wk + v * kLanes);
+        const VecF we = even_half(u);
+        for (int r = 0; r < R; ++r) acc[r][v] = vfma(we, xe[r], acc[r][v]);
+        if (odd_too) {
+            const VecF wo = odd_half(u);
+            for (int r = 0; r < R; ++r) acc[r][v] = vfma(wo, xo[r], acc[r][v]);
+        }
+    }
+}
+
+#if FLOWEDGE_ISA_AVX512
+/// MathMode::BF16 on the Pairs layout: xp holds each row's BF16 x pairs (low half x[2kp], high x[2kp+1], zero past
+/// in), rows ldp pairs apart; one vdpbf16ps per pair vector and row.
+template <int R, int V>
+inline void step_bh(const std::uint32_t* w, std::size_t ks, const std::uint32_t* xp, std::size_t ldp, int kp, VecF (&acc)[R][V]) {
+    VecBh xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = VecBh(_mm512_set1_epi32(int(xp[std::size_t(r) * ldp + std::size_t(kp)])));
+    const std::uint32_t* wk = w + std::size_t(kp) * ks;
+    for (int v = 0; v < V; ++v) {
+        const VecBh wv = VecBh(load_u(wk + v * kLanes));
+        for (int r = 0; r < R; ++r) acc[r][v] = vdot_bh(acc[r][v], wv, xb[r]);
+    }
+}
+#endif
+
+/// Runs step(j, acc[j % S]) for j in [0, n) in order (S steps per iteration, then the remainder). The chain index
+/// is a compile-time constant in every call (parameter packs, not a loop over s): with a runtime s GCC kept the
+/// accumulators of S > 1 tiles in memory (FMAs with memory destinations through a pointer).
+template <int S, int R, int V, class Step>
+inline void chains(int n, VecF (&acc)[S][R][V], Step&& step) {
+    int j = 0;
+    for (; j + S <= n; j += S)
+        [&]<int... s>(std::integer_sequence<int, s...>) { (step(j + s, acc[s]), ...); }(std::make_integer_sequence<int, S>{});
+    [&]<int... s>(std::integer_sequence<int, s...>) {
+        ((j + s < n ? step(j + s, acc[s]) : void()), ...);
+    }(std::make_integer_sequence<int, S - 1>{});
+}
+
+/// Chains combined in a fixed order: S = 2: c0 + c1; S = 4: (c0 + c1) + (c2 + c3).
+template <int S, int R, int V>
+inline void combine(VecF (&acc)[S][R][V]) {
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+            if constexpr (S == 2) acc[0][r][v] = vadd(acc[0][r][v], acc[1][r][v]);
+            if constexpr (S == 4) acc[0][r][v] = vadd(vadd(acc[0][r][v], acc[1][r][v]), vadd(acc[2][r][v], acc[3][r][v]));
+        }
+}
+
+/// What one call needs, resolved once.
+struct Call {
+    const LinearParams* p;
+    std::size_t ldx, ldy;
+    const void* w;  ///< packed buffer
+    int ksteps;     ///< k steps per block: in (F32) or ceil(in/2) (Pairs)
+    int out_vecs;   ///< ceil(out / L)
+    int vbeg = 0, vend = 0;  ///< output vectors [vbeg, vend) this call (thread) computes
+};
+
+/// R rows (r0..r0+R-1) x V vectors starting at vector v0 of block b, S chains per output: accumulate over k, then
+/// the epilogue. xb: the BF16 pair rows of these R rows (Kind::Bh only), ldp pairs apart.
+template <Kind K, int S, int R, int V>
+inline void tile(const Call& c, int r0, int b, int v0, const std::uint32_t* xb, std::size_t ldp) {
+    const LinearParams& p = *c.p;
+    const int vb = std::min(kPackBlockVecs, c.out_vecs - b * kPackBlockVecs);  // vectors in this block
+    const std::size_t ks = std::size_t(vb) * kLanes;                            // elements per k step
+    const std::size_t boff = std::size_t(b) * kPackBlockVecs * kLanes * std::size_t(c.ksteps) + std::size_t(v0) * kLanes;
+    const int obase = (b * kPackBlockVecs + v0) * kLanes;
+    VecF acc[S][R][V];
+    for (int v = 0; v < V; ++v) {
+        const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+        const VecF init = p.bias ? (n == kLanes ? vload(p.bias + o) : load_n(p.bias + o, n)) : vzero();
+        for (int r = 0; r < R; ++r) {
+            acc[0][r][v] = init;  // the bias starts chain 0
+            for (int s = 1; s < S; ++s) acc[s][r][v] = vzero();
+        }
+    }
+    const float* x = p.x + std::size_t(r0) * c.ldx;
+    if constexpr (K == Kind::F32) {
+        // Chains over k pairs as on the Pairs layout (k = 2j then 2j + 1 into chain j % S), so BF16/F16 weights
+        // and F32 weights of the same values give the same bits.
+        const float* w = static_cast<const float*>(c.w) + boff;
+        chains<S>((p.in + 1) / 2, acc, [&](int j, VecF(&a)[R][V]) {
+            step_f32<S, R, V>(w, ks, x, c.ldx, 2 * j, a);
+            if (2 * j + 1 < p.in) step_f32<S, R, V>(w, ks, x, c.ldx, 2 * j + 1, a);
+        });
+    } else if constexpr (K == Kind::Pair) {
+        const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + boff;
+        const int pairs = c.ksteps, full = p.in / 2;
+        chains<S>(pairs, acc, [&](int kp, VecF(&a)[R][V]) { step_pair<R, V>(w, ks, x, c.ldx, kp, kp < full, a); });
+    } else {
+#if FLOWEDGE_ISA_AVX512
+        const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + boff;
+        chains<S>(c.ksteps, acc, [&](int kp, VecF(&a)[R][V]) { step_bh<R, V>(w, ks, xb, ldp, kp, a); });
+#else
+        (void)xb;
+        (void)ldp;
+#endif
+    }
+    combine<S>(acc);
+    const bool act_now = act_in_registers(p);
+    for (int r = 0; r < R; ++r) {
+        float* yr = p.y + std::size_t(r0 + r) * c.ldy;
+        for (int v = 0; v < V; ++v) {
+            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+            VecF val = act_now ? activate_vec(p.act, acc[0][r][v]) : acc[0][r][v];
+            if (n == kLanes) {
+                if (p.accumulate) val = vadd(vload(yr + o), val);
+                vstore(yr + o, val);
+            } else {
+                if (p.accumulate) val = vadd(load_n(yr + o, n), val);
+                store_n(yr + o, val, n);
+            }
+        }
+        if (!act_now) activate_inplace(p.act, yr + obase, std::min(V * kLanes, p.out - obase));
+    }
+}
+
+/// Rows per pass with S chains: at most kPackMaxRows, and S * rows <= kPackAcc (one vector per row and chain).
+template <int S>
+inline constexpr int rows_for_chains = std::min(kPackMaxRows, std::max(1, kPackAcc / S));
+
+/// Calls tile<K, S, R, V> for a runtime v in [1, max(1, kPackAcc / (S R))].
+template <Kind K, int S, int R, int V = 1>
+inline void tile_v(int v, const Call& c, int r0, int b, int v0, const std::uint32_t* xb, std::size_t ldp) {
+    if constexpr (V < kPackAcc / (S * R)) {
+        if (v > V) {
+            tile_v<K, S, R, V + 1>(v, c, r0, b, v0, xb, ldp);
+            return;
+        }
+    }
+    tile<K, S, R, V>(c, r0, b, v0, xb, ldp);
+}
+
+/// R rows starting at r0 against every output: block by block, each block in chunks of kPackAcc / (S R) vectors.
+template <Kind K, int S, int R>
+inline void rows_pass(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
+    constexpr int vmax = std::max(1, kPackAcc / (S * R));
+    for (int b = c.vbeg / kPackBlockVecs; b * kPackBlockVecs < c.vend; ++b) {
+        // This block's vectors within [vbeg, vend), block-relative.
+        const int lo = std::max(0, c.vbeg - b * kPackBlockVecs);
+        const int hi = std::min({kPackBlockVecs, c.out_vecs - b * kPackBlockVecs, c.vend - b * kPackBlockVecs});
+        for (int v0 = lo; v0 < hi; v0 += vmax) tile_v<K, S, R>(std::min(vmax, hi - v0), c, r0, b, v0, xb, ldp);
+    }
+}
+
+template <Kind K, int S>
+inline void rows_dispatch(int nr, const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
+    constexpr int maxr = rows_for_chains<S>;
+    if (nr == 1) rows_pass<K, S, 1>(c, r0, xb, ldp);
+    else if (nr == 2 || maxr == 2) rows_pass<K, S, std::min(2, maxr)>(c, r0, xb, ldp);
+    else if (nr == 3) rows_pass<K, S, std::min(3, maxr)>(c, r0, xb, ldp);
+    else rows_pass<K, S, maxr>(c, r0, xb, ldp);
+}
+
+/// All rows of a call, rows_for_chains<S> at a time (BF16: each group's x rows rounded into xb first).
+template <Kind K, int S>
+inline void all_rows(const Call& c, std::uint32_t* xb, std::size_t ldp) {
+    const LinearParams& p = *c.p;
+    constexpr int step = rows_for_chains<S>;
+    for (int r0 = 0; r0 < p.rows; r0 += step) {
+        const int nr = std::min(step, p.rows - r0);
+#if FLOWEDGE_ISA_AVX512
+        if constexpr (K == Kind::Bh)
+            for (int r = 0; r < nr; ++r) round_to_bh(p.x + std::size_t(r0 + r) * c.ldx, p.in, reinterpret_cast<bf16*>(xb + std::size_t(r) * ldp));
+#endif
+        rows_dispatch<K, S>(nr, c, r0, xb, ldp);
+    }
+}
+
+template <Kind K>
+inline void run_chains(int chains, const Call& c, std::uint32_t* xb, std::size_t ldp) {
+    switch (chains) {
+        case 1: all_rows<K, 1>(c, xb, ldp); return;
+        case 2: all_rows<K, 2>(c, xb, ldp); return;
+        default: all_rows<K, 4>(c, xb, ldp); return;
+    }
+}
+
+inline float stored(const void* w, DType dt, std::size_t i) {
+    switch (dt) {
+        case DType::F32: return static_cast<const float*>(w)[i];
+        case DType::BF16: return to_float(static_cast<const bf16*>(w)[i]);
+        case DType::F16: return to_float(static_cast<const f16*>(w)[i]);
+    }
+    return 0.f;
+}
+
+}  // namespace packed
+
+/// Output vectors of a packed [out, in] weight (whole vectors of kLanes outputs, zero-padded).
+inline int packed_out_vecs(int out) { return (out + kLanes - 1) / kLanes; }
+
+/// Independent sums per output (see packed::chains): enough FMA chains in flight for a 1-row call when the
+/// output has few vectors (latency 4, 2 pipes: >= 8 chains); depends only on the output count, so every row
+/// count sums an output the same way.
+inline int packed_chains_for(int out_vecs) { return out_vecs * 2 >= kPackAcc ? 1 : out_vecs * 4 >= kPackAcc ? 2 : 4; }
+
+/// Bytes of layout l for an [out, in] weight.
+inline std::size_t packed_linear_bytes(PackedLayout l, int in, int out) {
+    const std::size_t out_pad = std::size_t(packed_out_vecs(out)) * kLanes;
+    const std::size_t ksteps = l == PackedLayout::F32 ? std::size_t(in) : std::size_t((in + 1) / 2);
+    return ksteps * out_pad * 4;
+}
+
+/// Writes the [out, in] weight src (any storage dtype) into dst in layout l; round: F32/F16 weights rounded to BF16
+/// pairs (MathMode::BF16, AVX-512 set only).
+inline void packed_linear_pack(PackedLayout l, bool round, const WeightRef& src_ref, int n_in, int n_out, void* buf) {
+    const int out_vecs = packed_out_vecs(n_out);
+    const int nblk = (out_vecs + kPackBlockVecs - 1) / kPackBlockVecs;
+    const std::size_t in = std::size_t(n_in);
+    const void* src = src_ref.data;
+    const DType dt = src_ref.dtype;
+    if (l == PackedLayout::F32) {
+        float* dst = static_cast<float*>(buf);
+        for (int b = 0; b < nblk; ++b) {
+            const int vb = std::min(kPackBlockVecs, out_vecs - b * kPackBlockVecs);
+            for (int k = 0; k < n_in; ++k)
+                for (int v = 0; v < vb; ++v)
+                    for (int i = 0; i < kLanes; ++i) {
+                        const int o = (b * kPackBlockVecs + v) * kLanes + i;
+                        *dst++ = o < n_out ? packed::stored(src, dt, std::size_t(o) * in + std::size_t(k)) : 0.f;
+                    }
+        }
+    } else {
+        std::uint32_t* dst = static_cast<std::uint32_t*>(buf);
+        const int pairs = (n_in + 1) / 2;
+        for (int b = 0; b < nblk; ++b) {
+            const int vb = std::min(kPackBlockVecs, out_vecs - b * kPackBlockVecs);
+            for (int kp = 0; kp < pairs; ++kp)
+                for (int v = 0; v < vb; ++v) {
+                    // The vector's 2L weights in pair order (w[o_i][k], w[o_i][k+1]), zeros past out / in.
+                    [[maybe_unused]] alignas(64) float f[2 * kLanes];
+                    alignas(64) std::uint16_t h[2 * kLanes];
+                    for (int i = 0; i < kLanes; ++i) {
+                        const int o = (b * kPackBlockVecs + v) * kLanes + i;
+                        for (int j = 0; j < 2; ++j) {
+                            const int k = 2 * kp + j;
+                            const bool live = o < n_out && k < n_in;
+                            const std::size_t idx = std::size_t(o) * in + std::size_t(k);
+                            f[2 * i + j] = live ? packed::stored(src, dt, idx) : 0.f;
+                            h[2 * i + j] = live && dt == DType::BF16 ? static_cast<const bf16*>(src)[idx].bits : std::uint16_t(0);
+                        }
+                    }
+                    if (round) {
+#if FLOWEDGE_ISA_AVX512
+                        // Rounded by the instruction Ops<Cpu>::linear's vload_bh uses (RNE, denormals to zero).
+                        _mm512_store_si512(h, __m512i(to_bh(_mm512_load_ps(f), _mm512_load_ps(f + 16))));
+#else
+                        fail("cpu packed linear", "BF16-rounded pairs need the AVX-512 kernel set");
+#endif
+                    }
+                    std::uint32_t lanes[kLanes];
+                    for (int i = 0; i < kLanes; ++i) lanes[i] = std::uint32_t(h[2 * i]) | std::uint32_t(h[2 * i + 1]) << 16;
+                    std::memcpy(dst, lanes, sizeof lanes);
+                    dst += kLanes;
+                }
+        }
+    }
+}
+
+/// One thread's share of packed_linear(): output vectors [c.vbeg, c.vend), all rows, on layout `layout`;
+/// bh: MathMode::BF16 on the Pairs layout (vdpbf16ps).
+inline void packed_linear_part(const packed::Call& c, PackedLayout layout, bool bh) {
+    const int S = packed_chains_for(c.out_vecs);
+    if (layout == PackedLayout::F32) {
+        packed::run_chains<packed::Kind::F32>(S, c, nullptr, 0);
+        return;
+    }
+#if FLOWEDGE_ISA_AVX512
+    if (bh) {
+        // x rows rounded once to BF16 (RNE, as Ops<Cpu>::linear does) into this thread's stack; round_to_bh
+        // zero-fills to a multiple of 32 elements, so a row takes round_up32(in)/2 pairs and an odd in's last pair
+        // reads x[in] = 0.
+        const std::size_t ldp = std::size_t((c.p->in + 31) / 32 * 16);
+        alignas(64) std::uint32_t xb[kPackMaxRows * std::size_t(kPackBhPairs)];
+        packed::run_chains<packed::Kind::Bh>(S, c, xb, ldp);
+        return;
+    }
+#else
+    (void)bh;
+#endif
+    packed::run_chains<packed::Kind::Pair>(S, c, nullptr, 0);
+}
+
+/// y = act(x w^T + bias) (+ y) exactly as LinearParams defines it, on a packed copy `buf` of layout `layout` (p.w is
+/// not read; p.in and p.out are the packed shape, checked by the caller).
+inline void packed_linear(const LinearParams& p, const void* buf, PackedLayout layout, bool bh) {
+    const int out_vecs = packed_out_vecs(p.out);
+    const packed::Call c{&p,  p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in), p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out),
+                         buf, layout == PackedLayout::F32 ? p.in : (p.in + 1) / 2, out_vecs, 0, out_vecs};
+    // Every Mamba/flow-head call stays on the calling thread (below 2^22 multiply-adds no OpenMP region is entered).
+    // Larger calls (long prefills, big flow batches) split the output vectors over the threads; outputs do not
+    // depend on the blocking, so the bits do not depend on the thread count.
+    if (double(p.rows) * p.in * p.out < kPackParallelMacs) {
+        packed_linear_part(c, layout, bh);
+        return;
+    }
+#pragma omp parallel
+    {
+        const int tid = thread_index(), nth = thread_count();
+        packed::Call t = c;
+        t.vbeg = int(std::int64_t(out_vecs) * tid / nth);
+        t.vend = int(std::int64_t(out_vecs) * (tid + 1) / nth);
+        if (t.vbeg < t.vend) packed_linear_part(t, layout, bh);
+    }
+}
+#endif  // FLOWEDGE_ISA_SIMD

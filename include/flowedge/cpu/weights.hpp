@@ -1,0 +1,174 @@
+// The CPU's weight preparation, in one place: which stored tensors the process's kernel set wants re-laid out at
+// load (Ops<Cpu>::prepare_weight), and the packed copies that result.
+//   AVX2 set:    Conv1d, ConvTranspose1d and streamed Linear weights -> packed conv blocks (kernels/packed_conv.hpp),
+//                replacing the stored tensor; small-row Linear weights -> k-major packed copy (kernels/packed_linear.hpp)
+//                beside it.
+//   AVX-512 set: small-row Linear weights -> k-major packed copy; everything else stays row-major (its row-major
+//                kernels use 32 registers and stream at the memory floor).
+//   scalar set:  nothing is prepared.
+#pragma once
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "flowedge/cpu/kernels.hpp"
+#include "flowedge/cpu/memory.hpp"
+#include "flowedge/tensor.hpp"
+#include "flowedge/weights.hpp"
+
+/// Runs `call` in the SIMD kernel set `isa` (Avx2 or Avx512); an Error for any other set.
+#if defined(FLOWEDGE_CPU_X86)
+#define FLOWEDGE_CPU_SIMD_KERNEL(isa, call)                                                  \
+    do {                                                                                     \
+        if ((isa) == ::flowedge::cpu::Isa::Avx512) ::flowedge::cpu::avx512::call;            \
+        else if ((isa) == ::flowedge::cpu::Isa::Avx2) ::flowedge::cpu::avx2::call;           \
+        else ::flowedge::fail("cpu", "packed weights need the AVX2 or AVX-512 kernel set");  \
+    } while (0)
+#else
+#define FLOWEDGE_CPU_SIMD_KERNEL(isa, call) ::flowedge::fail("cpu", "packed weights need an x86-64 SIMD kernel set")
+#endif
+
+namespace flowedge::cpu {
+
+/// A weight prepared by the CPU backend for one kernel set.
+class PackedWeight final : public PreparedWeight {
+public:
+    enum class Kind : std::uint8_t {
+        ConvBlocks,  ///< packed conv blocks (AVX2 set) of a Conv1d [out, in*K], ConvTranspose1d [out*K, in] or Linear
+        SmallRows,   ///< k-major copy of a Linear [out, in] for few rows (AVX2/AVX-512 sets), beside the stored tensor
+    };
+
+    /// Conv blocks of a stored [out, R] matrix w (transposed: a ConvTranspose1d weight [in, out, K], packed as the
+    /// [out*K, in] kernel-1 Conv1d it is per input column). `what` names the tensor in errors.
+    static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, std::string_view what) {
+#if defined(FLOWEDGE_CPU_X86)
+        auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::ConvBlocks, Isa::Avx2, w.dtype));
+        const int out = transposed ? int(shape.dims[1] * shape.dims[2]) : int(shape.dims[0]);
+        const std::size_t R = std::size_t(shape.numel()) / std::size_t(out);
+        const std::size_t bytes = avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
+        Memory<Cpu>::check_fits(bytes, std::string(what));
+        pw->m_buf = Buffer<std::byte, Cpu>(bytes);
+        avx2::with_weights(w, [&](auto src) {
+            using T = std::remove_cvref_t<decltype(*src)>;
+            T* dst = reinterpret_cast<T*>(pw->m_buf.data());
+            if (transposed) avx2::pack_conv_transpose_weights(src, int(shape.dims[0]), int(shape.dims[1]), int(shape.dims[2]), dst);
+            else avx2::pack_conv_weights(src, out, R, dst);
+        });
+        return pw;
+#else
+        (void)w, (void)shape, (void)transposed, (void)what;
+        return nullptr;
+#endif
+    }
+
+    /// A small-row copy of the stored [out, in] matrix w for kernel set `isa`, laid out for arithmetic m. The stored
+    /// data must outlive this object (set_math repacks from it). Allocates the buffer for the larger layout this
+    /// weight dtype can need, once.
+    static std::unique_ptr<PackedWeight> small_rows(const WeightRef& w, int in, int out, Isa isa, MathMode m) {
+        if (!(in > 0 && out > 0 && w.data)) [[unlikely]]
+            fail("cpu packed linear", "bad weights" + expected_got("in > 0, out > 0, data", std::to_string(in) + " x " + std::to_string(out)));
+        auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::SmallRows, isa, w.dtype));
+        pw->m_src = w;
+        pw->m_in = in;
+        pw->m_out = out;
+        const std::size_t bytes = pw->layout_bytes(w.dtype == DType::BF16 ? PackedLayout::Pairs : PackedLayout::F32);
+        Memory<Cpu>::check_fits(bytes, "packed linear copy");
+        pw->m_buf = Buffer<std::byte, Cpu>(bytes);
+        pw->set_math(m);
+        return pw;
+    }
+
+    Kind kind() const { return m_kind; }
+    Isa isa() const { return m_isa; }
+    DType dtype() const { return m_dtype; }
+    const void* data() const { return m_buf.data(); }
+    int in() const { return m_in; }
+    int out() const { return m_out; }
+    PackedLayout layout() const { return m_layout; }
+
+    std::size_t bytes() const override { return m_buf.bytes(); }
+    bool replaces_source() const override { return m_kind == Kind::ConvBlocks; }
+
+    /// SmallRows: repacks in place (no allocation) when arithmetic m needs another layout than the one held. Under
+    /// MathMode::BF16 (where the CPU has it), F32/F16 weights take BF16-rounded pairs; otherwise the F32 layout.
+    /// ConvBlocks serve every mode exactly: nothing to do.
+    void set_math(MathMode m) override {
+        if (m_kind != Kind::SmallRows) return;
+        const PackedLayout want = wanted(m);
+        const bool round = want == PackedLayout::Pairs && m_src.dtype != DType::BF16;
+        if (want == m_layout && round == m_rounded) return;
+        FLOWEDGE_CPU_SIMD_KERNEL(m_isa, packed_linear_pack(want, round, m_src, m_in, m_out, m_buf.data()));
+        m_layout = want;
+        m_rounded = round;
+    }
+
+    /// SmallRows: whether the layout held now computes p.math = m (else the row-major kernels must).
+    bool serves(MathMode m) const {
+        // F32/F16 weights hold rounded pairs exactly when wanted(m) is Pairs, so the layout alone decides.
+        return m_layout != PackedLayout::None && m_layout == wanted(m) && (!bf16_math(m) || bh_fits());
+    }
+    /// SmallRows: whether p.math = m runs the vdpbf16ps loop for this shape (the row-major kernels' in > 8 rule).
+    bool bf16_math(MathMode m) const { return m == MathMode::BF16 && m_in > 8 && bf16_math_available(); }
+
+private:
+    PackedWeight(Kind k, Isa isa, DType dt) : m_kind(k), m_isa(isa), m_dtype(dt) {}
+
+    bool bh_fits() const { return (m_in + 31) / 32 * 16 <= kPackBhPairs; }
+    PackedLayout wanted(MathMode m) const {
+        if (m_src.dtype == DType::BF16) return PackedLayout::Pairs;
+        return bf16_math(m) && bh_fits() ? PackedLayout::Pairs : PackedLayout::F32;
+    }
+    std::size_t layout_bytes(PackedLayout l) const {
+#if defined(FLOWEDGE_CPU_X86)
+        if (m_isa == Isa::Avx512) return avx512::packed_linear_bytes(l, m_in, m_out);
+        if (m_isa == Isa::Avx2) return avx2::packed_linear_bytes(l, m_in, m_out);
+#endif
+        (void)l;
+        fail("cpu packed linear", "packed weights need the AVX2 or AVX-512 kernel set");
+    }
+
+    Kind m_kind;
+    Isa m_isa;
+    DType m_dtype;
+    Buffer<std::byte, Cpu> m_buf;
+    // SmallRows only
+    WeightRef m_src{};
+    int m_in = 0, m_out = 0;
+    PackedLayout m_layout = PackedLayout::None;
+    bool m_rounded = false;
+};
+
+/// The CPU's prepared form of a weight (see the file comment), or null when the process's kernel set reads the stored
+/// tensor as it is. w: the bound tensor of `shape`; `what` names it in errors.
+inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const WeightRef& w, const Shape& shape, std::string_view what) {
+    const Isa isa = active_isa();
+    switch (storage) {
+        case Storage::ConvWeight:
+        case Storage::StreamedMatrix:
+            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, false, what);
+            return nullptr;
+        case Storage::ConvTransposeWeight:
+            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, what);
+            return nullptr;
+        case Storage::SmallRowsMatrix:
+            if (isa == Isa::Avx2 || isa == Isa::Avx512)
+                return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32);
+            return nullptr;
+        case Storage::Matrix:
+        case Storage::Vector: return nullptr;
+    }
+    return nullptr;
+}
+
+/// The CPU's view of a WeightRef's prepared form (null when none); an Error when it was made for another kernel set.
+inline const PackedWeight* packed_weight(const WeightRef& w) {
+    if (!w.prepared) return nullptr;
+    const auto* pw = static_cast<const PackedWeight*>(w.prepared);
+    if (pw->isa() != active_isa()) [[unlikely]]
+        fail("cpu", "weights packed for kernel set " + std::string(isa_name(pw->isa())) + " used by set " +
+                        std::string(isa_name(active_isa())));
+    return pw;
+}
+
+}  // namespace flowedge::cpu

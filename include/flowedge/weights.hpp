@@ -1,0 +1,38 @@
+// How a layer's weight reaches its backend's kernels: the layer names what the tensor is (Storage), the backend
+// decides its layout at load (Ops<B>::prepare_weight) and owns the result. Layers and Parameter never see a layout.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "flowedge/op_params.hpp"
+
+namespace flowedge {
+
+/// What a parameter tensor is, as its layer declares it in visit_parameters.
+enum class Storage : std::uint8_t {
+    Matrix,  ///< keeps the file's dtype (or LoadOptions::weight_dtype); widened on the fly by the ops
+    Vector,  ///< always converted to F32 (biases, norm weights, A_log, D, ...)
+    ConvWeight,           ///< a Conv1d weight [out, in, kernel], stored like Matrix
+    ConvTransposeWeight,  ///< a ConvTranspose1d weight [in, out, kernel], stored like Matrix
+    /// A Linear weight [out, in] streamed once per call at a row or two (the U-Net's FiLM projections), stored like
+    /// Matrix.
+    StreamedMatrix,
+    /// A Linear weight [out, in] multiplied at a few rows per call from cache (Mamba/flow-head projections: decode,
+    /// flow solves, short prefills), stored like Matrix.
+    SmallRowsMatrix,
+};
+
+/// A backend's re-laid-out form of one weight (e.g. the CPU's packed blocks), made once at load by
+/// Ops<B>::prepare_weight and reached by the kernels through WeightRef::prepared.
+class PreparedWeight {
+public:
+    virtual ~PreparedWeight() = default;
+    /// Bytes it holds (the memory the preparation costs).
+    virtual std::size_t bytes() const = 0;
+    /// Whether the kernels read only this form, so the stored tensor can be released.
+    virtual bool replaces_source() const = 0;
+    /// Readies the form for arithmetic m (in place, no allocation); a model's set_math calls it.
+    virtual void set_math(MathMode m) = 0;
+};
+
+}  // namespace flowedge
