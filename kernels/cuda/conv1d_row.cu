@@ -24,18 +24,17 @@ __device__ __forceinline__ U load_raw(const void* p) {
     return r;
 }
 
-// Template parameters of the row path: T weight type, KS kernel, S stride, LIN input length, CPL channels per lane per step
-// (4, or 8 for 16-bit weights: one 16-byte load per tap), OW outputs per warp (1, or 4 for k = 1 so that one
-// read of the input row serves 4 weight rows).
+// Template parameters of the row path: T weight type, KS kernel, S stride, LIN input length, CPL channels per lane
+// per step (4, or 8 for 16-bit weights: one 16-byte load per tap), OW outputs per warp (1, or 4 for k = 1 so that
+// one read of the input row serves 4 weight rows).
 
 /// Weight steps kept in flight per lane. Base: ~160 bytes of raw weights (2 steps of F32 at K = 5, 4 steps of
 /// 16-bit with 4 channels per lane), clamped to 1..4. Deep (OW = 1 only): ~240 bytes, at most 3 steps, never fewer
 /// than the base; it differs from the base for K = 5 with 16-byte units (F32, and 16-bit with 8 channels per lane:
 /// 3 steps instead of 2; <= 128 registers on sm_90, i.e. 2 blocks of 256 threads per SM, which is what the PushT
 /// grids of <= 256 blocks use anyway; launch_conv1d_row keeps the base for 16-bit at L = 16 with 8 channels per
-/// lane, where deep would need 144). A lane
-/// waits on its oldest step while the others stay in flight, so deep keeps 2 instead of 1 step (160 instead of
-/// 80 bytes per lane) in flight during each wait.
+/// lane, where deep would need 144). A lane waits on its oldest step while the others stay in flight, so deep keeps
+/// 2 instead of 1 step (160 instead of 80 bytes per lane) in flight during each wait.
 template <class T, int KS, int CPL, int OW>
 __host__ __device__ constexpr int row_depth(bool deep) {
     const int step_bytes = OW * KS * CPL * int(sizeof(T));

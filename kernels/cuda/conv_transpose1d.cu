@@ -154,7 +154,8 @@ void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv_transpose1d_up2<T>(p, st)) return;
         const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
-        detail::launch_pdl(conv_transpose1d_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0, st, p);
+        detail::launch_pdl(conv_transpose1d_generic_kernel<T>, dim3(detail::blocks_for(total, 128)), dim3(128), 0,
+                           st, p);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv_transpose1d");
 }
