@@ -90,8 +90,8 @@ __device__ __forceinline__ void pdl_allow_next() {
 /// It first lets the next kernel launch ("early trigger"): the next kernel's blocks become resident while this one
 /// waits and runs, issue their weight prefetch, and sit at their own wait. Progress is guaranteed: a kernel's
 /// successor launches only once all of its blocks are resident, and a block only ever waits on its predecessors.
-/// H200, PushT 10-step DDIM batch 1, same machine: F32 7.01 -> 6.65 ms, BF16 6.49 -> 6.21 ms. Build with
-/// -DFLOWEDGE_CUDA_PDL_EARLY_TRIGGER=0 to trigger after the wait instead (each kernel's pdl_allow_next()).
+/// What it gained: docs/kernels/cuda_notes.md. Build with -DFLOWEDGE_CUDA_PDL_EARLY_TRIGGER=0 to trigger after the
+/// wait instead (each kernel's pdl_allow_next()).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if !defined(FLOWEDGE_CUDA_PDL_EARLY_TRIGGER) || FLOWEDGE_CUDA_PDL_EARLY_TRIGGER

@@ -1,6 +1,6 @@
 // Opt-in tensor-core torch.nn.Conv1d for batched calls (MathMode::TF32 / BF16): an implicit GEMM on WMMA, so the
-// weights are read once per block column for all batch rows instead of once per batch row (the exact row kernels
-// of conv.cu are weight streams per batch element).
+// weights are read once per block column for all batch rows instead of once per batch row (the exact row and tiled
+// kernels of conv1d_row.cu / conv1d_tiled.cu are weight streams per batch element).
 //
 // GEMM view: D[o, n] = bias[o] + sum_kk A[o, kk] * B[kk, n] with M = out_channels, N = batch*out_length,
 // Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k; A = the weights [out, in, kernel] as stored
@@ -29,7 +29,7 @@
 // has >= 0.75 * SMs blocks; else 32x32. PushT at batch 64 on 132 SMs: 64x64 for 2048x256 (128 blocks), 512x1024 and
 // 1024x512; 32x64 for 1024x256 and 512x512 (128 blocks).
 // Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 256 (FLOWEDGE_CUDA_MMA_MIN_N
-// overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels of conv.cu.
+// overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels (docs/kernels/cuda_conv.md).
 //
 // Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
 // 16-bit stored weights are exact in TF32, BF16 weights exact in BF16), so each product is off by at most
@@ -370,10 +370,8 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
 }
 
 
-// Default smallest N = batch * out_length routed to the MMA path. Measured on an H200 (2026-12-03, PushT 10-step
-// DDIM, F32 weights): with 32, batch 8 (N = 32..128) ran 86 ms in TF32 vs 21.5 ms on the exact kernels (the WMMA
-// tiles are too small to amortise their per-K-step staging there), while batch 64 (N = 256..1024) ran 128 ms vs
-// 148 ms. So only N >= 256 takes the tensor cores by default.
+// Default smallest N = batch * out_length routed to the MMA path: below it the WMMA tiles are too small to amortise
+// their per-K-step staging and the exact kernels are faster (PushT batch 8 vs 64: docs/kernels/cuda_notes.md).
 constexpr long long kDefaultMinN = 256;
 
 long long mma_min_n() {

@@ -9,8 +9,8 @@
 //
 // Conv1d for batched calls on cuBLASLt: an explicit im2col panel in the caller's
 // scratch, one library GEMM (TF32 or BF16 operands, float accumulation), then a transpose that adds the bias.
-// conv_mma.cu's own WMMA implicit GEMM was correct but staging-bound (~12.5 TFLOPS at PushT batch 64, 128.5 ms per
-// sample); a tuned library GEMM on the same operands is the way to the tensor cores' rate.
+// conv_mma.cu's own WMMA implicit GEMM is correct but staging-bound far below the tensor cores' rate; a tuned
+// library GEMM on the same operands reaches it (docs/kernels/cuda_notes.md).
 //
 // GEMM view (column-major, as cuBLASLt sees memory): D (O x N) = W (O x Kg) * P^T, N = batch*out_length,
 // Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k.
@@ -21,7 +21,7 @@
 // round-to-nearest when it is written, the weights are converted by the library), under either TF32 or BF16 math
 // (TF32 is the more exact of the two, so a BF16 request stays within its bound); BF16 weights under BF16 math ->
 // BF16 GEMM (panel rounded to BF16, nearest-even; weights exact). Other combinations (F16 weights, BF16 weights
-// under TF32 math) run the exact kernels of conv.cu (faster there than conv_mma.cu's WMMA; see conv1d()).
+// under TF32 math) run the exact kernels (faster there than conv_mma.cu's WMMA; see conv1d_dispatch.cu).
 //
 // Error per output (for the tests): each product is off by at most (u_w + u_x + u_w u_x)|w||x| with u_x the panel's
 // rounding (TF32 RN 2^-11, BF16 RNE 2^-8) and u_w the library's conversion of F32 weights to TF32 (taken as
@@ -211,9 +211,9 @@ constexpr int kIm2colMaxKernel = 8;
 /// P[n][i*kernel + k] = x[b, i, t*stride + k - pad] (0 outside), n = b*out_length + t, rounded to the GEMM's
 /// operand type. A block owns one panel row n (grid y, strided) and kIm2colChannels channels (grid x): each thread
 /// gathers the taps of one channel (a short x row) into shared memory, then the block writes the
-/// kIm2colChannels*kernel consecutive panel elements with consecutive threads (coalesced). ncu, H200, PushT batch 64:
-/// 250 MB of F32 panel per U-Net call took 385 us with one thread per element (64-bit index divisions) and 460 us
-/// with one thread per channel writing its taps directly (strided stores).
+/// kIm2colChannels*kernel consecutive panel elements with consecutive threads (coalesced): one thread per element
+/// pays 64-bit index divisions, one thread per channel writing its taps directly makes strided stores (their ncu
+/// times: docs/kernels/cuda_notes.md).
 template <class P>
 __global__ void __launch_bounds__(kIm2colChannels) conv1d_im2col_kernel(const Conv1dParams p, P* __restrict__ panel, int n_total) {
     __shared__ P taps[kIm2colChannels * kIm2colMaxKernel];

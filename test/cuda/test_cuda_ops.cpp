@@ -392,7 +392,7 @@ TEST_CASE("cuda conv1d matches the CPU and a double reference: odd sizes and gen
 }
 
 TEST_CASE("cuda conv1d row path: 8 channels per lane (16-bit), 4 outputs per warp (k = 1), their fallbacks") {
-    // Which layout runs depends on the card's resident-block count (conv.cu launch_conv1d_row_layout); the
+    // Which layout runs depends on the card's resident-block count (conv1d_row.cu launch_conv1d_row_layout); the
     // comments name the layout on an H100/H200. Every case is checked against the CPU and a double loop anyway.
     std::uint32_t seed = 200;
     for (DType dt : kAllDtypes) {
