@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "flowedge/cpu/memory.hpp"
@@ -40,16 +41,12 @@ double read_bandwidth_gbs() {
         volatile float sink = 0;
         const double s = time_runs([&] {
             float total = 0;
-            const std::int64_t blocks = std::int64_t(n) / (4 * cpu::kLanes);
+            // Each thread reads its contiguous share once (cpu::stream_sum: full vector width, 4 chains).
 #pragma omp parallel reduction(+ : total)
             {
-                cpu::VecF acc[4] = {cpu::vzero(), cpu::vzero(), cpu::vzero(), cpu::vzero()};
-#pragma omp for schedule(static)
-                for (std::int64_t b = 0; b < blocks; ++b) {
-                    const float* q = a.data() + std::size_t(b) * 4 * cpu::kLanes;
-                    for (int u = 0; u < 4; ++u) acc[u] = cpu::vadd(acc[u], cpu::vload(q + u * cpu::kLanes));
-                }
-                total += cpu::vsum(cpu::vadd(cpu::vadd(acc[0], acc[1]), cpu::vadd(acc[2], acc[3])));
+                const int tid = cpu::thread_index(), nth = cpu::thread_count();
+                const std::int64_t lo = std::int64_t(n) * tid / nth, hi = std::int64_t(n) * (tid + 1) / nth;
+                total += cpu::stream_sum(a.data() + lo, hi - lo);
             }
             sink = total;
         }, 7).best;
@@ -71,21 +68,12 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     std::vector<std::vector<std::uint8_t>> w(static_cast<std::size_t>(copies), std::vector<std::uint8_t>(wbytes));
     for (auto& c : w)
         for (std::size_t i = 0; i < wbytes; i += 2) c[i + 1] = 0x3c;  // small finite values in every dtype
-    // Where the models keep Conv1d weights packed (Storage::ConvWeight on AVX2 builds), time that layout too.
-    const bool packed = cpu::kPackConvWeights;
-    if (packed)
-        for (auto& c : w) {
-            const std::size_t R = std::size_t(C) * K, elem = dtype_size(dt);
-            std::vector<std::uint8_t> pk(cpu::packed_conv_elements(dt, C, R) * elem);
-            auto pack = [&](auto tag) {
-                using T = decltype(tag);
-                cpu::pack_conv_weights(reinterpret_cast<const T*>(c.data()), C, R, reinterpret_cast<T*>(pk.data()));
-            };
-            if (dt == DType::F32) pack(float{});
-            else if (dt == DType::BF16) pack(bf16{});
-            else pack(f16{});
-            c = std::move(pk);
-        }
+    // The layout the models give Conv1d weights in this process's kernel set (Ops<Cpu>::prepare_weight: packed
+    // blocks on the AVX2 set, row-major elsewhere).
+    std::vector<std::unique_ptr<PreparedWeight>> prepared;
+    for (auto& c : w)
+        prepared.push_back(Ops<Cpu>::prepare_weight(Storage::ConvWeight, {c.data(), dt, nullptr}, Shape{C, C, K}, "bench conv1d weight"));
+    const bool packed = prepared.front() != nullptr;
     std::vector<float> x(std::size_t(C) * L, 0.5f), y(std::size_t(C) * L), bias(std::size_t(C), 0.f);
     Conv1dParams p;
     p.x = x.data(); p.bias = bias.data(); p.y = y.data();
@@ -93,7 +81,7 @@ void bench_conv(const ConvShape& sh, DType dt, MathMode math) {
     p.math = math;
     int next = 0;
     auto call = [&] {
-        p.w = {w[std::size_t(next)].data(), dt, packed};
+        p.w = {w[std::size_t(next)].data(), dt, prepared[std::size_t(next)].get()};
         next = (next + 1) % copies;
         Ops<Cpu>::conv1d(p);
     };

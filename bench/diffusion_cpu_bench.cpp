@@ -18,7 +18,6 @@
 #include <omp.h>
 #endif
 
-#include <flowedge/cpu/simd.hpp>
 #include <flowedge/models/diffusion_head.hpp>
 
 using namespace flowedge;
@@ -52,16 +51,12 @@ double read_bandwidth_gbs(int threads, std::size_t mib, int reps) {
     for (int r = 0; r < reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         float total = 0;
-        const std::int64_t blocks = std::int64_t(n) / (4 * cpu::kLanes);
+        // Each thread reads its contiguous share once (cpu::stream_sum: full vector width, 4 chains).
 #pragma omp parallel reduction(+ : total)
         {
-            cpu::VecF acc[4] = {cpu::vzero(), cpu::vzero(), cpu::vzero(), cpu::vzero()};
-#pragma omp for schedule(static)
-            for (std::int64_t b = 0; b < blocks; ++b) {
-                const float* q = a.data() + std::size_t(b) * 4 * cpu::kLanes;
-                for (int u = 0; u < 4; ++u) acc[u] = cpu::vadd(acc[u], cpu::vload(q + u * cpu::kLanes));
-            }
-            total += cpu::vsum(cpu::vadd(cpu::vadd(acc[0], acc[1]), cpu::vadd(acc[2], acc[3])));
+            const int tid = cpu::thread_index(), nth = cpu::thread_count();
+            const std::int64_t lo = std::int64_t(n) * tid / nth, hi = std::int64_t(n) * (tid + 1) / nth;
+            total += cpu::stream_sum(a.data() + lo, hi - lo);
         }
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         sink = total;
@@ -110,7 +105,7 @@ int main(int argc, char** argv) {
 
     try {
         nlohmann::json out = {{"bench", "diffusion_cpu"}, {"impl", "flowedge"}, {"model", model}, {"batch", 1},
-                              {"scheduler", "ddim"}, {"steps", steps}, {"runs", runs}, {"simd", cpu::kSimdName}};
+                              {"scheduler", "ddim"}, {"steps", steps}, {"runs", runs}, {"simd", cpu::kernel_set_name()}};
         // Bandwidth per thread count, measured before any model is loaded (the page cache is then quieter).
         std::vector<double> bw;
         for (int t : threads) {

@@ -129,3 +129,17 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #else
 #define FLOWEDGE_CPU_KERNEL(call) ::flowedge::cpu::scalar::call
 #endif
+
+namespace flowedge::cpu {
+/// kernels/elementwise.hpp's stream_sum in the process's kernel set (benchmarks' read-bandwidth probe).
+inline float stream_sum(const float* a, std::int64_t n) {
+#if defined(FLOWEDGE_CPU_X86)
+    switch (active_isa()) {
+        case Isa::Avx512: return avx512::stream_sum(a, n);
+        case Isa::Avx2: return avx2::stream_sum(a, n);
+        default: break;
+    }
+#endif
+    return scalar::stream_sum(a, n);
+}
+}  // namespace flowedge::cpu

@@ -79,3 +79,15 @@ inline void unnormalize(const UnnormalizeParams& p) {
             p.y[i] = (p.x[i] + 1.f) / 2.f * (p.max[d] - p.min[d]) + p.min[d];
         }
 }
+
+/// Sum of n floats read once at full vector width in 4 independent chains: the read-bandwidth probe of the
+/// benchmarks (what streaming weights can reach on this machine).
+inline float stream_sum(const float* a, std::int64_t n) {
+    VecF acc[4] = {vzero(), vzero(), vzero(), vzero()};
+    std::int64_t i = 0;
+    for (; i + 4 * kLanes <= n; i += 4 * kLanes)
+        for (int u = 0; u < 4; ++u) acc[u] = vadd(acc[u], vload(a + i + u * kLanes));
+    float total = vsum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
+    for (; i < n; ++i) total += a[i];
+    return total;
+}
