@@ -42,7 +42,8 @@ bool ready() {
     } else {
 #ifdef FLOWEDGE_WITH_CUDA
         static const bool available = cuda::device_available();
-        if (!available) MESSAGE("skipped on " << backend_name<B>() << ": " << cuda::device_description());
+        // std::string: doctest prints a bare char pointer as an address.
+        if (!available) MESSAGE("skipped on " << std::string(backend_name<B>()) << ": " << std::string(cuda::device_description()));
         return available;
 #else
         return false;
