@@ -210,13 +210,18 @@ stage_sanitize() {
     local cs rc=0
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 3; }
-    local models="$BUILD/test/cuda/test_cuda_models" ops="$BUILD/test/cuda/test_cuda_ops"
+    local models="$BUILD/test/cuda/test_cuda_models" family
+    # The op tests' Cuda instances (test/ops, one binary per op family; -tc picks the TEST_CASE_TEMPLATE<flowedge::Cuda>).
+    local op_families="linear conv1d conv_transpose1d norm elementwise mamba diffusion_step"
     # memcheck: the model tests (small fixtures) and the op tests; leak check on the model tests.
     timeout 150 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$models" \
         > "$LOGS/sanitize_memcheck_models.log" 2>&1 || rc=$?
     tail -n 3 "$LOGS/sanitize_memcheck_models.log"
-    timeout 90 "$cs" --tool memcheck --error-exitcode 99 "$ops" > "$LOGS/sanitize_memcheck_ops.log" 2>&1 || rc=$?
-    tail -n 3 "$LOGS/sanitize_memcheck_ops.log"
+    for family in $op_families; do
+        timeout 90 "$cs" --tool memcheck --error-exitcode 99 "$BUILD/test/ops/ops_$family" -tc='*<flowedge::Cuda>*' \
+            > "$LOGS/sanitize_memcheck_ops_$family.log" 2>&1 || rc=$?
+        tail -n 3 "$LOGS/sanitize_memcheck_ops_$family.log"
+    done
     # racecheck (shared-memory hazards): the paths that run every kernel family at small sizes.
     # (the diffusion model test's 100-step DDPM takes minutes under racecheck: its denoiser subcase runs every
     # U-Net kernel; the op tests below cover each kernel family at odd sizes)
@@ -226,8 +231,11 @@ stage_sanitize() {
     timeout 150 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 99 "$models" \
         -tc='Mamba<Cuda> matches*,FlowHead<Cuda> matches*' > "$LOGS/sanitize_racecheck_mamba_flow.log" 2>&1 || rc=$?
     tail -n 3 "$LOGS/sanitize_racecheck_mamba_flow.log"
-    timeout 90 "$cs" --tool racecheck --error-exitcode 99 "$ops" > "$LOGS/sanitize_racecheck_ops.log" 2>&1 || rc=$?
-    tail -n 3 "$LOGS/sanitize_racecheck_ops.log"
+    for family in $op_families; do
+        timeout 90 "$cs" --tool racecheck --error-exitcode 99 "$BUILD/test/ops/ops_$family" -tc='*<flowedge::Cuda>*' \
+            > "$LOGS/sanitize_racecheck_ops_$family.log" 2>&1 || rc=$?
+        tail -n 3 "$LOGS/sanitize_racecheck_ops_$family.log"
+    done
     return $rc
 }
 

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # No detect_stack_use_after_return: GCC's ASan fake stack frames are only 32-byte aligned, and with -march=native the
 # compiler zero-fills 64-byte-aligned stack slots with vmovdqa64 (AVX-512), which faults there (seen at -O1 in
-# ops_alloc on `LinearBatchParams lb;`: a store to a 32-byte-aligned fake-frame address, not a bug in the code).
+# ops_no_alloc on `LinearBatchParams lb;`: a store to a 32-byte-aligned fake-frame address, not a bug in the code).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 t0=$(date +%s)

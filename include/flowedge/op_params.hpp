@@ -58,7 +58,7 @@ enum class Activation : std::uint8_t {
 /// results (each such event moves a value by < 2^-126). n = 10240 (PushT's 2048-channel k5 conv): g = 5.8e-5, so
 /// |err| <= 3.96e-3 * S with BF16 weights and <= 7.89e-3 * S with F32/F16 weights. |x| must stay below ~3.39e38
 /// (larger values round to infinity in BF16). Results are deterministic (fixed summation order, independent of
-/// the thread count). test/ops/ops_math_mode_test.cpp checks this bound and, tighter, the accumulation part alone
+/// the thread count). test/ops/test_math_mode.cpp checks this bound and, tighter, the accumulation part alone
 /// against a reference that rounds the operands the same way.
 enum class MathMode : std::uint8_t {
     F32 = 0,  ///< exact float math (default)

@@ -15,7 +15,7 @@
 // weights into L2, overlapping the weight fetch with the predecessor's tail.
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
-#include "flowedge/linear_batch_check.hpp"
+#include "flowedge/op_checks.hpp"
 
 namespace flowedge::cuda {
 namespace {

@@ -1,26 +1,55 @@
-// Shared helpers for the op tests: seeded data, weights in every storage dtype with their exact widened
-// values, backend upload/download, and tolerance checks. References in the tests never call Ops.
+// Shared helpers for the op tests: the backends a test body runs on, seeded data, weights in every storage dtype
+// with their exact widened values, backend upload/download, and tolerance checks. References never call Ops.
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/ops.hpp"
+#ifdef FLOWEDGE_WITH_CUDA
+#include "flowedge/cuda/runtime.hpp"
+#endif
 
-/// Backends every TEST_CASE_TEMPLATE in test/ops runs on. A CUDA build can extend the list
-/// (e.g. -DFLOWEDGE_OPS_TEST_BACKENDS=flowedge::Cpu,flowedge::Cuda) once Ops<Cuda> and Memory<Cuda> exist.
-#ifndef FLOWEDGE_OPS_TEST_BACKENDS
+/// Backends every TEST_CASE_TEMPLATE in test/ops runs on: Cpu always, Cuda in builds that link flowedge::cuda
+/// (test/ops/CMakeLists.txt links it where the target exists). Each body starts with `if (!ready<B>()) return;`.
+#ifdef FLOWEDGE_WITH_CUDA
+#define FLOWEDGE_OPS_TEST_BACKENDS flowedge::Cpu, flowedge::Cuda
+#else
 #define FLOWEDGE_OPS_TEST_BACKENDS flowedge::Cpu
 #endif
 
 namespace optest {
 
 using namespace flowedge;
+
+template <class B>
+inline constexpr bool kIsCpu = std::is_same_v<B, Cpu>;
+
+/// Whether backend B can run here. Cpu always; Cuda when a device is usable, else the test logs why (a doctest
+/// MESSAGE, so the run shows what was skipped) and returns without failing.
+template <class B>
+bool ready() {
+    if constexpr (kIsCpu<B>) {
+        return true;
+    } else {
+#ifdef FLOWEDGE_WITH_CUDA
+        static const bool available = cuda::device_available();
+        // std::string: doctest prints a bare char pointer as an address.
+        if (!available) MESSAGE("skipped on " << std::string(backend_name<B>()) << ": " << std::string(cuda::device_description()));
+        return available;
+#else
+        return false;
+#endif
+    }
+}
 
 inline std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.f, float hi = 1.f) {
     std::mt19937 rng(seed);
@@ -35,6 +64,7 @@ struct HostWeights {
     DType dtype = DType::F32;
     std::vector<std::uint8_t> bytes;
     std::vector<double> value;  // what the stored element means, widened independently
+    WeightRef ref() const { return {bytes.data(), dtype}; }  // the host copy, for Ops<Cpu>
 };
 
 inline HostWeights make_weights(std::size_t n, DType dt, std::uint32_t seed, float scale = 1.f) {
@@ -115,6 +145,49 @@ inline void check_all(const std::vector<float>& got, const std::vector<double>& 
 
 inline const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
+/// Max-norm tolerances: every backend vs a double-accumulating loop (SPEC 4), and a non-CPU backend vs Ops<Cpu> on
+/// the same inputs (both within kTolRef of the reference).
+inline constexpr double kTolRef = 2e-6;
+inline constexpr double kTolCpu = 4e-6;
+
+/// max |a - b| / max |b| (b the reference); NaN anywhere counts as a failure (returns +inf).
+template <class R>
+double max_norm_rel(const std::vector<float>& a, const std::vector<R>& b) {
+    REQUIRE(a.size() == b.size());
+    double err = 0, scale = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(a[i]) || std::isnan(double(b[i]))) return INFINITY;
+        err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
+        scale = std::max(scale, std::fabs(double(b[i])));
+    }
+    return scale > 0 ? err / scale : err;
+}
+
+/// Elementwise: every |a - b| <= abs_tol + rel_tol * |b|.
+inline void check_elementwise(const std::vector<float>& a, const std::vector<float>& b, double rel_tol, double abs_tol,
+                              const std::string& what) {
+    REQUIRE(a.size() == b.size());
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double d = std::fabs(double(a[i]) - double(b[i]));
+        if (!(d <= abs_tol + rel_tol * std::fabs(double(b[i])))) {
+            if (!bad) first = i;
+            ++bad;
+        }
+    }
+    INFO(what << ": " << bad << " of " << a.size() << " elements out of tolerance; first at " << first << " ("
+              << (bad ? a[first] : 0.f) << " vs " << (bad ? b[first] : 0.f) << ")");
+    CHECK(bad == 0);
+}
+
+/// Elements whose bits differ between a and b (same size).
+inline int bit_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    int n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
+    return n;
+}
+
 // Independent double-precision activations (PyTorch definitions).
 inline double ref_softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 inline double ref_act(Activation a, double x) {
@@ -142,12 +215,7 @@ inline double rne_bf16(double v) {
     return r;
 }
 
-/// Whether this build runs MathMode::BF16 on vdpbf16ps kernels (else BF16 requests compute exactly).
-constexpr bool kBf16Kernels =
-#if defined(FLOWEDGE_CPU_BF16_MATH)
-    true;
-#else
-    false;
-#endif
+/// Whether this process runs MathMode::BF16 on vdpbf16ps kernels (else BF16 requests compute exactly).
+inline const bool kBf16Kernels = cpu::bf16_math_available();
 
 }  // namespace optest

@@ -12,7 +12,7 @@
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/cpu/weights.hpp"
 #include "flowedge/error.hpp"
-#include "flowedge/linear_batch_check.hpp"
+#include "flowedge/op_checks.hpp"
 #include "flowedge/op_params.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/weights.hpp"
@@ -37,7 +37,7 @@ struct Ops<Cpu> {
 
     /// torch.nn.Linear with fused bias, activation and optional accumulate (see LinearParams).
     static void linear(const LinearParams& p, Stream = {}) {
-        linear_checks(p);
+        check_args(p);
         if (p.rows == 0) return;
         if (const cpu::PackedWeight* pw = cpu::packed_weight(p.w)) {
             if (pw->kind() == cpu::PackedWeight::Kind::ConvBlocks) {
@@ -60,16 +60,6 @@ struct Ops<Cpu> {
         FLOWEDGE_CPU_KERNEL(linear(p, cpu::bf16_math_available()));
     }
 
-    /// linear()'s argument checks (sizes, strides, pointers when rows > 0).
-    static void linear_checks(const LinearParams& p) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.in > 0 && p.out > 0, "linear",
-                             "bad sizes (expected rows >= 0, in > 0, out > 0, got rows " + std::to_string(p.rows) +
-                                 ", in " + std::to_string(p.in) + ", out " + std::to_string(p.out) + ")");
-        FLOWEDGE_CPU_REQUIRE((p.ld_x == 0 || p.ld_x >= p.in) && (p.ld_y == 0 || p.ld_y >= p.out), "linear",
-                             "row stride shorter than the row" + expected_got("ld_x >= in and ld_y >= out",
-                                                                              std::to_string(p.ld_x) + "/" + std::to_string(p.ld_y)));
-        if (p.rows > 0) FLOWEDGE_CPU_REQUIRE(p.x && (p.w.data || p.w.prepared) && p.y, "linear", "null tensor pointer");
-    }
     /// What a linear on conv blocks (Storage::StreamedMatrix on the AVX2 set) supports: contiguous rows, no
     /// accumulate; every MathMode computes exactly there (as conv1d on packed weights).
     static void check_packed_linear(const LinearParams& p) {
@@ -83,7 +73,7 @@ struct Ops<Cpu> {
     /// Several independent linears in one op (see LinearBatchParams): every item is validated first, then each runs
     /// through linear() in item order, so results equal the single op bit for bit.
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) {
-        check_linear_batch(p, "cpu linear_batch");
+        check_args(p);
 #if defined(FLOWEDGE_CPU_X86)
         // Items all on conv blocks (the U-Net's FiLM projections on the AVX2 set) share one parallel region.
         {
@@ -98,10 +88,7 @@ struct Ops<Cpu> {
                 macs += double(it.rows) * it.in * it.out;
             }
             if (all_blocks && macs >= cpu::kParallelMacs) {
-                for (int i = 0; i < p.n_items; ++i) {
-                    linear_checks(p.items[i]);
-                    check_packed_linear(p.items[i]);
-                }
+                for (int i = 0; i < p.n_items; ++i) check_packed_linear(p.items[i]);
                 cpu::avx2::linear_batch_on_blocks(p, blocks);
                 return;
             }
@@ -118,123 +105,93 @@ struct Ops<Cpu> {
 
     /// torch.nn.Conv1d (groups 1, dilation 1, zero padding). x: [batch, in, in_length] -> y: [batch, out, out_length].
     static void conv1d(const Conv1dParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 &&
-                                 p.kernel > 0 && p.stride > 0 && p.pad >= 0,
-                             "conv1d", "bad sizes (expected all positive, pad >= 0)");
+        check_args(p);
         FLOWEDGE_CPU_REQUIRE(p.kernel <= 1024, "conv1d", "kernel too long" + expected_got("<= 1024", p.kernel));
-        const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
-        FLOWEDGE_CPU_REQUIRE(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, "conv1d",
-                             "out_length" + expected_got(want, p.out_length));
-        FLOWEDGE_CPU_REQUIRE(p.x && (p.w.data || p.w.prepared) && p.y, "conv1d", "null tensor pointer");
         const cpu::PackedWeight* pw = cpu::packed_weight(p.w);
         FLOWEDGE_CPU_KERNEL(conv1d(p, pw ? pw->data() : nullptr, cpu::bf16_math_available()));
     }
 
     /// torch.nn.ConvTranspose1d (groups 1, dilation 1), weight [in, out, k]; output_padding = out_length - minimum.
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_length > 0 &&
-                                 p.kernel > 0 && p.stride > 0 && p.pad >= 0,
-                             "conv_transpose1d", "bad sizes (expected all positive, pad >= 0)");
-        const int lo = (p.in_length - 1) * p.stride - 2 * p.pad + p.kernel;
-        FLOWEDGE_CPU_REQUIRE(lo > 0 && p.out_length >= lo && p.out_length < lo + p.stride, "conv_transpose1d",
-                             "out_length" + expected_got("in [" + std::to_string(lo) + ", " + std::to_string(lo + p.stride - 1) + "]",
-                                                         p.out_length));
+        check_args(p);
         FLOWEDGE_CPU_REQUIRE(p.in_length * cpu::round_up16(std::size_t(p.kernel)) <= cpu::kScratchFloats,
                              "conv_transpose1d", "in_length * kernel too large for the stack scratch" +
                                                      expected_got("<= 65536 floats", p.in_length * p.kernel));
-        FLOWEDGE_CPU_REQUIRE(p.x && (p.w.data || p.w.prepared) && p.y, "conv_transpose1d", "null tensor pointer");
         const cpu::PackedWeight* pw = cpu::packed_weight(p.w);
         FLOWEDGE_CPU_KERNEL(conv_transpose1d(p, pw ? pw->data() : nullptr));
     }
 
     /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual epilogue. Statistics in double.
     static void group_norm(const GroupNormParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.channels > 0 && p.length > 0 && p.groups > 0, "group_norm",
-                             "bad sizes (expected all positive)");
-        FLOWEDGE_CPU_REQUIRE(p.channels % p.groups == 0, "group_norm",
-                             "channels not divisible by groups" + expected_got("multiple of " + std::to_string(p.groups), p.channels));
-        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "group_norm", "null tensor pointer");
+        check_args(p);
         FLOWEDGE_CPU_KERNEL(group_norm(p));
     }
 
     /// Mamba RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, per row. x, y: [rows, dim].
     static void rms_norm(const RmsNormParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "rms_norm", "bad sizes" + expected_got("dim > 0", p.dim));
+        check_args(p);
         if (p.rows == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "rms_norm", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(rms_norm(p));
     }
 
     /// Elementwise y = act(x) (x may equal y).
     static void activation(const ActivationParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.n >= 0, "activation", "negative count" + expected_got(">= 0", p.n));
+        check_args(p);
         if (p.n == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.y, "activation", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(activation(p));
     }
 
     /// Elementwise out = a*x + b*y (out may alias x or y; y may be null when b == 0).
     static void axpby(const AxpbyParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.n >= 0, "axpby", "negative count" + expected_got(">= 0", p.n));
+        check_args(p);
         if (p.n == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.out && (p.y || p.b == 0.f), "axpby", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(axpby(p));
     }
 
     /// torch.cat([a, b], dim=1) for [batch, c, length] tensors.
     static void concat_channels(const ConcatParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.ca >= 0 && p.cb >= 0 && p.length > 0, "concat_channels", "bad sizes");
-        FLOWEDGE_CPU_REQUIRE(p.y && (p.a || p.ca == 0) && (p.b || p.cb == 0), "concat_channels", "null tensor pointer");
+        check_args(p);
         FLOWEDGE_CPU_KERNEL(concat_channels(p));
     }
 
     /// Sinusoidal time features: out[r] = [sin(t*f_i) | cos(t*f_i)], f_i = exp(-(i * (log_base / denom))) in float32.
     static void sinusoid(const SinusoidParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.half > 0, "sinusoid", "bad sizes" + expected_got("half > 0", p.half));
+        check_args(p);
         if (p.rows == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.out != nullptr, "sinusoid", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(sinusoid(p));
     }
 
     /// torch.nn.Embedding: y[r, :] = table[ids[r], :] widened to float (ids validated by the caller).
     static void embedding(const EmbeddingParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "embedding", "bad sizes" + expected_got("dim > 0", p.dim));
+        check_args(p);
         if (p.rows == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.ids && p.table.data && p.y, "embedding", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(embedding(p));
     }
 
     /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`.
     static void causal_conv(const CausalConvParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.length >= 0 && p.channels > 0 && p.kernel > 0, "causal_conv", "bad sizes");
-        FLOWEDGE_CPU_REQUIRE(p.ld_x == 0 || p.ld_x >= p.channels, "causal_conv",
-                             "row stride" + expected_got(">= channels", p.ld_x));
+        check_args(p);
         if (p.length == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.w.data && p.u && (p.state || p.kernel == 1), "causal_conv", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(causal_conv(p));
     }
 
     /// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state.
     static void selective_scan(const SelectiveScanParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.length >= 0 && p.channels > 0 && p.d_state > 0, "selective_scan", "bad sizes");
+        check_args(p);
         if (p.length == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.u && p.dt && p.A && p.B && p.C && p.z && p.state && p.y, "selective_scan",
-                             "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(selective_scan(p));
     }
 
     /// One DDIM/DDPM update of x: [batch, per_sample] given eps (SPEC 1.4); DDPM noise by global draw index.
     static void diffusion_step(const DiffusionStepParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.batch > 0 && p.per_sample >= 0, "diffusion_step", "bad sizes");
-        FLOWEDGE_CPU_REQUIRE(p.x && p.eps, "diffusion_step", "null tensor pointer");
+        check_args(p);
         FLOWEDGE_CPU_KERNEL(diffusion_step(p));
     }
 
     /// MIN_MAX un-normalisation y = (x + 1) / 2 * (max - min) + min per column. x, y: [rows, dim].
     static void unnormalize(const UnnormalizeParams& p, Stream = {}) {
-        FLOWEDGE_CPU_REQUIRE(p.rows >= 0 && p.dim > 0, "unnormalize", "bad sizes");
+        check_args(p);
         if (p.rows == 0) return;
-        FLOWEDGE_CPU_REQUIRE(p.x && p.y && p.min && p.max, "unnormalize", "null tensor pointer");
         FLOWEDGE_CPU_KERNEL(unnormalize(p));
     }
 };

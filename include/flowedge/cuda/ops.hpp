@@ -7,13 +7,15 @@
 #include "flowedge/backend.hpp"
 #include "flowedge/cuda/launchers.hpp"
 #include "flowedge/cuda/memory.hpp"
+#include "flowedge/op_checks.hpp"
 #include "flowedge/op_params.hpp"
 #include "flowedge/tensor.hpp"
 #include "flowedge/weights.hpp"
 
 namespace flowedge {
 
-/// CUDA primitives: asynchronous on `s` (nullptr = default stream); see op_params.hpp for the math.
+/// CUDA primitives: asynchronous on `s` (nullptr = default stream); see op_params.hpp for the math. Each op first runs
+/// the shared check_args of op_checks.hpp (same errors as Ops<Cpu>), then its launcher, which adds the kernels' own limits.
 template <>
 struct Ops<Cuda> {
     static void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream s = {}) { Memory<Cuda>::copy_from_host(dst, src, bytes, s); }
@@ -22,26 +24,32 @@ struct Ops<Cuda> {
     static void fill_zero(void* dst, std::size_t bytes, Stream s = {}) { Memory<Cuda>::fill_zero(dst, bytes, s); }
     static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
 
+<<<<<<< HEAD
     /// The weight-preparation hook: the kernels read every weight as stored, so nothing is prepared.
     static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view) { return nullptr; }
 
     static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { cuda::linear_batch(p, s); }
     static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
+=======
+    static void linear(const LinearParams& p, Stream s = {}) { check_args(p); cuda::linear(p, s); }
+    static void linear_batch(const LinearBatchParams& p, Stream s = {}) { check_args(p); cuda::linear_batch(p, s); }
+    static void conv1d(const Conv1dParams& p, Stream s = {}) { check_args(p); cuda::conv1d(p, s); }
+>>>>>>> renov-tests
     static std::size_t conv1d_scratch_bytes(const Conv1dParams& p) { return cuda::conv1d_scratch_bytes(p); }
     static void prepare_math(MathMode m) { cuda::prepare_math(m); }
-    static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { cuda::conv_transpose1d(p, s); }
-    static void group_norm(const GroupNormParams& p, Stream s = {}) { cuda::group_norm(p, s); }
-    static void rms_norm(const RmsNormParams& p, Stream s = {}) { cuda::rms_norm(p, s); }
-    static void activation(const ActivationParams& p, Stream s = {}) { cuda::activation(p, s); }
-    static void axpby(const AxpbyParams& p, Stream s = {}) { cuda::axpby(p, s); }
-    static void concat_channels(const ConcatParams& p, Stream s = {}) { cuda::concat_channels(p, s); }
-    static void sinusoid(const SinusoidParams& p, Stream s = {}) { cuda::sinusoid(p, s); }
-    static void embedding(const EmbeddingParams& p, Stream s = {}) { cuda::embedding(p, s); }
-    static void causal_conv(const CausalConvParams& p, Stream s = {}) { cuda::causal_conv(p, s); }
-    static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { cuda::selective_scan(p, s); }
-    static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { cuda::diffusion_step(p, s); }
-    static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { cuda::unnormalize(p, s); }
+    static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { check_args(p); cuda::conv_transpose1d(p, s); }
+    static void group_norm(const GroupNormParams& p, Stream s = {}) { check_args(p); cuda::group_norm(p, s); }
+    static void rms_norm(const RmsNormParams& p, Stream s = {}) { check_args(p); cuda::rms_norm(p, s); }
+    static void activation(const ActivationParams& p, Stream s = {}) { check_args(p); cuda::activation(p, s); }
+    static void axpby(const AxpbyParams& p, Stream s = {}) { check_args(p); cuda::axpby(p, s); }
+    static void concat_channels(const ConcatParams& p, Stream s = {}) { check_args(p); cuda::concat_channels(p, s); }
+    static void sinusoid(const SinusoidParams& p, Stream s = {}) { check_args(p); cuda::sinusoid(p, s); }
+    static void embedding(const EmbeddingParams& p, Stream s = {}) { check_args(p); cuda::embedding(p, s); }
+    static void causal_conv(const CausalConvParams& p, Stream s = {}) { check_args(p); cuda::causal_conv(p, s); }
+    static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { check_args(p); cuda::selective_scan(p, s); }
+    static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { check_args(p); cuda::diffusion_step(p, s); }
+    static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { check_args(p); cuda::unnormalize(p, s); }
 };
 
 }  // namespace flowedge

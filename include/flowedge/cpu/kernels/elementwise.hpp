@@ -91,3 +91,20 @@ inline float stream_sum(const float* a, std::int64_t n) {
     for (; i < n; ++i) total += a[i];
     return total;
 }
+
+#if FLOWEDGE_ISA_SIMD
+/// x[i] = vexp(x[i]) over n values, n a multiple of kLanes (the vector exp on an array, for its tests).
+inline void vexp_inplace(float* x, std::size_t n) {
+    for (std::size_t i = 0; i < n; i += kLanes) vstore(x + i, vexp(vload(x + i)));
+}
+/// x[i] = vlog(x[i]) over n values, n a multiple of kLanes.
+inline void vlog_inplace(float* x, std::size_t n) {
+    for (std::size_t i = 0; i < n; i += kLanes) vstore(x + i, vlog(vload(x + i)));
+}
+#endif
+
+/// dst[0, kLanes) = src[0, kLanes) widened by the set's vector load (for its tests).
+template <class T>
+inline void widen_lanes(const T* src, float* dst) {
+    vstore(dst, vload(src));
+}

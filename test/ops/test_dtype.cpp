@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <random>
 
-#include "flowedge/cpu/simd.hpp"
+#include "flowedge/cpu/kernels.hpp"
 #include "flowedge/dtype.hpp"
 
 #if defined(__F16C__)
@@ -112,8 +112,7 @@ TEST_CASE("float -> f16 / bf16 round to nearest, ties to even, saturate to inf, 
     }
 }
 
-TEST_CASE("SIMD loads widen bf16/f16 exactly like the scalar conversions") {
-    constexpr int n = cpu::kLanes;
+TEST_CASE("SIMD loads widen bf16/f16 exactly like the scalar conversions (every kernel set this CPU runs)") {
     bf16 b[64];
     f16 h[64];
     std::mt19937 rng(3);
@@ -122,13 +121,24 @@ TEST_CASE("SIMD loads widen bf16/f16 exactly like the scalar conversions") {
         h[i] = f16{std::uint16_t(rng() & 0x7bff)};  // finite
         if (std::isnan(to_float(b[i]))) b[i].bits = 0x3f80;
     }
-    for (int off = 0; off + n <= 64; off += n) {
-        float wb[64], wh[64];
-        cpu::vstore(wb, cpu::vload(b + off));
-        cpu::vstore(wh, cpu::vload(h + off));
-        for (int i = 0; i < n; ++i) {
-            CHECK(std::bit_cast<std::uint32_t>(wb[i]) == std::bit_cast<std::uint32_t>(to_float(b[off + i])));
-            CHECK(std::bit_cast<std::uint32_t>(wh[i]) == std::bit_cast<std::uint32_t>(to_float(h[off + i])));
+    const cpu::CpuFeatures f = cpu::detect_cpu_features();
+    for (cpu::Isa set : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512}) {
+        if (int(set) > int(cpu::best_isa(f))) continue;
+        CAPTURE(cpu::isa_name(set));
+        const int n = set == cpu::Isa::Avx512 ? 16 : set == cpu::Isa::Avx2 ? 8 : 1;
+        for (int off = 0; off + n <= 64; off += n) {
+            float wb[64], wh[64];
+            switch (set) {
+#if defined(FLOWEDGE_CPU_X86)
+                case cpu::Isa::Avx512: cpu::avx512::widen_lanes(b + off, wb); cpu::avx512::widen_lanes(h + off, wh); break;
+                case cpu::Isa::Avx2: cpu::avx2::widen_lanes(b + off, wb); cpu::avx2::widen_lanes(h + off, wh); break;
+#endif
+                default: cpu::scalar::widen_lanes(b + off, wb); cpu::scalar::widen_lanes(h + off, wh); break;
+            }
+            for (int i = 0; i < n; ++i) {
+                CHECK(std::bit_cast<std::uint32_t>(wb[i]) == std::bit_cast<std::uint32_t>(to_float(b[off + i])));
+                CHECK(std::bit_cast<std::uint32_t>(wh[i]) == std::bit_cast<std::uint32_t>(to_float(h[off + i])));
+            }
         }
     }
 }

@@ -1,0 +1,282 @@
+// conv1d on every backend vs a naive double-accumulating loop (padding, stride, every weight dtype, the CPU's chunked
+// and parallel paths, the CUDA row/tiled/generic paths and the PushT U-Net shapes), a non-CPU backend also vs
+// Ops<Cpu>; the CPU's packed weight layout; and the shared argument checks.
+#include "cpu_packed_util.hpp"
+#include "ops_test_util.hpp"
+
+using namespace optest;
+
+namespace {
+
+struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
+
+/// packed: CPU only, the weights in the packed layout (WeightRef::packed) instead of [out, in, kernel].
+/// w_skip > 0 stores the weights w_skip elements past the start of their allocation (a misaligned weight pointer:
+/// 16-bit weights at w_skip = 4 are 8- but not 16-byte aligned).
+template <class B>
+void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false, int w_skip = 0) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(k.pad);
+    CAPTURE(dtype_name(dt)); CAPTURE(packed); CAPTURE(w_skip);
+    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(k.cout, seed + 1);
+    const std::size_t nw = std::size_t(k.cout) * k.cin * k.kernel;
+    const HostWeights w = make_weights(std::size_t(w_skip) + nw, dt, seed + 2, 0.3f);
+    const double* wv = w.value.data() + w_skip;
+    const std::size_t ny = std::size_t(k.batch) * k.cout * lout;
+    std::vector<double> ref(ny), scale(ny);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                double s = k.bias ? bias[o] : 0.0, mag = std::fabs(s);
+                for (int i = 0; i < k.cin; ++i)
+                    for (int kk = 0; kk < k.kernel; ++kk) {
+                        const int src = t * k.stride + kk - k.pad;
+                        if (src < 0 || src >= k.lin) continue;
+                        const double v = wv[(std::size_t(o) * k.cin + i) * k.kernel + kk] * x[(std::size_t(b) * k.cin + i) * k.lin + src];
+                        s += v;
+                        mag += std::fabs(v);
+                    }
+                const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
+                ref[idx] = s;
+                scale[idx] = mag;
+            }
+    const std::size_t w_off = std::size_t(w_skip) * dtype_size(dt);
+    Dev<float, B> dx(x), db(bias), dy(ny);
+    DevWeights<B> dw(w);
+    Conv1dParams p;
+    p.x = dx.ptr();
+    p.w = {dw.d.ptr() + w_off, dt};
+    std::unique_ptr<PreparedWeight> pw;
+    if (packed) {
+        REQUIRE(w_skip == 0);
+        pw = packed_conv_bytes(w, k.cout);
+        p.w = {nullptr, dt, pw.get()};
+    }
+    p.bias = k.bias ? db.ptr() : nullptr;
+    p.y = dy.ptr();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = k.kernel;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    Ops<B>::conv1d(p);
+    const auto got = dy.host(ny);
+    check_all(got, ref, scale, 2e-6, "conv1d");
+    CHECK(max_norm_rel(got, ref) <= kTolRef);
+    if constexpr (!kIsCpu<B>) {
+        std::vector<float> cpu(ny);
+        p.x = x.data(); p.w = {w.bytes.data() + w_off, dt}; p.bias = k.bias ? bias.data() : nullptr; p.y = cpu.data();
+        Ops<Cpu>::conv1d(p);
+        CHECK(max_norm_rel(got, cpu) <= kTolCpu);
+    }
+}
+
+/// Shorthand for the CUDA path lists below: (batch, in, out, length, kernel, stride, pad) with a bias.
+ConvCase cc(int batch, int in, int out, int len, int k, int stride, int pad) { return {batch, in, out, len, k, stride, pad, true}; }
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("conv1d matches a naive loop (padding, stride, dtypes, chunking)", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 0, true},
+        {2, 3, 7, 5, 3, 1, 1, true},
+        {1, 37, 129, 16, 5, 1, 2, true},
+        {3, 7, 37, 7, 3, 2, 1, false},    // stride-2 downsample, odd length
+        {1, 129, 3, 4, 1, 1, 0, true},    // 1x1 residual conv
+        {1, 16, 8, 2, 3, 2, 1, true},     // downsample of a length-2 input
+        {2, 512, 64, 16, 5, 1, 2, true},  // parallel, 32 columns (4 column blocks)
+        {1, 4096, 8, 4, 5, 1, 2, true},   // im2col panel split over input channels
+        {5, 6, 9, 16, 5, 1, 2, true},     // 80 columns: two weight passes
+        {1, 3, 4, 6, 7, 1, 3, true},      // kernel longer than the input
+    };
+    std::uint32_t seed = 1000;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes) run_conv1d<B>(k, dt, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("conv1d matches a naive loop: odd sizes and the CUDA generic fallbacks", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    std::uint32_t seed = 100;
+    for (DType dt : kAllDtypes) {
+        run_conv1d<B>(cc(1, 3, 7, 37, 5, 1, 2), dt, seed++);    // in % 4 != 0: generic
+        run_conv1d<B>(cc(2, 8, 37, 7, 5, 1, 2), dt, seed++);    // tiled, LT 8 with tail
+        run_conv1d<B>(cc(1, 4, 3, 1, 3, 2, 1), dt, seed++);     // length 1, stride 2
+        run_conv1d<B>(cc(3, 12, 5, 33, 3, 2, 1), dt, seed++);   // several time tiles and batches
+        run_conv1d<B>(cc(2, 36, 9, 40, 3, 1, 1), dt, seed++);   // k3 s1, 3 tiles
+        run_conv1d<B>(cc(1, 20, 129, 9, 7, 1, 3), dt, seed++);  // kernel 7: generic
+        run_conv1d<B>(cc(1, 16, 11, 10, 4, 3, 0), dt, seed++);  // stride 3: generic
+        run_conv1d<B>(cc(2, 132, 37, 5, 1, 1, 0), dt, seed++);  // 1x1
+        run_conv1d<B>(cc(1, 1028, 7, 3, 5, 1, 2), dt, seed++);  // several channel chunks with a tail
+        // Row path (pad = K/2, whole rows of 1/2/4/8/16): odd output counts, channel-step tails, batches.
+        run_conv1d<B>(cc(3, 36, 37, 4, 5, 1, 2), dt, seed++);    // k5, 3 batches, 37 outputs
+        run_conv1d<B>(cc(2, 1028, 9, 8, 3, 2, 1), dt, seed++);   // k3 s2, a tail of 4 channels past the steps
+        run_conv1d<B>(cc(1, 260, 129, 16, 3, 1, 1), dt, seed++); // k3 s1, L 16
+        run_conv1d<B>(cc(2, 4, 5, 2, 5, 1, 2), dt, seed++);      // k5 over a row of 2 (most taps in the padding)
+        run_conv1d<B>(cc(1, 516, 33, 1, 1, 1, 0), dt, seed++);   // 1x1 on a row of 1
+        run_conv1d<B>(cc(1, 4100, 3, 4, 5, 1, 2), dt, seed++);   // many steps per warp, 3 outputs
+    }
+}
+
+TEST_CASE_TEMPLATE("conv1d matches a naive loop: the CUDA row path's layouts (8 channels per lane, 4 outputs per warp) and their fallbacks",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // Which layout runs depends on the card's resident-block count (kernels/cuda conv1d row path); the comments name
+    // the layout on an H100/H200. Every case is checked against the double loop on every backend anyway.
+    std::uint32_t seed = 200;
+    for (DType dt : kAllDtypes) {
+        // in % 8 == 0 and in < 256: 16-bit weights take 8 channels per lane (16-byte loads) on any card.
+        run_conv1d<B>(cc(1, 8, 5, 4, 5, 1, 2), dt, seed++);       // one lane's worth of channels, 5 outputs
+        run_conv1d<B>(cc(2, 24, 19, 8, 5, 1, 2), dt, seed++);     // 3 lanes, 2 batches
+        run_conv1d<B>(cc(1, 248, 37, 16, 5, 1, 2), dt, seed++);   // L 16, 31 of 32 lanes
+        run_conv1d<B>(cc(1, 16, 3, 2, 5, 1, 2), dt, seed++);      // row of 2
+        run_conv1d<B>(cc(1, 40, 9, 1, 3, 2, 1), dt, seed++);      // row of 1, stride 2
+        run_conv1d<B>(cc(1, 120, 9, 8, 3, 1, 1), dt, seed++);     // k3 s1
+        // 2048 outputs keep the grid at one wave, so 8 channels per lane (several steps, a tail of 8 channels).
+        run_conv1d<B>(cc(1, 1032, 2048, 8, 3, 2, 1), dt, seed++);
+        run_conv1d<B>(cc(1, 1032, 2050, 8, 1, 1, 0), dt, seed++);  // and 4 outputs per warp, 2 outputs past a warp's 4
+        // Few outputs: 8 channels per lane would halve the blocks, so 4 channels per lane (8-byte loads).
+        run_conv1d<B>(cc(1, 264, 37, 16, 5, 1, 2), dt, seed++);   // step tail (264 = 256 + 8)
+        // in % 8 == 4: 16-bit weights always take 4 channels per lane.
+        run_conv1d<B>(cc(1, 20, 13, 4, 5, 1, 2), dt, seed++);
+        run_conv1d<B>(cc(2, 1036, 6, 8, 5, 1, 2), dt, seed++);
+        // in % 8 == 0 but the input too long to stage in shared memory (16-bit: 4 channels per lane).
+        run_conv1d<B>(cc(1, 3080, 2048, 8, 3, 2, 1), dt, seed++);
+        // in % 8 == 0 but the weights only 8-byte aligned (16-bit) / 16-byte aligned (F32): 4 channels per lane.
+        run_conv1d<B>(cc(1, 32, 9, 4, 5, 1, 2), dt, seed++, false, 4);
+        run_conv1d<B>(cc(1, 264, 5, 8, 1, 1, 0), dt, seed++, false, 4);
+        // k = 1 on rows of <= 8: 4 outputs per warp; output counts not a multiple of 4, channel tails.
+        run_conv1d<B>(cc(1, 12, 37, 8, 1, 1, 0), dt, seed++);     // in % 8 == 4
+        run_conv1d<B>(cc(1, 2056, 6, 8, 1, 1, 0), dt, seed++);    // 2 outputs past the last full warp of 4
+        run_conv1d<B>(cc(2, 264, 513, 4, 1, 1, 0), dt, seed++);   // many blocks, 2 batches
+        run_conv1d<B>(cc(3, 40, 5, 2, 1, 1, 0), dt, seed++);
+        run_conv1d<B>(cc(1, 1028, 3, 1, 1, 1, 0), dt, seed++);    // fewer outputs than one warp's 4
+        run_conv1d<B>(cc(1, 4104, 130, 8, 1, 1, 0), dt, seed++);  // several steps per lane
+        run_conv1d<B>(cc(1, 2048, 512, 8, 1, 1, 0), dt, seed++);  // up1 residual 1x1 (PushT)
+        run_conv1d<B>(cc(1, 1024, 2048, 4, 1, 1, 0), dt, seed++); // down2 residual 1x1 (PushT)
+        run_conv1d<B>(cc(1, 12, 7, 16, 1, 1, 0), dt, seed++);     // k = 1 at L 16 keeps one output per warp
+        // Input staged in shared memory only up to 96 KiB per block: 1544 x 16 floats (98.8 KB) reads global rows.
+        run_conv1d<B>(cc(1, 1544, 9, 16, 5, 1, 2), dt, seed++);
+        run_conv1d<B>(cc(2, 3080, 5, 8, 3, 2, 1), dt, seed++);    // 98.6 KB per batch element, k3 s2
+    }
+}
+
+TEST_CASE_TEMPLATE("conv1d matches a naive loop on the PushT U-Net shapes", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    std::uint32_t seed = 300;
+    for (DType dt : kAllDtypes) {
+        run_conv1d<B>(cc(1, 2, 512, 16, 5, 1, 2), dt, seed++);     // down0 r0 conv1 (generic: in 2)
+        run_conv1d<B>(cc(1, 512, 512, 16, 5, 1, 2), dt, seed++);   // down0 / final conv block
+        run_conv1d<B>(cc(1, 512, 512, 16, 3, 2, 1), dt, seed++);   // down0 downsample
+        run_conv1d<B>(cc(1, 512, 1024, 8, 5, 1, 2), dt, seed++);   // down1 r0 conv1
+        run_conv1d<B>(cc(1, 1024, 1024, 8, 3, 2, 1), dt, seed++);  // down1 downsample
+        run_conv1d<B>(cc(1, 2048, 2048, 4, 5, 1, 2), dt, seed++);  // down2 / mid
+        run_conv1d<B>(cc(1, 4096, 1024, 4, 5, 1, 2), dt, seed++);  // up0 r0 conv1
+        run_conv1d<B>(cc(1, 4096, 1024, 4, 1, 1, 0), dt, seed++);  // up0 residual 1x1
+        run_conv1d<B>(cc(1, 2048, 512, 8, 5, 1, 2), dt, seed++);   // up1 r0 conv1
+        run_conv1d<B>(cc(1, 512, 2, 16, 1, 1, 0), dt, seed++);     // final 1x1
+        run_conv1d<B>(cc(2, 1024, 1024, 8, 5, 1, 2), dt, seed++);  // batch 2
+    }
+}
+
+TEST_CASE("conv1d on packed weights matches a naive loop (builds that pack Conv1d weights)") {
+    if (!packs_conv()) {
+        MESSAGE("this build keeps Conv1d weights row-major (the process's kernel set does not pack them): nothing to check");
+    } else {
+        // Column counts 1..80 (every micro-kernel width and the 64-column passes), input-channel chunks, output
+        // counts that are not a multiple of the block width, reductions longer than one kPackChunk.
+        const ConvCase cases[] = {
+            {1, 1, 1, 1, 1, 1, 0, true},
+            {2, 3, 7, 5, 3, 1, 1, true},
+            {1, 37, 129, 16, 5, 1, 2, true},
+            {3, 7, 37, 7, 3, 2, 1, false},
+            {1, 129, 3, 4, 1, 1, 0, true},
+            {1, 16, 8, 2, 3, 2, 1, true},
+            {2, 512, 64, 16, 5, 1, 2, true},
+            {1, 4096, 8, 4, 5, 1, 2, true},
+            {5, 6, 9, 16, 5, 1, 2, true},
+            {1, 3, 4, 6, 7, 1, 3, true},
+            {1, 300, 33, 8, 5, 1, 2, true},
+            {1, 64, 17, 5, 5, 1, 2, false},
+            {1, 64, 17, 6, 5, 1, 2, true},
+            {1, 2048, 40, 4, 5, 1, 2, true},
+            {4, 401, 30, 16, 3, 1, 1, true},  // 64 columns, K = 3: 341 channels per pass (BF16 pairs: 340), odd R
+        };
+        std::uint32_t seed = 5000;
+        for (const auto& k : cases)
+            for (DType dt : kAllDtypes) run_conv1d<Cpu>(k, dt, seed += 10, /*packed=*/true);
+    }
+}
+
+TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread count") {
+    if (packs_conv()) {
+        // Each output is summed the same way whichever column group it falls in: a batch-3 call (12 columns: groups
+        // of 6 for F32/F16 blocks, 4 for BF16 blocks) equals three batch-1 calls (4 columns: one group), bit for
+        // bit, at 1 and 2 threads.
+        const int cin = 700, cout = 200, K = 5, L = 4, batch = 3;  // 12 x 3500 x 200 MACs: above kParallelMacs
+        for (DType dt : kAllDtypes) {
+            CAPTURE(dtype_name(dt));
+            const HostWeights w = make_weights(std::size_t(cout) * cin * K, dt, 77, 0.3f);
+            const auto pw = packed_conv_bytes(w, cout);
+            const auto x = random_vec(std::size_t(batch) * cin * L, 78);
+            Conv1dParams p;
+            p.w = {nullptr, dt, pw.get()};
+            p.in_channels = cin;
+            p.out_channels = cout;
+            p.in_length = L;
+            p.out_length = L;
+            p.kernel = K;
+            p.pad = 2;
+            std::vector<float> single(std::size_t(batch) * cout * L);
+            for (int b = 0; b < batch; ++b) {
+                p.batch = 1;
+                p.x = x.data() + std::size_t(b) * cin * L;
+                p.y = single.data() + std::size_t(b) * cout * L;
+                Ops<Cpu>::conv1d(p);
+            }
+            for (int threads : {1, 2}) {
+                std::vector<float> y(single.size());
+                p.batch = batch;
+                p.x = x.data();
+                p.y = y.data();
+                with_threads(threads, [&] { Ops<Cpu>::conv1d(p); });
+                CAPTURE(threads);
+                CHECK(bit_mismatches(y, single) == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE_TEMPLATE("conv1d rejects inconsistent shapes, bad dtypes and null pointers with the shared message" *
+                       doctest::test_suite("op_checks"),
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    Dev<float, B> buf(64);
+    Conv1dParams c;
+    c.x = buf.ptr(); c.w = {buf.ptr(), DType::F32}; c.y = buf.ptr();
+    c.in_channels = 2; c.out_channels = 2; c.in_length = 4; c.kernel = 3; c.pad = 1; c.out_length = 5;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c),
+                         "flowedge: conv1d: out_length inconsistent with in_length, kernel, stride and pad (expected 4, got 5)", Error);
+    c.in_channels = 4; c.out_length = 7; c.in_length = 8;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c),
+                         "flowedge: conv1d: out_length inconsistent with in_length, kernel, stride and pad (expected 8, got 7)", Error);
+    c.in_length = 1; c.pad = 0; c.out_length = 1;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c),
+                         "flowedge: conv1d: kernel longer than the padded input (expected kernel <= in_length + 2 * pad = 1, got 3)", Error);
+    c.in_length = 4; c.pad = -1; c.out_length = 1;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c),
+                         "flowedge: conv1d: sizes must be positive (expected batch, in_channels, out_channels, in_length, kernel, stride > 0 "
+                         "and pad >= 0, got batch 1, in_channels 4, out_channels 2, in_length 4, kernel 3, stride 1, pad -1)",
+                         Error);
+    c.pad = 1; c.out_length = 4;
+    c.w.dtype = static_cast<DType>(9);
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c), "flowedge: conv1d: unknown weight dtype (expected F32, BF16 or F16, got 9)", Error);
+    c.w.dtype = DType::F32;
+    c.x = nullptr;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d(c), "flowedge: conv1d: null x, w or y pointer", Error);
+    Memory<B>::synchronize();
+}
