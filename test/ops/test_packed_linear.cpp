@@ -36,6 +36,7 @@ public:
     }
     bool serves(MathMode m) const { return m_pw && m_pw->serves(m); }
     bool packed() const { return m_pw && m_pw->layout() != PackedLayout::None; }
+    PackedLayout layout() const { return m_pw ? m_pw->layout() : PackedLayout::None; }
     std::size_t bytes() const { return m_pw ? m_pw->bytes() : 0; }
     /// Ops<Cpu>::linear with p's weight replaced by this one; the packed copy must serve p.math.
     void linear(LinearParams p) const {

@@ -1,24 +1,48 @@
-// The portable kernel set's vocabulary: a one-lane 'vector', so the kernels written against the vocabulary also
+// The portable kernel set's vocabulary: an 8-lane 'vector' in plain C++, so the kernels written against the vocabulary also
 // run where no SIMD set is compiled (non-x86 machines, or a CPU without AVX2). Included once, inside the scalar
 // region of cpu/kernels.hpp.
 #pragma once
 
-inline constexpr int kLanes = 1;
+/// Eight lanes in plain C++ (the compiler maps them to whatever vector unit the target has, e.g. NEON or SSE): sums
+/// run in 8 interleaved chains as on AVX2, so long reductions keep the same accuracy as the SIMD sets.
+inline constexpr int kLanes = 8;
 inline constexpr int kRegisters = 16;
 inline constexpr const char* kSimdName = "scalar";
 struct VecF {
-    float v;
+    float v[kLanes];
 };
-inline VecF vzero() { return {0.f}; }
-inline VecF vset1(float v) { return {v}; }
-inline VecF vload(const float* p) { return {*p}; }
-inline VecF vload(const bf16* p) { return {to_float(*p)}; }
-inline VecF vload(const f16* p) { return {to_float(*p)}; }
-inline void vstore(float* p, VecF v) { *p = v.v; }
-inline VecF vfma(VecF a, VecF b, VecF c) { return {a.v * b.v + c.v}; }
-inline VecF vadd(VecF a, VecF b) { return {a.v + b.v}; }
-inline VecF vmul(VecF a, VecF b) { return {a.v * b.v}; }
-inline float vsum(VecF v) { return v.v; }
+inline VecF vzero() { return {}; }
+inline VecF vset1(float x) {
+    VecF r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = x;
+    return r;
+}
+template <class T>
+inline VecF vload(const T* p) {
+    VecF r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = widen(p[i]);
+    return r;
+}
+inline void vstore(float* p, VecF a) {
+    for (int i = 0; i < kLanes; ++i) p[i] = a.v[i];
+}
+inline VecF vfma(VecF a, VecF b, VecF c) {
+    for (int i = 0; i < kLanes; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
+    return c;
+}
+inline VecF vadd(VecF a, VecF b) {
+    for (int i = 0; i < kLanes; ++i) a.v[i] += b.v[i];
+    return a;
+}
+inline VecF vmul(VecF a, VecF b) {
+    for (int i = 0; i < kLanes; ++i) a.v[i] *= b.v[i];
+    return a;
+}
+/// Lanes l + l+4, then pairs (the AVX2 reduction's order).
+inline float vsum(VecF a) {
+    const float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
+    return (s0 + s2) + (s1 + s3);
+}
 
 
 /// Applies `act` in place to n contiguous values.
