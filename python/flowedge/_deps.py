@@ -13,7 +13,7 @@ def missing_lerobot_message(who: str, err: BaseException) -> str:
 
 
 def require_lerobot(who: str) -> None:
-    """Exits with :func:`missing_lerobot_message` (exit status 2, no traceback) when torch or LeRobot is missing."""
+    """Exits (status 1, the message on stderr, no traceback) when torch or LeRobot does not import."""
     try:
         import torch  # noqa: F401
         from lerobot.policies.diffusion import modeling_diffusion  # noqa: F401

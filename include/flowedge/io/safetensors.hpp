@@ -249,7 +249,8 @@ private:
                   (n_header > max_header_bytes ? ", above the " + std::to_string(max_header_bytes) + "-byte limit)"
                                                : " with no JSON header after it)"));
         if (n_header > m_size - 8)
-            error(truncated_text(8 + n_header) + " (header length runs past the end of the file" +
+            error("file truncated: " + std::to_string(m_size) + " of at least " + std::to_string(8 + n_header) +
+                  " bytes (header length runs past the end of the file" +
                   expected_got("<= " + std::to_string(m_size - 8), std::to_string(n_header)) + ")");
         const std::size_t data_begin = 8 + static_cast<std::size_t>(n_header);
         const std::size_t data_size = m_size - data_begin;
@@ -318,13 +319,9 @@ private:
         for (std::size_t i = 0; i < m_tensors.size(); ++i) m_index.emplace(m_tensors[i].name, i);
     }
 
-    /// "file truncated: N of M bytes": the reading of a size mismatch a user can act on (download it again).
-    std::string truncated_text(std::uint64_t want_bytes) const {
-        return "file truncated: " + std::to_string(m_size) + " of " + std::to_string(want_bytes) + " bytes";
-    }
-
     /// A header whose tensors end past the end of the file almost always belongs to a partly copied or downloaded
-    /// file: report the whole file's expected size first, then the tensor that runs furthest past the end.
+    /// file: say "file truncated: N of M bytes" (the reading a user can act on: copy it again), then name the
+    /// tensor that runs furthest past the end.
     void check_data_present(const nlohmann::json& header, std::size_t data_begin) const {
         const std::size_t data_size = m_size - data_begin;
         std::uint64_t max_end = 0;
@@ -339,7 +336,7 @@ private:
             furthest = name;
         }
         if (max_end > data_size)
-            error(truncated_text(data_begin + max_end) + " (tensor '" + furthest + "': 'data_offsets' out of range" +
+            error("file truncated: " + std::to_string(m_size) + " of " + std::to_string(data_begin + max_end) + " bytes (tensor '" + furthest + "': 'data_offsets' out of range" +
                   expected_got("end <= " + std::to_string(data_size), std::to_string(max_end)) + ")");
     }
 
