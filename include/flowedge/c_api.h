@@ -179,7 +179,9 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_import_state(fe_engine* engine, const void
  * Diffusion Policy sampling. cond: [batch, global_cond_dim]; noise: [batch, horizon, A] (standard normal,
  * normalised units); out: [batch, horizon, A] un-normalised (MIN_MAX) actions. batch in [1, max_batch];
  * steps in [1, num_train_timesteps]; scheduler "ddim" | "ddpm" (NULL = "ddim"); seed drives the DDPM noise
- * (batch element b uses seed + b; ignored by DDIM).
+ * (batch element b uses seed + b; ignored by DDIM). Results do not depend on the thread count; on the CPU a row
+ * of a batch >= 2 may differ from the same input at batch 1 in the last bits (the linear layers' kernels reduce a
+ * one-column product in another order; about 1e-6 normalised, see docs/status.md).
  */
 FLOWEDGE_C_EXPORT fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_t cond_len,
                                                        const float* noise, size_t noise_len, int32_t batch,
