@@ -80,19 +80,20 @@ int main(int argc, char** argv) {
     std::uint64_t seed = 0;
     app.add_option("MODEL", model, "LeRobot pretrained_model folder or *.flowedge.safetensors")->required();
     app.add_option("STEPS", steps, "inference steps (1..num_train_timesteps)");
-    app.add_option("--scheduler", scheduler_arg, "ddim | ddpm (any case)")->check(CLI::IsMember({"ddim", "ddpm"}, CLI::ignore_case));
+    app.add_option("--scheduler", scheduler_arg, "ddim | ddpm")
+        ->transform(CLI::IsMember({"ddim", "ddpm"}, CLI::ignore_case));
     app.add_option("--seed", seed, "DDPM step-noise seed (batch element b uses seed + b); DDIM does not use it");
     app.add_option("--cond", cond_path, ".npy float32 condition [batch, global_cond_dim] (default: zeros)");
     app.add_option("--noise", noise_path, ".npy float32 initial noise [batch, horizon, action_dim] (default: sin pattern)");
     app.add_option("--out", out_path, "write the un-normalised horizon [batch, horizon, action_dim] as .npy");
     app.add_option("--batch", batch, "samples per call")->check(CLI::Range(1, 4096));
     app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the model is resident on the GPU)")
-        ->check(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     app.add_option("--dtype", dtype_arg, "weight storage: file (as stored) | f32 | bf16 | f16")
-        ->check(CLI::IsMember({"file", "f32", "bf16", "f16"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"file", "f32", "bf16", "f16"}, CLI::ignore_case));
     app.add_option("--math", math_arg, "convolution arithmetic: f32 (exact) | tf32 | bf16 (opt-in tensor-core math for "
                                        "batched calls on CUDA, see DiffusionHead::set_math)")
-        ->check(CLI::IsMember({"f32", "tf32", "bf16"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"f32", "tf32", "bf16"}, CLI::ignore_case));
     app.add_option("--repeats", repeats, "timed repetitions after one warm-up (median printed)")->check(CLI::Range(1, 100000));
     CLI11_PARSE(app, argc, argv);
 

@@ -21,10 +21,11 @@ int main(int argc, char** argv) {
     std::string model, solver_arg = "euler", device_arg = "cpu";
     int steps = 10, repeats = 200;
     app.add_option("MODEL", model, "mamba_flow.safetensors (backbone.* + flow.*)")->required();
-    app.add_option("SOLVER", solver_arg, "euler | heun | rk4")->check(CLI::IsMember({"euler", "heun", "rk4"}, CLI::ignore_case));
+    app.add_option("SOLVER", solver_arg, "euler | heun | rk4")
+        ->transform(CLI::IsMember({"euler", "heun", "rk4"}, CLI::ignore_case));
     app.add_option("STEPS", steps, "ODE steps from t=0 to t=1")->check(CLI::Range(1, 65535));
     app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the model is resident on the GPU)")
-        ->check(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     app.add_option("--repeats", repeats, "timed repetitions for the latency line")->check(CLI::Range(1, 1000000));
     CLI11_PARSE(app, argc, argv);
 

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     app.add_option("SRC", src, "LeRobot pretrained_model folder, its model.safetensors, or a compact file")->required();
     app.add_option("DST", dst, "output *.flowedge.safetensors")->required();
     app.add_option("--dtype", dtype_arg, "weight storage: f32 | bf16 | f16 (biases and norms stay f32)")
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"f32", "bf16", "f16"}, CLI::ignore_case));
     CLI11_PARSE(app, argc, argv);
     try {
         const DType dtype = dtype_arg == "bf16" ? DType::BF16 : dtype_arg == "f16" ? DType::F16 : DType::F32;

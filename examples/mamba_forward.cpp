@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     app.add_option("MODEL", model, "safetensors file with backbone.* tensors")->required();
     app.add_option("TOKENS", tokens, "token ids in [0, vocab)")->required();
     app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the model is resident on the GPU)")
-        ->check(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
+        ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     CLI11_PARSE(app, argc, argv);
 
     try {
