@@ -90,6 +90,23 @@ void check_output(const void* p, std::size_t len, std::size_t need, const char* 
 Solver solver_arg(const char* s) { return s == nullptr ? Solver::Euler : parse_solver(s); }
 Scheduler scheduler_arg(const char* s) { return s == nullptr ? Scheduler::Ddim : parse_scheduler(s); }
 
+/// A device request (SPEC 3): "cpu" (also NULL); "cuda", which fails with FE_ERR_DEVICE unless the model ends up
+/// resident on the GPU; "auto", which uploads when it can and otherwise runs on the CPU (fe_engine_fallback_reason).
+struct DeviceRequest {
+    Device want;
+    bool fallback_allowed;
+};
+
+DeviceRequest device_arg(const char* device) {
+    const std::string_view d = device == nullptr ? "cpu" : device;
+    if (d == "cpu") return {Device::Cpu, false};
+    if (d == "cuda") return {Device::Cuda, false};
+    if (d == "auto") return {Device::Cuda, true};
+    raise(FE_ERR_INVALID_ARGUMENT, "unknown device '" + std::string(d) + "' (expected cpu, cuda or auto)");
+}
+
+constexpr const char* kUseAuto = "; pass device \"auto\" to allow the CPU fallback";
+
 bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -114,6 +131,10 @@ struct fe_engine {
 
     const char* backend() const { return diffusion ? diffusion->backend() : policy ? policy->backend() : "cpu"; }
     bool cuda_resident() const { return diffusion ? diffusion->cuda_resident() : policy && policy->cuda_resident(); }
+    const std::string& fallback_reason() const {
+        static const std::string none;
+        return diffusion ? diffusion->fallback_reason() : policy ? policy->fallback_reason() : none;
+    }
 };
 
 namespace {
@@ -210,13 +231,13 @@ fe_status fe_engine_load_ex(const char* path, const char* device, int32_t max_ba
         need_ptr(path, "path");
         if (max_batch < 1) raise(FE_ERR_INVALID_ARGUMENT, "max_batch must be positive" + expected_got(">= 1", max_batch));
         if (max_tokens < 1) raise(FE_ERR_INVALID_ARGUMENT, "max_tokens must be positive" + expected_got(">= 1", max_tokens));
-        Device want = Device::Cpu;
-        try {
-            want = parse_device(device == nullptr ? "cpu" : device);
-        } catch (const Error& e) {
-            throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
-        }
+        const DeviceRequest req = device_arg(device);
+        const Device want = req.want;
         const ResidencyFlags flags = ResidencyFlags::from_env();
+        // Without the CUDA backend an explicit "cuda" cannot succeed: say so before reading the weights.
+        if (want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
+            raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
+                                 "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
         std::shared_ptr<const io::SafeTensors> file;
         const std::filesystem::path p(path);
         auto engine = std::make_unique<fe_engine>();
@@ -256,6 +277,9 @@ fe_status fe_engine_load_ex(const char* path, const char* device, int32_t max_ba
                 }
             });
         }
+        if (want == Device::Cuda && !req.fallback_allowed && !engine->cuda_resident())
+            raise(FE_ERR_DEVICE, "device \"cuda\" requested but the model is not resident on the GPU (" +
+                                     engine->fallback_reason() + ")" + kUseAuto);
         *out = engine.release();
     });
 }
@@ -304,6 +328,8 @@ fe_kind fe_engine_kind(const fe_engine* e) {
 const char* fe_engine_backend(const fe_engine* e) { return e == nullptr ? "" : e->backend(); }
 
 int fe_engine_cuda_resident(const fe_engine* e) { return e != nullptr && e->cuda_resident() ? 1 : 0; }
+
+const char* fe_engine_fallback_reason(const fe_engine* e) { return e == nullptr ? "" : e->fallback_reason().c_str(); }
 
 // ---- mamba-flow ----
 

@@ -59,6 +59,7 @@ void measure(Row& r, const std::vector<float>& got, const std::vector<float>& wa
 
 int main(int argc, char** argv) try {
     CLI::App app{"Compare a LeRobot Diffusion Policy checkpoint, run by flowedge, with LeRobot's float32 references"};
+    app.option_defaults()->always_capture_default();
     std::string model, refdir, json_out, dtype = "f32";
     app.add_option("MODEL_DIR", model, "LeRobot pretrained_model folder (or compact *.flowedge.safetensors)")->required();
     app.add_option("REF_DIR", refdir, "reference folder with refs.json and *.npy (tools/make_reference_diffusion.py)")->required();

@@ -17,19 +17,23 @@ using namespace flowedge;
 int main(int argc, char** argv) {
     CLI::App app{"Sample one action from a Mamba + flow-matching checkpoint: prefix tokens 1 2 3 4, noise[i] = sin(0.3*i).\n"
                  "Prints action_dim, solver, NFE (= steps x 1/2/4 for euler/heun/rk4), action[0..2] and a latency line."};
+    app.option_defaults()->always_capture_default();
     std::string model, solver_arg = "euler", device_arg = "cpu";
     int steps = 10, repeats = 200;
     app.add_option("MODEL", model, "mamba_flow.safetensors (backbone.* + flow.*)")->required();
-    app.add_option("SOLVER", solver_arg, "euler | heun | rk4")->check(CLI::IsMember({"euler", "heun", "rk4"}));
+    app.add_option("SOLVER", solver_arg, "euler | heun | rk4")
+        ->transform(CLI::IsMember({"euler", "heun", "rk4"}, CLI::ignore_case));
     app.add_option("STEPS", steps, "ODE steps from t=0 to t=1")->check(CLI::Range(1, 65535));
-    app.add_option("--device", device_arg, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the model is resident on the GPU)")
+        ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     app.add_option("--repeats", repeats, "timed repetitions for the latency line")->check(CLI::Range(1, 1000000));
     CLI11_PARSE(app, argc, argv);
 
     try {
         const Device device = parse_device(device_arg);
         if (device == Device::Cuda && !backend_available_v<Cuda>) {
-            std::cerr << "flow_sample: --device cuda needs a CUDA build (configure with -DFLOWEDGE_BACKEND=cuda)\n";
+            std::cerr << "flowedge: flow_sample: this build has no CUDA backend (configure with -DFLOWEDGE_BACKEND=cuda); "
+                         "use --device cpu\n";
             return 2;
         }
         const Solver solver = parse_solver(solver_arg);

@@ -12,11 +12,12 @@ using namespace flowedge;
 int main(int argc, char** argv) {
     CLI::App app{"Convert a LeRobot Diffusion Policy checkpoint (pretrained_model folder with config.json, model.safetensors,\n"
                  "policy_postprocessor*) to the compact *.flowedge.safetensors form (SPEC 2)."};
+    app.option_defaults()->always_capture_default();
     std::string src, dst, dtype_arg = "f32";
     app.add_option("SRC", src, "LeRobot pretrained_model folder, its model.safetensors, or a compact file")->required();
     app.add_option("DST", dst, "output *.flowedge.safetensors")->required();
     app.add_option("--dtype", dtype_arg, "weight storage: f32 | bf16 | f16 (biases and norms stay f32)")
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+        ->transform(CLI::IsMember({"f32", "bf16", "f16"}, CLI::ignore_case));
     CLI11_PARSE(app, argc, argv);
     try {
         const DType dtype = dtype_arg == "bf16" ? DType::BF16 : dtype_arg == "f16" ? DType::F16 : DType::F32;

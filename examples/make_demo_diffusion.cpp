@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     CLI::App app{"Write a deterministic PushT-shaped Diffusion Policy checkpoint in the compact *.flowedge.safetensors form:\n"
                  "down_dims 512/1024/2048, kernel 5, 8 groups, Td 128, global cond 132, action_dim 2, horizon 16,\n"
                  "n_obs_steps 2, n_action_steps 8, T 100, clip 1.0; PyTorch default init bounds 1/sqrt(fan_in)."};
+    app.option_defaults()->always_capture_default();
     std::string out = "models/diffusion_pusht.flowedge.safetensors";
     std::uint64_t seed = 20240607;
     app.add_option("OUT", out, "output path (default models/diffusion_pusht.flowedge.safetensors)");

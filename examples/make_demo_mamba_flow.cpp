@@ -41,6 +41,7 @@ struct Shape2 {
 int main(int argc, char** argv) {
     CLI::App app{"Write a deterministic Mamba + flow-matching checkpoint at the reference shape: 2 layers, d_model 128,\n"
                  "d_state 16, d_conv 4, expand 2, dt_rank 8, vocab 256, action_dim 8, flow Tm 64, H 256, 2 hidden layers."};
+    app.option_defaults()->always_capture_default();
     std::string out = "models/mamba_flow.safetensors";
     std::uint64_t seed = 20240607;
     app.add_option("OUT", out, "output path (default models/mamba_flow.safetensors)");

@@ -17,17 +17,20 @@ int main(int argc, char** argv) {
     CLI::App app{"Prefill the Mamba backbone with token ids (e.g. 1 2 3 4).\n"
                  "Prints out[0] = the first element of the LAST token's final hidden state (after norm_f), then\n"
                  "L, d_model and min/max/mean/L2 over the whole hidden state [L, d_model]."};
+    app.option_defaults()->always_capture_default();
     std::string model, device_arg = "cpu";
     std::vector<std::int64_t> tokens;
     app.add_option("MODEL", model, "safetensors file with backbone.* tensors")->required();
     app.add_option("TOKENS", tokens, "token ids in [0, vocab)")->required();
-    app.add_option("--device", device_arg, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the model is resident on the GPU)")
+        ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     CLI11_PARSE(app, argc, argv);
 
     try {
         const Device device = parse_device(device_arg);
         if (device == Device::Cuda && !backend_available_v<Cuda>) {
-            std::cerr << "mamba_forward: --device cuda needs a CUDA build (configure with -DFLOWEDGE_BACKEND=cuda)\n";
+            std::cerr << "flowedge: mamba_forward: this build has no CUDA backend (configure with -DFLOWEDGE_BACKEND=cuda); "
+                         "use --device cpu\n";
             return 2;
         }
         std::vector<std::int32_t> ids;
@@ -57,7 +60,8 @@ int main(int argc, char** argv) {
                 sum += v;
                 sq += double(v) * v;
             }
-            std::cout << "out[0]=" << hidden[(ids.size() - 1) * std::size_t(dm)] << "\n";
+            std::cout << "out[0]=" << hidden[(ids.size() - 1) * std::size_t(dm)]
+                      << "  (first value of the last token's final hidden state, after norm_f)\n";
             std::cout << "L=" << ids.size() << "  d_model=" << dm << "  min=" << mn << "  max=" << mx
                       << "  mean=" << sum / double(hidden.size()) << "  l2=" << std::sqrt(sq) << "  device=" << resident.backend()
                       << "\n";

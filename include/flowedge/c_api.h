@@ -81,10 +81,12 @@ FLOWEDGE_C_EXPORT const char* fe_status_name(fe_status status);
  *   *.flowedge.safetensors file (dp.meta tensor) -> FE_KIND_DIFFUSION;
  * - a safetensors file with backbone.* and/or flow.* tensors -> FE_KIND_MAMBA_FLOW (backbone-only and head-only
  *   files are allowed; calls that need the missing part fail with FE_ERR_UNSUPPORTED).
- * device: "cpu", "cuda" or NULL (= "cpu"). "cuda" uploads weights and scratch once; if that is impossible (no CUDA
- * build, no GPU, not enough memory) the engine runs on the CPU and fe_engine_cuda_resident() is 0 (not a load
- * failure). FLOWEDGE_CUDA_REQUIRED=1 turns that fallback into FE_ERR_DEVICE; FLOWEDGE_CUDA_FORCE_HOST=1 skips the
- * upload. Sized for batch 1 and prefixes of up to 512 tokens (see fe_engine_load_ex).
+ * device: "cpu", "cuda", "auto" or NULL (= "cpu"). "cuda" uploads weights and scratch once and fails with
+ * FE_ERR_DEVICE when that is impossible (no CUDA build, no GPU, not enough memory), as the programs' --device cuda
+ * does. "auto" is the fallback-allowed choice: it uploads when it can, otherwise the engine runs on the CPU,
+ * fe_engine_cuda_resident() is 0 and fe_engine_fallback_reason() says why (not a load failure).
+ * FLOWEDGE_CUDA_REQUIRED=1 turns that fallback into FE_ERR_DEVICE; FLOWEDGE_CUDA_FORCE_HOST=1 skips the upload.
+ * Sized for batch 1 and prefixes of up to 512 tokens (see fe_engine_load_ex).
  * On failure *out is set to NULL.
  */
 FLOWEDGE_C_EXPORT fe_status fe_engine_load(const char* path, const char* device, fe_engine** out);
@@ -125,6 +127,9 @@ FLOWEDGE_C_EXPORT int32_t fe_engine_max_tokens(const fe_engine* engine);
 FLOWEDGE_C_EXPORT const char* fe_engine_backend(const fe_engine* engine);
 /** 1 when weights and scratch are resident on the GPU, 0 otherwise (also 0 for NULL). */
 FLOWEDGE_C_EXPORT int fe_engine_cuda_resident(const fe_engine* engine);
+/** Why a device "auto" engine runs on the CPU ("" when it is resident, was loaded for "cpu", or for NULL). Never
+ *  NULL; valid until the engine is freed. */
+FLOWEDGE_C_EXPORT const char* fe_engine_fallback_reason(const fe_engine* engine);
 
 /* ---- mamba-flow ---- */
 
@@ -174,7 +179,9 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_import_state(fe_engine* engine, const void
  * Diffusion Policy sampling. cond: [batch, global_cond_dim]; noise: [batch, horizon, A] (standard normal,
  * normalised units); out: [batch, horizon, A] un-normalised (MIN_MAX) actions. batch in [1, max_batch];
  * steps in [1, num_train_timesteps]; scheduler "ddim" | "ddpm" (NULL = "ddim"); seed drives the DDPM noise
- * (batch element b uses seed + b; ignored by DDIM).
+ * (batch element b uses seed + b; ignored by DDIM). Results do not depend on the thread count; on the CPU a row
+ * of a batch >= 2 may differ from the same input at batch 1 in the last bits (the linear layers' kernels reduce a
+ * one-column product in another order; about 1e-6 normalised, see docs/status.md).
  */
 FLOWEDGE_C_EXPORT fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_t cond_len,
                                                        const float* noise, size_t noise_len, int32_t batch,

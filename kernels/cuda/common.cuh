@@ -18,7 +18,8 @@
 
 namespace flowedge::cuda::detail {
 
-/// Throws flowedge::Error "flowedge: cuda: <what> failed: <cuda error string> (<name>) [file:line]".
+/// Throws flowedge::Error "flowedge: cuda: <what> failed: <cuda error string> (<name>) [file:line]"; with no GPU or
+/// driver at all: "...failed: no NVIDIA GPU/driver found (<string> (<name>)) [file:line]; use --device cpu".
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 
 /// The stream a launch should use: `s` itself, or, for the default stream while a Graph<Cuda> captures

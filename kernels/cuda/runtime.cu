@@ -23,19 +23,30 @@ thread_local cudaStream_t t_capture_override = nullptr;
 std::atomic<int> g_inject_failures{0};
 }  // namespace
 
+namespace {
+/// True when `err` means there is no GPU to use at all. Without any NVIDIA driver the runtime reports
+/// cudaErrorInsufficientDriver, which reads like "upgrade your driver"; cudaDriverGetVersion gives 0 then.
+bool no_gpu_or_driver(cudaError_t err) {
+    if (err == cudaErrorNoDevice) return true;
+    if (err != cudaErrorInsufficientDriver) return false;
+    int version = 0;
+    return cudaDriverGetVersion(&version) == cudaSuccess && version == 0;
+}
+
+/// The runtime's text and name for `err`, led by "no NVIDIA GPU/driver found" when that is what it means.
+std::string error_text(cudaError_t err) {
+    std::string text = std::string(cudaGetErrorString(err)) + " (" + cudaGetErrorName(err) + ")";
+    if (no_gpu_or_driver(err)) text = "no NVIDIA GPU/driver found (" + text + ")";
+    return text;
+}
+
+/// What to do about it, appended after the file:line.
+const char* error_advice(cudaError_t err) { return no_gpu_or_driver(err) ? "; use --device cpu" : ""; }
+}  // namespace
+
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-    std::string msg = "flowedge: cuda: ";
-    msg += what;
-    msg += " failed: ";
-    msg += cudaGetErrorString(err);
-    msg += " (";
-    msg += cudaGetErrorName(err);
-    msg += ") [";
-    msg += file;
-    msg += ":";
-    msg += std::to_string(line);
-    msg += "]";
-    throw Error(msg);
+    throw Error(std::string("flowedge: cuda: ") + what + " failed: " + error_text(err) + " [" + file + ":" +
+                std::to_string(line) + "]" + error_advice(err));
 }
 
 cudaStream_t resolve(Stream s) noexcept {
@@ -96,7 +107,10 @@ const char* device_description() noexcept {
     const cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        std::snprintf(buf, sizeof buf, "no usable CUDA device: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+        if (detail::no_gpu_or_driver(err))
+            std::snprintf(buf, sizeof buf, "no NVIDIA GPU/driver found (%s, %s)", cudaGetErrorString(err), cudaGetErrorName(err));
+        else
+            std::snprintf(buf, sizeof buf, "no usable CUDA device: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
         return buf;
     }
     if (n == 0) {
@@ -146,8 +160,8 @@ void* device_allocate(std::size_t bytes) {
     const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        fail("cuda", "cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(err) + " (" +
-                         cudaGetErrorName(err) + ") [" + __FILE__ + ":" + std::to_string(__LINE__) + "]");
+        fail("cuda", "cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + detail::error_text(err) + " [" + __FILE__ +
+                         ":" + std::to_string(__LINE__) + "]" + detail::error_advice(err));
     }
     return p;
 }

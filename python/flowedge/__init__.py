@@ -1,9 +1,11 @@
 """flowedge: robot policy inference (Mamba backbone, flow-matching head, LeRobot Diffusion Policy head).
 
 numpy in, numpy out (float32). Every model loads once and allocates all its buffers at load; calls release
-the GIL, and calls on one object from several threads are serialised. ``device="cuda"`` uploads the model
-when this build has CUDA and a GPU is usable, otherwise it runs on the CPU and ``cuda_resident`` is False;
-``FLOWEDGE_CUDA_REQUIRED=1`` turns that fallback into an error, ``FLOWEDGE_CUDA_FORCE_HOST=1`` skips the upload.
+the GIL, and calls on one object from several threads are serialised. ``device="cuda"`` uploads the model and
+raises ``FlowEdgeError`` when it cannot (no CUDA build, no GPU, not enough memory), as the programs' ``--device cuda``
+does; ``device="auto"`` uploads when it can, otherwise runs on the CPU with ``cuda_resident`` False and the reason in
+``fallback_reason``. ``FLOWEDGE_CUDA_REQUIRED=1`` turns that fallback into an error, ``FLOWEDGE_CUDA_FORCE_HOST=1``
+skips the upload.
 """
 from ._flowedge import (  # noqa: F401
     DiffusionHead,

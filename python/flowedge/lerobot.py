@@ -32,15 +32,14 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._deps import missing_lerobot_message
+
 try:
     import torch
     from lerobot.policies.diffusion import modeling_diffusion as _lr_diffusion
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-except ImportError as _e:  # pragma: no cover - exercised only without the optional dependency
-    raise ImportError(
-        "flowedge.lerobot needs LeRobot (tested with lerobot==0.4.4) and PyTorch: pip install 'flowedge[lerobot]' "
-        f"(import failed: {_e})"
-    ) from _e
+except ImportError as _e:  # exercised by test_lerobot_tools.py in a subprocess that hides torch
+    raise ImportError(missing_lerobot_message("lerobot", _e)) from _e
 
 from . import DiffusionHead, FlowEdgeError, FlowEdgeValueError
 
@@ -195,7 +194,8 @@ def wrap(policy: "DiffusionPolicy", path: Optional[os.PathLike] = None, *, devic
 
     path: the pretrained folder (config.json + model.safetensors + policy_postprocessor*) or a compact
     ``*.flowedge.safetensors`` holding the same weights; default ``policy.config.pretrained_path``.
-    device: flowedge device, "cpu" or "cuda" ("cuda" raises unless the head is CUDA-resident, SPEC 3).
+    device: flowedge device: "cpu", "cuda" (raises unless the head is CUDA-resident, SPEC 3) or "auto" (the GPU
+    when usable, else the CPU; ``policy.flowedge.head.fallback_reason`` says why).
     scheduler: "ddim" (default) or "ddpm"; num_inference_steps: default the config's, else num_train_timesteps.
     ddpm_seed: fixed SplitMix64 seed for DDPM step noise; None draws one per call from the torch RNG.
     verify: compare one U-Net call against the policy's PyTorch U-Net and raise FlowEdgeError on mismatch.
@@ -208,9 +208,6 @@ def wrap(policy: "DiffusionPolicy", path: Optional[os.PathLike] = None, *, devic
     cfg = policy.config
     steps = int(num_inference_steps) if num_inference_steps is not None else _config_steps(cfg)
     head = DiffusionHead(_resolve_path(policy, path), device=device, max_batch=int(max_batch), dtype=dtype)
-    if device == "cuda" and not head.cuda_resident:
-        raise FlowEdgeError(f"flowedge: lerobot: device cuda requested but the head is not CUDA-resident "
-                            f"(expected cuda_resident true, got false: {getattr(head, 'fallback_reason', '')})")
     want = {"horizon": cfg.horizon, "action_dim": cfg.action_feature.shape[0], "n_obs_steps": cfg.n_obs_steps,
             "n_action_steps": cfg.n_action_steps, "num_train_timesteps": cfg.num_train_timesteps,
             "global_cond_dim": _global_cond_dim(policy)}

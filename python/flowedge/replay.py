@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from ._deps import require_lerobot
+
 # SPEC section 4, max abs in normalised units: 10-step DDIM vs PyTorch float32.
 PARITY_BOUND_DDIM = 6e-4
 
@@ -379,6 +381,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--output", help="JSON result path (default: print to stdout)")
     ap.add_argument("--markdown", help="markdown summary path")
     args = ap.parse_args(argv)
+    require_lerobot("lerobot-replay")
 
     check_device(args.device, "replay")
     threads = set_threads(args.threads)

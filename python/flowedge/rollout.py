@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ._deps import require_lerobot
 from .replay import Backends, check_device, cpu_name, peak_rss_mib, percentiles_ms, set_threads, versions
 
 ON_MISS = ("hold", "drop", "raise")
@@ -399,6 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--histogram", help="PNG histogram of tick latencies (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    require_lerobot("lerobot-rollout")
     if args.steps < 1 or args.episodes < 1:
         ap.error("--steps and --episodes must be >= 1")
     if args.warmup < 0:

@@ -115,7 +115,20 @@ std::string shape_str(const F32& a) {
 
 std::span<const float> span_of(const F32& a) { return {a.data(), a.size()}; }
 
-Device device_arg(const std::string& device) { return parse_device(device); }
+/// A device request (SPEC 3): "cpu"; "cuda", which fails unless the model ends up resident on the GPU (as the
+/// programs' --device cuda does); "auto", which uploads when it can and otherwise runs on the CPU, saying why in
+/// fallback_reason.
+struct DeviceRequest {
+    Device want;
+    bool fallback_allowed;
+};
+
+DeviceRequest device_arg(const std::string& device) {
+    if (device == "cpu") return {Device::Cpu, false};
+    if (device == "cuda") return {Device::Cuda, false};
+    if (device == "auto") return {Device::Cuda, true};
+    bad_arg("unknown device '" + device + "' (expected 'cpu', 'cuda' or 'auto')");
+}
 
 std::optional<DType> dtype_arg(nb::handle dtype) {
     if (dtype.is_none()) return std::nullopt;
@@ -134,6 +147,15 @@ std::optional<DType> dtype_arg(nb::handle dtype) {
     if (s == "bf16" || s == "bfloat16") return DType::BF16;
     if (s == "f16" || s == "float16") return DType::F16;
     bad_arg("unknown weight dtype '" + s + "' (expected float32, bfloat16 or float16)");
+}
+
+/// The DDPM seed: a non-negative Python int of at most 64 bits (a negative one is a ValueError, not a TypeError).
+std::uint64_t seed_arg(const nb::int_& seed) {
+    const std::string text = nb::cast<std::string>(nb::str(seed));
+    if (PyObject_RichCompareBool(seed.ptr(), nb::int_(0).ptr(), Py_LT) == 1) bad_arg("seed must be >= 0 (got " + text + ")");
+    std::uint64_t v = 0;
+    if (!nb::try_cast(seed, v)) bad_arg("seed must be below 2**64 (got " + text + ")");
+    return v;
 }
 
 /// Leading batch of an input that is either one row [n] (returns 0: unbatched) or [B, n].
@@ -177,9 +199,21 @@ using PyPolicy = Held<MambaFlowPolicy>;
 
 template <template <class> class Model, class Loader>
 Resident<Model> load_resident(const std::string& device, Loader&& loader) {
-    const Device want = device_arg(device);
-    nb::gil_scoped_release release;
-    return Resident<Model>::load(want, ResidencyFlags::from_env(), loader);
+    const DeviceRequest req = device_arg(device);
+    const ResidencyFlags flags = ResidencyFlags::from_env();
+    const char* use_auto = "; pass device='auto' to allow the CPU fallback";
+    // Without the CUDA backend an explicit "cuda" cannot succeed: say so before reading the weights.
+    if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
+        throw Error(std::string("flowedge: python: device='cuda' requested but this build has no CUDA backend "
+                                "(rebuild with FLOWEDGE_BACKEND=cuda pip install .)") + use_auto);
+    Resident<Model> r = [&] {
+        nb::gil_scoped_release release;
+        return Resident<Model>::load(req.want, flags, loader);
+    }();
+    if (req.want == Device::Cuda && !req.fallback_allowed && !r.cuda_resident())
+        throw Error("flowedge: python: device='cuda' requested but the model is not resident on the GPU (" +
+                    r.fallback_reason() + ")" + use_auto);
+    return r;
 }
 
 template <class T, class Cls>
@@ -188,7 +222,7 @@ void common_properties(Cls& cls) {
         .def_prop_ro("cuda_resident", [](T& s) { return s.cuda_resident(); },
                      "True when weights and scratch live on the GPU (False after a CPU fallback).")
         .def_prop_ro("fallback_reason", [](T& s) { return s.fallback_reason(); },
-                     "Why the model runs on the CPU although device='cuda' was asked for ('' otherwise).");
+                     "Why the model runs on the CPU although device='auto' was asked for ('' otherwise).");
 }
 
 }  // namespace
@@ -249,7 +283,12 @@ NB_MODULE(_flowedge, m) {
                 return DiffusionHead<decltype(tag)>::load(path, opts, max_batch);
             }));
         },
-        "path"_a, "device"_a = "cpu", "max_batch"_a = 1, "dtype"_a = nb::none());
+        "path"_a, "device"_a = "cpu", "max_batch"_a = 1, "dtype"_a = nb::none(),
+        nb::sig("def __init__(self, path: str, device: typing.Literal['cpu', 'cuda', 'auto'] = 'cpu', max_batch: int = 1, "
+                "dtype: typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None = None) -> None"),
+        "Loads the head. device: 'cpu'; 'cuda' (raises FlowEdgeError unless the model is resident on the GPU);\n"
+        "'auto' (the GPU when usable, else the CPU with the reason in fallback_reason). max_batch bounds the batch\n"
+        "of every call. dtype: weight storage, None keeps the file's (also 'f32' / 'bf16' / 'f16' or a numpy dtype).");
     common_properties<PyDiffusion>(dh);
     dh.def_prop_ro("action_dim", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().action_dim; }); })
         .def_prop_ro("horizon", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().horizon; }); })
@@ -286,7 +325,8 @@ NB_MODULE(_flowedge, m) {
         .def(
             "sample",
             [](PyDiffusion& s, nb::handle cond_obj, nb::handle noise_obj, int steps, const std::string& scheduler,
-               std::uint64_t seed, bool normalized) {
+               const nb::int_& seed_obj, bool normalized) {
+                const std::uint64_t seed = seed_arg(seed_obj);
                 const F32 cond = as_f32(cond_obj, "cond"), noise = as_f32(noise_obj, "noise");
                 const auto [H, A, G, T, max_batch] = s.get([](auto& h) {
                     const auto& c = h.config();
@@ -325,10 +365,11 @@ NB_MODULE(_flowedge, m) {
                 });
                 return out;
             },
-            "cond"_a, "noise"_a, "steps"_a = 10, "scheduler"_a = "ddim", "seed"_a = 0, "normalized"_a = false,
+            "cond"_a, "noise"_a, "steps"_a = 10, "scheduler"_a = "ddim", "seed"_a = nb::int_(0), "normalized"_a = false,
             "Samples actions. cond: [global_cond_dim] or [B, global_cond_dim]; noise: [horizon, A] or [B, horizon, A]\n"
             "(standard normal). Returns the same shape as noise: un-normalised actions, or normalised ones when\n"
-            "normalized=True. scheduler 'ddim' | 'ddpm'; seed drives the DDPM noise (row b uses seed + b).")
+            "normalized=True. scheduler 'ddim' | 'ddpm' (any case, as on the command line); seed (>= 0) drives the\n"
+            "DDPM noise (row b uses seed + b); DDIM is deterministic and does not use it.")
         .def(
             "denoise",
             [](PyDiffusion& s, nb::handle cond_obj, nb::handle sample_obj, int timestep) {
@@ -363,7 +404,8 @@ NB_MODULE(_flowedge, m) {
             if (max_tokens < 1) bad_arg("max_tokens must be >= 1 (got " + std::to_string(max_tokens) + ")");
             new (self) PyMamba(load_resident<Mamba>(device, [&](auto tag) { return Mamba<decltype(tag)>::load(path, {}, max_tokens); }));
         },
-        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512);
+        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512,
+        "device: 'cpu'; 'cuda' (raises FlowEdgeError unless resident on the GPU); 'auto' (GPU when usable, else CPU).");
     common_properties<PyMamba>(mb);
     mb.def_prop_ro("d_model", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_model; }); })
         .def_prop_ro("d_inner", [](PyMamba& s) { return s.get([](auto& x) { return x.config().d_inner; }); })
@@ -424,7 +466,8 @@ NB_MODULE(_flowedge, m) {
             if (max_batch < 1) bad_arg("max_batch must be >= 1 (got " + std::to_string(max_batch) + ")");
             new (self) PyFlow(load_resident<FlowHead>(device, [&](auto tag) { return FlowHead<decltype(tag)>::load(path, {}, max_batch); }));
         },
-        "path"_a, "device"_a = "cpu", "max_batch"_a = 1);
+        "path"_a, "device"_a = "cpu", "max_batch"_a = 1,
+        "device: 'cpu'; 'cuda' (raises FlowEdgeError unless resident on the GPU); 'auto' (GPU when usable, else CPU).");
     common_properties<PyFlow>(fh);
     fh.def_prop_ro("action_dim", [](PyFlow& s) { return s.get([](auto& x) { return x.config().action_dim; }); })
         .def_prop_ro("cond_dim", [](PyFlow& s) { return s.get([](auto& x) { return x.config().cond_dim; }); })
@@ -467,7 +510,8 @@ NB_MODULE(_flowedge, m) {
             new (self) PyPolicy(load_resident<MambaFlowPolicy>(
                 device, [&](auto tag) { return MambaFlowPolicy<decltype(tag)>::load(path, {}, max_tokens, max_batch); }));
         },
-        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512, "max_batch"_a = 1);
+        "path"_a, "device"_a = "cpu", "max_tokens"_a = 512, "max_batch"_a = 1,
+        "device: 'cpu'; 'cuda' (raises FlowEdgeError unless resident on the GPU); 'auto' (GPU when usable, else CPU).");
     common_properties<PyPolicy>(mp);
     mp.def_prop_ro("has_backbone", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_backbone(); }); })
         .def_prop_ro("has_head", [](PyPolicy& s) { return s.get([](auto& p) { return p.has_head(); }); })

@@ -204,6 +204,21 @@ def test_diffusion_batch_and_broadcast(dp_path, dp_ref):
         d.sample(np.zeros((3, 12)), np.zeros((3, 16, 2)))
 
 
+def test_batch_rows_match_batch_one_to_rounding(dp_path):
+    """Rows of one call are bit-identical for identical inputs; batch 1 and batch >= 2 may differ in the last bits
+    (python/README.md, "Batches": the CPU linear kernels sum a dot product in another order for one column)."""
+    d = flowedge.DiffusionHead(dp_path, max_batch=4)
+    rng = np.random.default_rng(0)
+    cond = rng.standard_normal((4, 12)).astype(np.float32)
+    noise = rng.standard_normal((4, 16, 2)).astype(np.float32)
+    same = d.sample(np.repeat(cond[:1], 4, 0), np.repeat(noise[:1], 4, 0), normalized=True)
+    assert all(np.array_equal(same[0], same[b]) for b in range(4))
+    four = d.sample(cond, noise, normalized=True)
+    for b in range(4):
+        one = d.sample(cond[b], noise[b], normalized=True)
+        assert np.max(np.abs(four[b] - one)) < 1e-5  # normalised units; measured 1.4e-6
+
+
 def test_diffusion_errors(dp_path):
     d = flowedge.DiffusionHead(dp_path)
     cond, noise = np.zeros(12, np.float32), np.zeros((16, 2), np.float32)
@@ -221,6 +236,26 @@ def test_diffusion_errors(dp_path):
         d.sample(bad, noise)
     with pytest.raises(ValueError, match="dtype"):
         flowedge.DiffusionHead(dp_path, dtype="int8")
+
+
+def test_seed_is_a_non_negative_int(dp_path):
+    d = flowedge.DiffusionHead(dp_path)
+    cond, noise = np.zeros(12, np.float32), np.zeros((16, 2), np.float32)
+    with pytest.raises(flowedge.FlowEdgeValueError, match=r"seed must be >= 0 \(got -1\)"):
+        d.sample(cond, noise, scheduler="ddpm", seed=-1)
+    with pytest.raises(ValueError, match="seed must be below 2\\*\\*64"):
+        d.sample(cond, noise, scheduler="ddpm", seed=2**64)
+    big = d.sample(cond, noise, steps=2, scheduler="ddpm", seed=2**64 - 1)
+    assert np.all(np.isfinite(big))
+    # the scheduler name is case-insensitive, like the programs' --scheduler
+    np.testing.assert_array_equal(d.sample(cond, noise, scheduler="DDIM"), d.sample(cond, noise, scheduler="ddim"))
+
+
+def test_signatures_name_the_allowed_values():
+    doc = flowedge.DiffusionHead.__init__.__doc__
+    assert "typing.Literal['cpu', 'cuda', 'auto']" in doc
+    assert "typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None" in doc
+    assert "seed: int = 0" in flowedge.DiffusionHead.sample.__doc__
 
 
 def test_diffusion_reduced_precision_weights(dp_path, dp_ref):
@@ -301,33 +336,59 @@ def test_one_model_from_two_threads(mamba_path):
     assert errors == []
 
 
-# ---- device="cuda" residency contract ----
+# ---- device contract (SPEC 3): "cuda" is a promise, "auto" may fall back and says why ----
 
-def test_cuda_request_falls_back_or_uploads(mamba_path, clean_env):
-    m = flowedge.MambaFlowPolicy(mamba_path, device="cuda")
+def test_explicit_cuda_without_a_usable_gpu_raises(mamba_path, dp_path, clean_env):
+    """device="cuda" fails unless the model ends up resident on the GPU, as the programs' --device cuda does."""
+    for make in (lambda: flowedge.DiffusionHead(dp_path, device="cuda"), lambda: flowedge.Mamba(mamba_path, device="cuda"),
+                 lambda: flowedge.FlowHead(mamba_path, device="cuda"),
+                 lambda: flowedge.MambaFlowPolicy(mamba_path, device="cuda")):
+        try:
+            m = make()
+        except flowedge.FlowEdgeError as e:
+            assert not isinstance(e, ValueError)  # a device problem, not a bad argument
+            assert "device='cuda' requested" in str(e) and "device='auto'" in str(e)
+            if not flowedge.cuda:
+                assert "no CUDA backend" in str(e)
+        else:  # only a CUDA build with a usable GPU gets here
+            assert flowedge.cuda and m.cuda_resident and m.backend == "cuda" and m.fallback_reason == ""
+    # FORCE_HOST makes residency impossible on any machine: "cuda" must raise, never run on the CPU.
+    clean_env.setenv("FLOWEDGE_CUDA_FORCE_HOST", "1")
+    with pytest.raises(flowedge.FlowEdgeError, match="device='cuda' requested") as err:
+        flowedge.Mamba(mamba_path, device="cuda")
+    if flowedge.cuda:
+        assert "not resident on the GPU" in str(err.value) and "FORCE_HOST" in str(err.value)
+
+
+def test_auto_falls_back_and_reports_why(mamba_path, clean_env):
+    m = flowedge.MambaFlowPolicy(mamba_path, device="auto")
     if not flowedge.cuda:
         assert m.cuda_resident is False and m.backend == "cpu"
-        assert "CUDA" in m.fallback_reason
+        assert "no CUDA backend" in m.fallback_reason
     else:
         assert m.backend == ("cuda" if m.cuda_resident else "cpu")
+        assert (m.fallback_reason == "") == m.cuda_resident
     noise = np.sin(0.3 * np.arange(8)).astype(np.float32)
     cpu = flowedge.MambaFlowPolicy(mamba_path).act([1, 2, 3, 4], noise)
     assert rel(m.act([1, 2, 3, 4], noise), cpu) < 2e-3
+    assert flowedge.Mamba(mamba_path, device="cpu").fallback_reason == ""
+    with pytest.raises(ValueError, match="expected 'cpu', 'cuda' or 'auto'"):
+        flowedge.Mamba(mamba_path, device="gpu")
 
 
 def test_cuda_required_and_force_host(mamba_path, dp_path, clean_env):
     clean_env.setenv("FLOWEDGE_CUDA_FORCE_HOST", "1")
-    m = flowedge.Mamba(mamba_path, device="cuda")
+    m = flowedge.Mamba(mamba_path, device="auto")
     assert m.cuda_resident is False and "FORCE_HOST" in m.fallback_reason
     clean_env.setenv("FLOWEDGE_CUDA_REQUIRED", "1")
     with pytest.raises(flowedge.FlowEdgeError, match="FLOWEDGE_CUDA_REQUIRED"):
-        flowedge.DiffusionHead(dp_path, device="cuda")
+        flowedge.DiffusionHead(dp_path, device="auto")
     clean_env.delenv("FLOWEDGE_CUDA_FORCE_HOST")
     if not flowedge.cuda:
         for cls in (flowedge.Mamba, flowedge.FlowHead, flowedge.MambaFlowPolicy):
             with pytest.raises(flowedge.FlowEdgeError, match="FLOWEDGE_CUDA_REQUIRED"):
-                cls(mamba_path, device="cuda")
+                cls(mamba_path, device="auto")
     # only exactly "1" counts, and a cpu request ignores the flag
     assert flowedge.Mamba(mamba_path, device="cpu").cuda_resident is False
     clean_env.setenv("FLOWEDGE_CUDA_REQUIRED", "yes")
-    flowedge.Mamba(mamba_path, device="cuda")
+    flowedge.Mamba(mamba_path, device="auto")

@@ -665,44 +665,72 @@ static void test_device(const char* mamba) {
     for (i = 0; i < A; ++i) noise[i] = sinf(0.3f * (float)i);
     CHECK_STATUS(fe_engine_sample(c, tokens, 4, noise, (size_t)A, "euler", 10, o_cpu, (size_t)A), FE_OK);
 
-    CHECK_STATUS(fe_engine_load(mamba, "cuda", &e), FE_OK);
+    /* "cuda" is a promise: resident on the GPU or FE_ERR_DEVICE (naming "auto"), never a silent CPU engine. */
+    {
+        fe_status s = fe_engine_load(mamba, "cuda", &e);
+        if (!fe_built_with_cuda()) {
+            CHECK(s == FE_ERR_DEVICE, "no CUDA build: \"cuda\" fails, got %s", fe_status_name(s));
+            CHECK_MSG("no CUDA backend");
+            CHECK_MSG("\"auto\"");
+        } else {
+            CHECK(s == FE_OK ? fe_engine_cuda_resident(e) == 1 : s == FE_ERR_DEVICE, "\"cuda\": resident or DEVICE, got %s",
+                  fe_status_name(s));
+            if (s != FE_OK) CHECK_MSG("not resident on the GPU");
+        }
+        CHECK(s == FE_OK || e == NULL, "no engine on failure");
+        fe_engine_free(e);
+        e = NULL;
+    }
+    /* "auto" allows the fallback and says why. */
+    CHECK_STATUS(fe_engine_load(mamba, "auto", &e), FE_OK);
     if (e) {
         if (!fe_built_with_cuda()) {
             CHECK(fe_engine_cuda_resident(e) == 0, "no CUDA build: falls back to the CPU");
             CHECK(strcmp(fe_engine_backend(e), "cpu") == 0, "backend %s", fe_engine_backend(e));
+            CHECK(strstr(fe_engine_fallback_reason(e), "no CUDA backend") != NULL, "reason '%s'", fe_engine_fallback_reason(e));
         } else {
             CHECK(strcmp(fe_engine_backend(e), fe_engine_cuda_resident(e) ? "cuda" : "cpu") == 0, "backend %s vs resident %d",
                   fe_engine_backend(e), fe_engine_cuda_resident(e));
-            printf("note: CUDA build, device \"cuda\" resident = %d\n", fe_engine_cuda_resident(e));
+            CHECK((fe_engine_cuda_resident(e) != 0) == (fe_engine_fallback_reason(e)[0] == '\0'), "reason '%s' iff on the CPU",
+                  fe_engine_fallback_reason(e));
+            printf("note: CUDA build, device \"auto\" resident = %d\n", fe_engine_cuda_resident(e));
         }
         CHECK_STATUS(fe_engine_sample(e, tokens, 4, noise, (size_t)A, "euler", 10, o_dev, (size_t)A), FE_OK);
         CHECK(max_rel_diff(o_dev, o_cpu, (size_t)A) < 2e-3f, "device vs cpu %g", (double)max_rel_diff(o_dev, o_cpu, (size_t)A));
         fe_engine_free(e);
         e = NULL;
     }
-    /* FORCE_HOST skips the upload; REQUIRED makes a non-resident load fail (also together with FORCE_HOST). */
+    CHECK(strcmp(fe_engine_fallback_reason(c), "") == 0, "a cpu engine has no fallback reason");
+    CHECK(strcmp(fe_engine_fallback_reason(NULL), "") == 0, "fallback reason of NULL");
+    CHECK_STATUS(fe_engine_load(mamba, "gpu", &e), FE_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("expected cpu, cuda or auto");
+    /* FORCE_HOST skips the upload ("auto" runs on the CPU, "cuda" fails); REQUIRED makes a non-resident load fail
+       (also together with FORCE_HOST). */
     set_env("FLOWEDGE_CUDA_FORCE_HOST", "1");
-    CHECK_STATUS(fe_engine_load(mamba, "cuda", &e), FE_OK);
+    CHECK_STATUS(fe_engine_load(mamba, "auto", &e), FE_OK);
     CHECK(e && fe_engine_cuda_resident(e) == 0, "FORCE_HOST -> CPU");
+    CHECK(e && strstr(fe_engine_fallback_reason(e), "FORCE_HOST") != NULL, "reason names FORCE_HOST");
     fe_engine_free(e);
     e = NULL;
-    set_env("FLOWEDGE_CUDA_REQUIRED", "1");
     CHECK_STATUS(fe_engine_load(mamba, "cuda", &e), FE_ERR_DEVICE);
+    CHECK(e == NULL, "no engine");
+    set_env("FLOWEDGE_CUDA_REQUIRED", "1");
+    CHECK_STATUS(fe_engine_load(mamba, "auto", &e), FE_ERR_DEVICE);
     CHECK_MSG("FLOWEDGE_CUDA_REQUIRED");
     CHECK(e == NULL, "no engine");
     set_env("FLOWEDGE_CUDA_FORCE_HOST", NULL);
     if (!fe_built_with_cuda()) {
-        CHECK_STATUS(fe_engine_load(mamba, "cuda", &e), FE_ERR_DEVICE);
+        CHECK_STATUS(fe_engine_load(mamba, "auto", &e), FE_ERR_DEVICE);
         CHECK(e == NULL, "no engine");
     } else {
-        fe_status s = fe_engine_load(mamba, "cuda", &e);
+        fe_status s = fe_engine_load(mamba, "auto", &e);
         CHECK(s == FE_OK ? fe_engine_cuda_resident(e) == 1 : s == FE_ERR_DEVICE, "REQUIRED: ok and resident, or DEVICE");
     }
     fe_engine_free(e);
     e = NULL;
     /* Only exactly "1" counts; REQUIRED does not affect a cpu request. */
     set_env("FLOWEDGE_CUDA_REQUIRED", "true");
-    CHECK_STATUS(fe_engine_load(mamba, "cuda", &e), FE_OK);
+    CHECK_STATUS(fe_engine_load(mamba, "auto", &e), FE_OK);
     fe_engine_free(e);
     e = NULL;
     set_env("FLOWEDGE_CUDA_REQUIRED", "1");

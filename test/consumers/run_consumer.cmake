@@ -19,6 +19,11 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK}/build" RESULT_VARIABLE
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "build of the ${KIND} consumer failed (${rc})")
 endif()
+# A vendored flowedge builds only what the consumer links: no C API library unless asked for (FLOWEDGE_BUILD_C_API).
+file(GLOB_RECURSE c_api_libs "${WORK}/build/*libflowedge_c.*")
+if(c_api_libs)
+  message(FATAL_ERROR "the ${KIND} consumer also built the C API library (${c_api_libs}); expected only flowedge::flowedge")
+endif()
 execute_process(COMMAND "${WORK}/build/consumer" RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the ${KIND} consumer ran but failed (${rc})")

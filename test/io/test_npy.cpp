@@ -75,9 +75,9 @@ TEST_CASE("numpy-written 0-d, empty and int32 files load") {
 TEST_CASE("unsupported numpy files are refused by name") {
     CHECK(contains_all(error_of([] { read_npy_f32(fixture("f32_fortran.npy")); }), {"f32_fortran.npy", "fortran_order"}));
     CHECK(contains_all(error_of([] { read_npy_f32(fixture("f32_bigendian.npy")); }), {"f32_bigendian.npy", "big-endian", "'>f4'"}));
-    CHECK(contains_all(error_of([] { read_npy_f32(fixture("f64_2x3.npy")); }), {"f64_2x3.npy", "unsupported dtype '<f8'", "expected <f4"}));
-    CHECK(contains_all(error_of([] { read_npy_i32(fixture("f32_2x3.npy")); }), {"unsupported dtype '<f4'", "expected <i4"}));
-    CHECK(contains_all(error_of([] { read_npy_f32(fixture("i32_4.npy")); }), {"unsupported dtype '<i4'"}));
+    CHECK(contains_all(error_of([] { read_npy_f32(fixture("f64_2x3.npy")); }), {"f64_2x3.npy", "expected float32 .npy, got float64 ('<f8'): convert with arr.astype(np.float32)"}));
+    CHECK(contains_all(error_of([] { read_npy_i32(fixture("f32_2x3.npy")); }), {"expected int32 .npy, got float32 ('<f4'): convert with arr.astype(np.int32)"}));
+    CHECK(contains_all(error_of([] { read_npy_f32(fixture("i32_4.npy")); }), {"expected float32 .npy, got int32 ('<i4')"}));
 }
 
 TEST_CASE("write -> read round trips (f32 and i32, ranks 0..4)") {
@@ -194,8 +194,13 @@ TEST_CASE("malformed npy files") {
                            {"structured dtypes"}));
     }
     SUBCASE("unsupported dtypes") {
-        CHECK(contains_all(parse_error(npy_image("{'descr': '|u1', 'fortran_order': False, 'shape': (8,), }", 8)), {"unsupported dtype '|u1'"}));
-        CHECK(contains_all(parse_error(npy_image("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8)), {"big-endian"}));
+        CHECK(contains_all(parse_error(npy_image("{'descr': '|u1', 'fortran_order': False, 'shape': (8,), }", 8)), {"got uint8 ('|u1')"}));
+        CHECK(contains_all(parse_error(npy_image("{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", 8)),
+                           {"expected float32 .npy, got float16 ('<f2'): convert with arr.astype(np.float32)"}));
+        CHECK(contains_all(parse_error(npy_image("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", 8)),
+                           {"expected float32 .npy, got dtype '<c8'"}));
+        CHECK(contains_all(parse_error(npy_image("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8)),
+                           {"big-endian", "convert with arr.astype('<f4')"}));
         CHECK(contains_all(parse_error(npy_image("{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", 8)), {"fortran_order"}));
     }
 }

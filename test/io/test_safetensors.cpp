@@ -287,12 +287,49 @@ TEST_CASE("malformed: header length past end of file") {
     CHECK(contains_all(load_error(b), {"bad.safetensors", "header length runs past the end of the file", "got 100"}));
 }
 
-TEST_CASE("malformed: huge header length (2^63)") {
+TEST_CASE("malformed: huge header length (2^63) is not a safetensors file") {
     StBuilder b;
     b.json("{}").length_field(std::uint64_t(1) << 63);
-    CHECK(contains_all(load_error(b), {"header length is too large", "9223372036854775808"}));
+    CHECK(contains_all(load_error(b), {"bad.safetensors: not a safetensors file", "9223372036854775808", "100000000-byte limit"}));
     b.length_field(~std::uint64_t(0));
-    CHECK(contains_all(load_error(b), {"header length is too large"}));
+    CHECK(contains_all(load_error(b), {"not a safetensors file"}));
+}
+
+TEST_CASE("a file of another kind is 'not a safetensors file', whatever its first 8 bytes say") {
+    const std::string text = "hello, this is a text file and not a model\n";
+    std::vector<std::byte> bytes;
+    for (char c : text) bytes.push_back(static_cast<std::byte>(c));
+    CHECK(contains_all(error_of([&] { SafeTensors::from_bytes(bytes, "notes.safetensors"); }),
+                       {"flowedge: safetensors: notes.safetensors: not a safetensors file", "above the 100000000-byte limit"}));
+    // A small length (here 40) followed by something other than '{' that also runs past the end: not a truncation.
+    StBuilder b;
+    b.json("PK\x03\x04 zip").length_field(40);
+    CHECK(contains_all(load_error(b), {"not a safetensors file", "header length of 40 with no JSON header after it"}));
+}
+
+TEST_CASE("a partly written or downloaded file is 'file truncated: N of M bytes'") {
+    // Header promises 16 data bytes, 6 arrived: the file has 8 + header + 6 of 8 + header + 16 bytes.
+    StBuilder b;
+    b.json("{" + entry("a", "F32", "[2]", "[0,8]") + "," + entry("b", "F32", "[2]", "[8,16]") + "}").zeros(6);
+    const std::size_t head = 8 + b.header.size();
+    CHECK(contains_all(load_error(b), {"bad.safetensors: file truncated: " + std::to_string(head + 6) + " of " +
+                                           std::to_string(head + 16) + " bytes",
+                                       "tensor 'b'"}));
+    // The header itself cut short.
+    StBuilder h;
+    h.json("{\"a\":").length_field(200);
+    CHECK(contains_all(load_error(h), {"file truncated: " + std::to_string(8 + h.header.size()) + " of at least 208 bytes"}));
+    // The same on disk, through open().
+    const std::vector<std::byte> full = [] {
+        SafeTensorsWriter w;
+        const std::vector<float> v(64, 1.f);
+        w.add_f32("w", Shape{64}, v);
+        return w.bytes();
+    }();
+    const fs::path p = tmp_dir() / "cut.safetensors";
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(full.data()), std::streamsize(full.size() - 100));
+    CHECK(contains_all(error_of([&] { SafeTensors::open(p); }),
+                       {p.string(), "file truncated: " + std::to_string(full.size() - 100) + " of " + std::to_string(full.size()) + " bytes"}));
 }
 
 TEST_CASE("malformed: invalid JSON header") {

@@ -451,6 +451,8 @@ inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTens
     ck.weights = std::move(file);
     const SafeTensors& f = *ck.weights;
     const std::string where = ck.source.string();
+    if (!f.contains("dp.meta") && (f.contains("backbone.embeddings.weight") || f.contains("flow.in_proj.weight")))
+        lerobot_fail(where + ": this is a Mamba-flow checkpoint; use flow_sample (expected a Diffusion Policy file with 'dp.meta')");
     const TensorInfo& meta_t = require(f, "dp.meta", 1);
     if (meta_t.shape[0] != kDiffusionMetaSize)
         lerobot_fail(where + ": tensor 'dp.meta' has the wrong size" + expected_got(kDiffusionMetaSize, meta_t.shape[0]));

@@ -43,6 +43,19 @@ template <class T> constexpr std::string_view npy_descr();
 template <> constexpr std::string_view npy_descr<float>() { return "<f4"; }
 template <> constexpr std::string_view npy_descr<std::int32_t>() { return "<i4"; }
 
+/// numpy's name for a dtype descr ("<f8" -> "float64", "|u1" -> "uint8"); the descr itself when it has none here.
+inline std::string npy_type_name(std::string_view descr) {
+    const std::string_view d = (!descr.empty() && std::string_view("<>=|").find(descr[0]) != std::string_view::npos)
+                                   ? descr.substr(1)
+                                   : descr;
+    if (d == "b1") return "bool";
+    if (d.size() == 2 && (d[0] == 'f' || d[0] == 'i' || d[0] == 'u') && std::string_view("1248").find(d[1]) != std::string_view::npos) {
+        const int bits = (d[1] - '0') * 8;
+        return std::string(d[0] == 'f' ? "float" : d[0] == 'i' ? "int" : "uint") + std::to_string(bits);
+    }
+    return "dtype '" + std::string(descr) + "'";
+}
+
 [[noreturn]] inline void npy_fail(const std::string& where, const std::string& what) { fail("npy", where + ": " + what); }
 
 /// The header dict of a .npy file: {'descr': <str>, 'fortran_order': <bool>, 'shape': <tuple of ints>}.
@@ -169,10 +182,14 @@ NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
     const std::string_view want = npy_descr<T>();
     if (hdr.descr != want) {
         const bool same_kind = hdr.descr.size() == 3 && hdr.descr.substr(1) == want.substr(1);
+        // The fix is one numpy call; name it with numpy's dtype names, as the caller would type it.
+        const std::string want_name = npy_type_name(want);
         if (same_kind && hdr.descr[0] == '>')
-            npy_fail(where, "big-endian dtype '" + hdr.descr + "' is not supported" + expected_got(std::string(want), hdr.descr));
+            npy_fail(where, "big-endian dtype '" + hdr.descr + "' is not supported" + expected_got(std::string(want), hdr.descr) +
+                                ": convert with arr.astype('" + std::string(want) + "')");
         if (!(same_kind && hdr.descr[0] == '='))  // '=' is native order, i.e. little-endian here
-            npy_fail(where, "unsupported dtype '" + hdr.descr + "'" + expected_got(std::string(want), hdr.descr));
+            npy_fail(where, "expected " + want_name + " .npy, got " + npy_type_name(hdr.descr) + " ('" + hdr.descr +
+                                "'): convert with arr.astype(np." + want_name + ")");
     }
     if (hdr.fortran_order) npy_fail(where, "fortran_order arrays are not supported (save with C order)");
     std::uint64_t n = 1;

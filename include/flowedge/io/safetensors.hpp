@@ -242,11 +242,16 @@ private:
     void parse() {
         std::uint64_t n_header = 0;
         for (int i = 7; i >= 0; --i) n_header = (n_header << 8) | std::to_integer<std::uint64_t>(m_base[i]);
-        if (n_header > max_header_bytes)
-            error("header length is too large" + expected_got("<= " + std::to_string(max_header_bytes), std::to_string(n_header)));
+        // A safetensors file opens with a little-endian header length and then '{'. Any other file read that way
+        // (text, .npy, a torch .pt zip) gives an absurd length or no '{': say what the file is not.
+        if (n_header > max_header_bytes || (m_size > 8 && std::to_integer<char>(m_base[8]) != '{' && n_header > m_size - 8))
+            error("not a safetensors file (its first 8 bytes give a header length of " + std::to_string(n_header) +
+                  (n_header > max_header_bytes ? ", above the " + std::to_string(max_header_bytes) + "-byte limit)"
+                                               : " with no JSON header after it)"));
         if (n_header > m_size - 8)
-            error("header length runs past the end of the file" +
-                  expected_got("<= " + std::to_string(m_size - 8), std::to_string(n_header)));
+            error("file truncated: " + std::to_string(m_size) + " of at least " + std::to_string(8 + n_header) +
+                  " bytes (header length runs past the end of the file" +
+                  expected_got("<= " + std::to_string(m_size - 8), std::to_string(n_header)) + ")");
         const std::size_t data_begin = 8 + static_cast<std::size_t>(n_header);
         const std::size_t data_size = m_size - data_begin;
         const char* text = reinterpret_cast<const char*>(m_base + 8);
@@ -281,6 +286,7 @@ private:
         }
         if (!header.is_object()) error(std::string("header is not a JSON object (got ") + header.type_name() + ")");
 
+        check_data_present(header, data_begin);
         m_tensors.reserve(header.size());
         for (const auto& [name, entry] : header.items()) {
             if (name == "__metadata__") {
@@ -311,6 +317,27 @@ private:
             prev = &t;
         }
         for (std::size_t i = 0; i < m_tensors.size(); ++i) m_index.emplace(m_tensors[i].name, i);
+    }
+
+    /// A header whose tensors end past the end of the file almost always belongs to a partly copied or downloaded
+    /// file: say "file truncated: N of M bytes" (the reading a user can act on: copy it again), then name the
+    /// tensor that runs furthest past the end.
+    void check_data_present(const nlohmann::json& header, std::size_t data_begin) const {
+        const std::size_t data_size = m_size - data_begin;
+        std::uint64_t max_end = 0;
+        std::string furthest;
+        for (const auto& [name, entry] : header.items()) {
+            if (name == "__metadata__" || !entry.is_object()) continue;
+            auto jo = entry.find("data_offsets");
+            if (jo == entry.end() || !jo->is_array() || jo->size() != 2) continue;
+            std::uint64_t end = 0;
+            if (!detail::read_index((*jo)[1], end).empty() || end <= max_end) continue;
+            max_end = end;
+            furthest = name;
+        }
+        if (max_end > data_size)
+            error("file truncated: " + std::to_string(m_size) + " of " + std::to_string(data_begin + max_end) + " bytes (tensor '" + furthest + "': 'data_offsets' out of range" +
+                  expected_got("end <= " + std::to_string(data_size), std::to_string(max_end)) + ")");
     }
 
     TensorInfo parse_entry(const std::string& name, const nlohmann::json& entry, std::size_t data_begin, std::size_t data_size) const {
