@@ -64,7 +64,7 @@ std::string machine_summary(bool on_gpu) {
 #else
     const int threads = 1;
 #endif
-    return name + ", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + ", " + cpu::kSimdName + " kernels";
+    return name + ", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + ", " + cpu::kernel_set_name() + " kernels";
 }
 }  // namespace
 

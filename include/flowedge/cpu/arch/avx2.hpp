@@ -4,7 +4,6 @@
 
 inline constexpr int kLanes = 8;
 inline constexpr int kRegisters = 16;
-inline constexpr const char* kSimdName = "avx2";
 using VecF = __m256;
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vset1(float v) { return _mm256_set1_ps(v); }

@@ -6,7 +6,6 @@
 /// Float lanes per vector and vector registers available to a micro-kernel.
 inline constexpr int kLanes = 16;
 inline constexpr int kRegisters = 32;
-inline constexpr const char* kSimdName = "avx512";
 using VecF = __m512;
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vset1(float v) { return _mm512_set1_ps(v); }

@@ -7,7 +7,6 @@
 /// run in 8 interleaved chains as on AVX2, so long reductions keep the same accuracy as the SIMD sets.
 inline constexpr int kLanes = 8;
 inline constexpr int kRegisters = 16;
-inline constexpr const char* kSimdName = "scalar";
 struct VecF {
     float v[kLanes];
 };
