@@ -30,6 +30,7 @@ enum class Activation : std::uint8_t {
     Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
 };
 
+<<<<<<< HEAD
 /// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request, not a guarantee: F32
 /// is the exact path (float products, float accumulation; SPEC 4 tolerances). A backend or shape without a faster
 /// path for the requested mode computes exactly, so a result is always within the F32 tolerance or within the
@@ -60,6 +61,15 @@ enum class Activation : std::uint8_t {
 /// (larger values round to infinity in BF16). Results are deterministic (fixed summation order, independent of
 /// the thread count). test/ops/test_math_mode.cpp checks this bound and, tighter, the accumulation part alone
 /// against a reference that rounds the operands the same way.
+=======
+/// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request: F32 is the exact path (float
+/// products and sums), and a backend or shape without a faster path computes exactly. Otherwise, per output, with
+/// S = sum_i |w_i||x_i| and n the reduction length (in, or in_channels * kernel):
+///   CUDA (sm_80+, batched calls), cuBLASLt path: TF32 <= (2^-10 + 2^-11 + n 2^-24) S, BF16 <= (2^-8 + n 2^-24) S;
+///   CPU BF16 (vdpbf16ps on AVX512_BF16 CPUs; linear for in > 8): <= (c + g(1 + c)) S + g|bias| + a denormal term,
+///     c = 2^-8 (BF16 weights) or 2^-7 + 2^-16 (F32/F16 weights), g = gamma_{3 ceil(n/32) + 6}; CPU TF32 is exact.
+/// Derivations, the CUDA WMMA fallback's bound and the tests that check them: docs/numerics.md#math-modes.
+>>>>>>> renov-docs2
 enum class MathMode : std::uint8_t {
     F32 = 0,  ///< exact float math (default)
     TF32,     ///< tensor cores, TF32 operands, float accumulation (opt-in; exact on the CPU)
@@ -77,7 +87,7 @@ struct LinearParams {
     int ld_x = 0, ld_y = 0;
     Activation act = Activation::None;
     bool accumulate = false;
-    /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 for in > 8 where built for
+    /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 for in > 8 on a CPU with
     /// AVX512_BF16 (x rows and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and every other case are exact.
     MathMode math = MathMode::F32;
 };
@@ -105,8 +115,8 @@ struct Conv1dParams {
     float* y = nullptr;
     int batch = 1, in_channels = 0, out_channels = 0, in_length = 0, out_length = 0;
     int kernel = 1, stride = 1, pad = 0;
-    /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 where built for AVX512_BF16
-    /// (im2col panel and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and builds without it are exact.
+    /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 on a CPU with AVX512_BF16
+    /// (im2col panel and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and other CPUs are exact.
     MathMode math = MathMode::F32;
     /// Optional scratch on the op's backend for a non-F32 MathMode path that needs one (CUDA: the im2col panel,
     /// GEMM output and GEMM library workspace of the cuBLASLt path, Ops<B>::conv1d_scratch_bytes(p) bytes,
@@ -240,7 +250,7 @@ struct SelectiveScanParams {
 /// Which reverse-diffusion update DiffusionStepParams performs.
 enum class StepKind : std::uint8_t { Ddim = 0, Ddpm = 1 };
 
-/// One scheduler update over x: [batch, per_sample] given eps of the same shape (SPEC 1.4):
+/// One scheduler update over x: [batch, per_sample] given eps of the same shape (docs/models.md#scheduler-step):
 ///   x0 = (x - sqrt_one_minus_abar * eps) / sqrt_abar, clamped to +-clip_range when clip;
 ///   Ddim: x = c_x0 * x0 + c_other * eps;
 ///   Ddpm: x = c_x0 * x0 + c_other * x + noise_std * z, z the standard normal with global draw index

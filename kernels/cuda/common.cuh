@@ -91,7 +91,7 @@ __device__ __forceinline__ void pdl_allow_next() {
 /// It first lets the next kernel launch ("early trigger"): the next kernel's blocks become resident while this one
 /// waits and runs, issue their weight prefetch, and sit at their own wait. Progress is guaranteed: a kernel's
 /// successor launches only once all of its blocks are resident, and a block only ever waits on its predecessors.
-/// What it gained: docs/kernels/cuda_notes.md. Build with -DFLOWEDGE_CUDA_PDL_EARLY_TRIGGER=0 to trigger after the
+/// What it gained: docs/performance/cuda.md. Build with -DFLOWEDGE_CUDA_PDL_EARLY_TRIGGER=0 to trigger after the
 /// wait instead (each kernel's pdl_allow_next()).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

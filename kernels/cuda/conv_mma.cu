@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
 
 
 // Default smallest N = batch * out_length routed to the MMA path: below it the WMMA tiles are too small to amortise
-// their per-K-step staging and the exact kernels are faster (PushT batch 8 vs 64: docs/kernels/cuda_notes.md).
+// their per-K-step staging and the exact kernels are faster (PushT batch 8 vs 64: docs/performance/cuda.md).
 constexpr long long kDefaultMinN = 256;
 
 long long mma_min_n() {

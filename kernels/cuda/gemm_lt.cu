@@ -10,7 +10,7 @@
 // Conv1d for batched calls on cuBLASLt: an explicit im2col panel in the caller's
 // scratch, one library GEMM (TF32 or BF16 operands, float accumulation), then a transpose that adds the bias.
 // conv_mma.cu's own WMMA implicit GEMM is correct but staging-bound far below the tensor cores' rate; a tuned
-// library GEMM on the same operands reaches it (docs/kernels/cuda_notes.md).
+// library GEMM on the same operands reaches it (docs/performance/cuda.md).
 //
 // GEMM view (column-major, as cuBLASLt sees memory): D (O x N) = W (O x Kg) * P^T, N = batch*out_length,
 // Kg = in_channels*kernel, n = b*out_length + t, kk = i*kernel + k.
@@ -213,7 +213,7 @@ constexpr int kIm2colMaxKernel = 8;
 /// gathers the taps of one channel (a short x row) into shared memory, then the block writes the
 /// kIm2colChannels*kernel consecutive panel elements with consecutive threads (coalesced): one thread per element
 /// pays 64-bit index divisions, one thread per channel writing its taps directly makes strided stores (their ncu
-/// times: docs/kernels/cuda_notes.md).
+/// times: docs/performance/cuda.md).
 template <class P>
 __global__ void __launch_bounds__(kIm2colChannels) conv1d_im2col_kernel(const Conv1dParams p, P* __restrict__ panel, int n_total) {
     __shared__ P taps[kIm2colChannels * kIm2colMaxKernel];

@@ -5,7 +5,7 @@
 //   epilogue's operands (one round of loads), and sum and sum of squares are reduced in double in one fixed-order
 //   block reduction (deterministic); larger groups take two passes (mean, then the variance around it). At
 //   batch 1 a GroupNorm is latency-bound (8 blocks, ~1024 elements each), so one round of loads and one reduction
-//   matter more than bandwidth (docs/kernels/cuda_notes.md). Then one pass normalises, applies
+//   matter more than bandwidth (docs/performance/cuda.md). Then one pass normalises, applies
 //   gamma/beta, the activation, FiLM (scale*a + bias) and the residual, in float, and writes y
 //   (y may alias x: each element is read and written by the same thread).
 // rms_norm: one block of 256 threads per row; sum of squares in double, y = x * rsqrt(mean + eps) * w.

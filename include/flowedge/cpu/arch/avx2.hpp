@@ -38,7 +38,7 @@ inline float vsum(VecF v) {
 /// [-75, 64] (normal floats), p 2^n1 is exact and the one rounding is at the second multiply, exactly where
 /// vscalefps rounds (denormal results included). Same bits as the AVX-512 form either way.
 // always_inline: GCC otherwise calls vexp out of line from the scan and the packed linear epilogues, and every ymm
-// register is caller-saved, so live vectors spill around each call (decode step 20.4 -> 19.7 us min, 3 runs).
+// register is caller-saved, so live vectors spill around each call.
 [[gnu::always_inline]] inline __m256 vexp(__m256 x) {
     x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-104.f), x));  // NaN stays NaN (see AVX-512)
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
@@ -55,7 +55,7 @@ inline float vsum(VecF v) {
     p = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.f));  // one rounding at the final + 1
     const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is integral
     // Every lane with n in [-125, 127] (the usual case): p in [0.7, 1.42] times 2^n is a normal float, so the scaling
-    // is exact and is p's bits + (n << 23). (One data-dependent branch; measured 8-10% off selective_scan.)
+    // is exact and is p's bits + (n << 23): one data-dependent branch that spares the scan the two multiplies.
     const __m256i out = _mm256_cmpgt_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(125 + INT32_MIN)),
                                            _mm256_set1_epi32(252 + INT32_MIN));  // unsigned n + 125 > 252
     if (_mm256_testz_si256(out, out))
@@ -162,9 +162,9 @@ inline VecF odd_half(VecU v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _m
 inline __m256i lanes_below(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 inline VecF load_n(const float* p, int n) { return _mm256_maskload_ps(p, lanes_below(n)); }
 inline void store_n(float* p, VecF v, int n) { _mm256_maskstore_ps(p, lanes_below(n), v); }
-/// No AVX2 vector forms of the activations in cpu/math.hpp: lane by lane with the scalar ones. Only used when the
-/// activation must precede an accumulate; otherwise the tile stores and activate_inplace runs over the stored row
-/// segment (as Ops<Cpu>::linear does; a per-vector scalar pass measured 2.6x slower for dt_proj's softplus).
+/// Lane by lane with the scalar forms (cpu/math.hpp). Only used when the activation must precede an accumulate;
+/// otherwise the tile stores and activate_inplace runs over the stored row segment (as Ops<Cpu>::linear does), which
+/// is faster than the scalar forms per vector (docs/performance/cpu.md).
 inline VecF activate_vec(Activation act, VecF v) {
     if (act == Activation::None) return v;
     alignas(32) float t[kLanes];

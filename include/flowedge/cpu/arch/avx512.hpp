@@ -80,7 +80,8 @@ inline void round_to_bh(const float* src, int n, bf16* dst) {
 
 
 /// exp(x) for 16 floats: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2]
-/// (Cephes expf coefficients), scaled by 2^n with vscalefps. Under 1 ulp (r + r^2 P(r) first, then + 1); underflows to 0 below -104.
+/// (Cephes expf coefficients), scaled by 2^n with vscalefps. About 1 ulp (r + r^2 P(r) first, then + 1; measured
+/// bound: docs/numerics.md#vector-math-functions); underflows to 0 below -104.
 inline __m512 vexp(__m512 x) {
     // Constant first: vmaxps/vminps return their second operand when one is NaN, so a NaN stays NaN (a NaN
     // activation must not turn into a finite softplus/exp and hide upstream corruption).
@@ -144,7 +145,7 @@ inline __m512 vsoftplus(__m512 x) {
 /// Mish of 16 floats: x * tanh(softplus(x)) = x * m / (m + 2) with m = e (e + 2), e = exp(x), since
 /// tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1); no cancellation for negative x (m ~ 2e), and x itself
 /// above 20 (torch's softplus threshold; the ratio is already 1.0f from x ~ 9). A few ulp from the scalar form.
-/// (The U-Net applies Mish to every GroupNorm output: scalar tanh/log1p/exp took ~10% of a PushT sample.)
+/// (The U-Net applies Mish to every GroupNorm output, so scalar tanh/log1p/exp there cost a visible share of a sample.)
 inline __m512 vmish(__m512 x) {
     const __m512 e = vexp(_mm512_min_ps(x, _mm512_set1_ps(20.f)));
     const __m512 m = _mm512_mul_ps(e, _mm512_add_ps(e, _mm512_set1_ps(2.f)));

@@ -41,7 +41,7 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
     // One parallel region per call and no barrier inside it: every thread builds its own copy of each im2col
     // panel (a few hundred KiB at most, cheap next to its share of the weights) and streams only its own output
     // rows. A thread that loses its core therefore delays only its half instead of stalling the others at every
-    // chunk (2-thread medians used to land on scheduler-quantum multiples on a shared machine).
+    // chunk.
 #pragma omp parallel if (par)
     {
         alignas(64) float panel[kScratchFloats];
@@ -67,7 +67,7 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
 }
 
 #if FLOWEDGE_ISA_AVX2
-/// Reduction steps per micro-kernel pass over one packed block (kernels_packed_conv.hpp): that slice of the block
+/// Reduction steps per micro-kernel pass over one packed block (packed_conv.hpp): that slice of the block
 /// (kPackChunk * kConvBlockWidth weights, 8 KiB at F32 on AVX2) and of the panel stay in L1 while every column group
 /// uses them, and each output is summed in chunks of this length whose partial sums are then added to a running total
 /// (shorter float chains than one sequential sum over in*kernel elements). Even: BF16 blocks store steps in pairs.
@@ -125,11 +125,11 @@ inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int
     }
 }
 
-/// conv1d_impl on packed weights (WeightRef::packed): the same column passes, input-channel chunks, thread split
-/// (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the im2col panel is laid
-/// out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass (one contiguous
-/// stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j; deterministic for any
-/// thread count and column grouping.
+/// conv1d_impl on packed conv blocks (Storage::ConvWeight on the AVX2 set): the same column passes, input-channel
+/// chunks, thread split (by output blocks) and epilogue order (bias + first chunk, then += later chunks), but the
+/// im2col panel is laid out [j][column] and each packed block of kConvBlockWidth<WT> outputs is streamed once per pass
+/// (one contiguous stream per thread). Per output: sum over j in kPackChunk pieces, each piece sequential in j;
+/// deterministic for any thread count and column grouping.
 template <class WT>
 inline void conv1d_packed_impl(const Conv1dParams& p, const WT* wp) {
     [[maybe_unused]] const bool par =

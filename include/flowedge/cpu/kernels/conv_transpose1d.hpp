@@ -9,7 +9,8 @@
 ///   y[b, o, s*stride - pad + k] += Z[b, o*K + k, s]    (col2im, threads split by output channel)
 /// after y = bias. Each y element gets bias, then its (k, s) terms in increasing k: the same order for any chunking
 /// or thread count. Why: the axpy form (conv_transpose1d_impl) re-reads its partial sums from L2 for every 4 input
-/// channels and streamed the PushT Upsample1d weights at ~6-8 GB/s; this form streams them like a Conv1d.
+/// channels, which holds the PushT Upsample1d weight stream far below the read bandwidth; this form streams them like
+/// a Conv1d.
 /// Needs in_length * kConvBlockWidth<WT> <= kScratchFloats (the caller checks).
 template <class WT>
 inline void conv_transpose1d_packed_impl(const ConvTranspose1dParams& p, const WT* wp) {

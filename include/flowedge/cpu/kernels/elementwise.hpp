@@ -50,7 +50,8 @@ inline void embedding(const EmbeddingParams& p) {
     });
 }
 
-/// One DDIM/DDPM update of x: [batch, per_sample] given eps (SPEC 1.4); DDPM noise by global draw index.
+/// One DDIM/DDPM update of x: [batch, per_sample] given eps (docs/models.md#scheduler-step); DDPM noise by global
+/// draw index.
 inline void diffusion_step(const DiffusionStepParams& p) {
     const std::uint64_t seed0 = p.seed_ptr ? *p.seed_ptr : p.seed;
     const bool noise = p.kind == StepKind::Ddpm && p.noise_std != 0.f;

@@ -6,10 +6,8 @@
 inline constexpr int kMaxCols = 8;
 
 /// Software prefetch distance for weight rows in the dot kernels (bytes ahead of the current load; 0 disables).
-/// Measured on file-mapped weights (as the models load them), 1 thread: 512 B gave +15% on 1024x1024 k5 L8
-/// (F32 and BF16) and +7% on 512x512 L16; 256/768/1024/2048/4096 B and the T1/NTA hints were no better.
-/// The 4-column L4 kernel and the 1-column linear kernel are already at the read bandwidth there (prefetching
-/// them measured neutral to 10% slower in the whole U-Net), so they do not prefetch (see kPrefetchMinCols).
+/// Only the 8-column (L8/L16) kernels need it: the 4-column L4 kernel and the 1-column linear kernel already run at
+/// the read bandwidth on file-mapped weights (see kPrefetchMinCols; distances tried: docs/performance/cpu.md).
 #ifndef FLOWEDGE_PREFETCH_BYTES
 #define FLOWEDGE_PREFETCH_BYTES 512
 #endif
@@ -48,9 +46,8 @@ struct ColumnOffset {
 /// Output rows per micro-kernel for `nc` columns: as many as fit the register file
 /// (rows*nc accumulators + rows weight vectors + one activation vector), at most 8.
 /// Exception, 4 columns (the U-Net's L4 convs, 80% of its weights): 7 rows, 28 accumulators. GCC keeps the weights
-/// as memory operands of the FMAs there, so the accumulators plus one activation vector still fit, and 7 weight
-/// rows in flight instead of 6 measured ~4% more weight bandwidth (2048->2048 / 4096->1024 / 1024->2048 k5 L4,
-/// F32, file-mapped weights: 20.8-21.8 -> 21.4-22.9 GB/s best-of-21, alternated; 5 or 4 rows were slower than 6).
+/// as memory operands of the FMAs there, so the accumulators plus one activation vector still fit, and one more
+/// weight row in flight streams a few percent faster on these memory-bound convs (docs/performance/cpu.md).
 constexpr int rows_for_cols(int nc) {
     if (nc == 4 && kRegisters >= 32) return 7;
     const int r = (kRegisters - 2) / (nc + 1);
@@ -219,8 +216,8 @@ inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t
 }
 
 /// Several columns use the short-row kernel only for rows shorter than this (masked tails instead of scalar
-/// ones); otherwise RO x NC register blocking with per-accumulator reductions measured faster (4 x 128 x 512:
-/// 9.6 us vs 17 us), while one column always takes the short-row kernel (256 x 256: 3.5 us vs 4.6 us).
+/// ones); on longer rows RO x NC register blocking with per-accumulator reductions is faster (4 x 128 -> 512),
+/// while one column always takes the short-row kernel (measurements: docs/performance/cpu.md).
 inline constexpr int kShortRow = 64;
 #endif
 
@@ -289,9 +286,8 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx
 
 /// Output rows per BF16 RO x NC block: as many as fit the register file (rows*nc accumulators + one vector per
 /// row + one activation vector), at most 8. Unlike the F32 kernel's 7 x 4 exception, 4 columns get 6 rows: the
-/// weight vector is the register operand of vdpbf16ps (GCC reloads it per column), and with 28 accumulators the
-/// 512 -> 512 k5 L4 conv from cache ran at 45 G MAC/s vs 61-64 with 6 rows (1 thread, best of 41, 3 alternations;
-/// from DRAM both were at the stream rate, 15-18 GB/s on the loaded machine).
+/// weight vector is the register operand of vdpbf16ps (GCC reloads it per column), so 7 x 4 runs slower from cache
+/// and no faster from DRAM (docs/performance/cpu.md).
 template <class WT>
 constexpr int rows_for_cols_bh(int nc) {
     const int r = (kRegisters - 2) / (nc + 1);
@@ -425,9 +421,8 @@ inline void dot_rows16_bh(const WT* w, std::size_t ldw, const bf16* x, std::size
 }
 
 /// Runtime-nc front end of the BF16 kernels (1 <= nc <= kMaxCols). Split as in dot_rows, except that up to 3
-/// columns always take the short-row kernel: measured (1 thread, weights in L2, alternated 3x, best of 2001)
-/// 2 x 256 -> 256 BF16 2.06 us short-row vs 3.20 us RO x NC, 3 x 256 -> 128 1.95 vs 2.46 us, while from 4 columns
-/// RO x NC is as fast or faster (4 x 128 -> 512 7.9 vs 9.3 us, 8 x 512 -> 512 34.5 vs 42.6 us).
+/// columns always take the short-row kernel, which is faster there at any length; from 4 columns RO x NC is as fast
+/// or faster (measurements: docs/performance/cpu.md).
 template <class WT, class F>
 inline void dot_rows(int nc, const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
     if (len < kShortRow || nc <= 3) {

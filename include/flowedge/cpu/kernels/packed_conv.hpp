@@ -1,12 +1,10 @@
 // Conv1d on a load-time packed weight layout ("outputs in lanes"): the CPU path of the U-Net convolutions on
 // machines with 16 vector registers (AVX2).
 //
-// Why: the row-major kernels of kernels_gemm.hpp take dot products along the reduction index, so each step loads
-// one vector per weight row *and* one per activation column. With AVX2's 16 registers only 2 weight rows x 4
-// columns fit, the im2col panel (4-16 columns x up to 10240 elements, 160 KiB) does not fit Zen 3's 32 KiB L1, and
-// the kernel ends up bound by panel traffic from L2 and by too few weight streams in flight: measured on a Zen 3
-// EPYC (1 thread) 15.5 G MAC/s at the PushT L4 convs (16 GB/s of weights of ~21 available), 18 G MAC/s at L8/L16,
-// against 50.8 G MAC/s of FMA peak.
+// Why: the row-major kernels of gemm.hpp take dot products along the reduction index, so each step loads one vector
+// per weight row *and* one per activation column. With AVX2's 16 registers only 2 weight rows x 4 columns fit, and
+// the im2col panel (4-16 columns x up to 10240 elements, 160 KiB) does not fit a 32 KiB L1, so that kernel is bound
+// by panel traffic from L2 and by too few weight streams in flight, far below the FMA peak (docs/performance/cpu.md).
 // Here the weights are stored in blocks of kConvBlockWidth<T> outputs (zero-padded past `out`), step by step along
 // j = i*K + k (the im2col index), so one block is a single contiguous stream and one step multiplies the block's
 // weight vectors by one broadcast activation per column: no horizontal reductions, and the panel is read as one
@@ -18,9 +16,9 @@
 //              3L 32-bit slots: [0, L) step j, low half output l, high half output L + l; [L, 2L) the same for
 //              step j+1; [2L, 3L) output 2L + l, low half step j, high half step j+1. One full-width load widens
 //              to two vectors with a shift (low halves) and a mask (high halves), no shuffles.
-// Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, so with two vectors
-// x 4 columns (8 accumulators, 4-cycle FMA latency) the Zen 3 core reached ~40 of 50.8 G MAC/s; three vectors x 4
-// columns keep 12 FMA chains in flight and share each broadcast over 3 FMAs (measured below, at the kernel).
+// Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, and with 4-cycle FMA
+// latency at 2 FMAs per cycle a core needs ~12 independent chains: three vectors x 4 columns keep 12 in flight and
+// share each broadcast over 3 FMAs, where two vectors x 4 columns (8 chains) stay well below the FMA peak.
 #if FLOWEDGE_ISA_AVX2  // the packed layout is the AVX2 set's (the AVX-512 set's row-major kernels use 32 registers)
 
 /// Output vectors per packed block (see the layouts above) and outputs per block.
@@ -56,8 +54,8 @@ inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
     constexpr int W = kConvBlockWidth<T>;
     const int blocks = (out + W - 1) / W;
     for (int b = 0; b < blocks; ++b) {
-        // Sequential writes from W read streams (one per output row). Writing one lane at a time with a W-element
-        // stride instead made packing ~15% of the samples of a 3-run PushT bench (about 1.2 s).
+        // Sequential writes from W read streams (one per output row): writing one lane at a time with a W-element
+        // stride makes packing a visible part of a PushT load.
         const T* rows[W];
         for (int l = 0; l < W; ++l) rows[l] = b * W + l < out ? w + std::size_t(b * W + l) * R : nullptr;
         T* db = dst + std::size_t(b) * W * R;
@@ -92,7 +90,7 @@ template <class T>
 inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, T* dst) {
     const std::size_t J = std::size_t(out) * std::size_t(K), I = std::size_t(in);
     std::vector<T> rows(J * I);
-    constexpr std::size_t kTile = 64;  // cache-sized tiles: a plain strided transpose took ~0.3 s for PushT's Upsample1d
+    constexpr std::size_t kTile = 64;  // cache-sized tiles: a plain strided transpose is slow at the Upsample1d sizes
     for (std::size_t i0 = 0; i0 < I; i0 += kTile)
         for (std::size_t r0 = 0; r0 < J; r0 += kTile)
             for (std::size_t i = i0; i < std::min(I, i0 + kTile); ++i)
@@ -122,11 +120,9 @@ inline void load_pair(const bf16* p, VecF& w0, VecF& w1) {
     w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(std::int32_t(0xFFFF0000u))));
 }
 
-/// Bytes a software prefetch runs ahead of the weight loads (one prefetcht0 per 64-byte line). The hardware
-/// prefetcher alone kept one packed stream at ~14 GB/s on Zen 3 (the ~13 instructions per line limit how far the
-/// out-of-order window runs ahead); 16-32 F32 steps ahead measured 19-21 GB/s at the PushT L4 convs (1 thread,
-/// the machine's streaming-sum bandwidth 21 GB/s), 48 steps and more were slower; 2-8 KiB measured the same for
-/// the BF16 blocks.
+/// Bytes a software prefetch runs ahead of the weight loads (one prefetcht0 per 64-byte line): the ~13 instructions
+/// per line limit how far the out-of-order window runs ahead, so the hardware prefetcher alone keeps one packed stream
+/// well below the read bandwidth. 2 KiB = 32 F32 steps (distances tried: docs/performance/cpu.md).
 #ifndef FLOWEDGE_PACK_PREFETCH_BYTES
 #define FLOWEDGE_PACK_PREFETCH_BYTES 2048
 #endif
@@ -144,8 +140,8 @@ inline void packed_steps(const WT* wp, const float* x, std::size_t ldx, int n, V
         VecF w0, w1;
         load_pair(w, w0, w1);
         // Up to 4 columns, keep the weight vectors in registers: GCC otherwise folds the load into every FMA
-        // (12 loads instead of 6 per step at 4 columns; L4/L8 measured 5-15% faster). At 5-6 columns there are
-        // no spare registers (the asm then forces spills: L16 10% slower), so GCC's choice stays.
+        // (12 loads instead of 6 per step at 4 columns). At 5-6 columns there are no spare registers (the asm would
+        // force spills), so GCC's choice stays.
         if constexpr (NC <= 4) asm("" : "+x"(w0), "+x"(w1));
         for (int c = 0; c < NC; ++c) {
             const VecF b = vset1(xj[c]);
@@ -198,8 +194,6 @@ alignas(32) inline constexpr std::uint32_t kBf16HighMask[8] = {0xFFFF0000u, 0xFF
 /// (ymm0-11), the three weight vectors (ymm12-14) and the broadcast (ymm15) use all 16 registers, so the widening
 /// mask is a memory operand; GCC's register allocation of the intrinsics form spilled two accumulators per step
 /// pair. Same operations in the same order as the intrinsics form (bit-identical results).
-/// Measured (Zen 3, 1 thread, the PushT U-Net's convolutions, BF16 weights): ~7% less time than the two-vector
-/// blocks for the whole sequence (L4 24.1 -> 22.6, L8 7.0 -> 6.2, L16 2.6 -> 2.3 ms per U-Net call).
 inline void packed_pairs_bf16_nc4(const bf16* wp, const float* x, std::size_t ldx, long pairs, VecF (&acc)[3][4]) {
     const long ldx_bytes = long(ldx * sizeof(float));
     // ymm(3c + v) holds acc[v][c], stored at byte (4v + c) * 32 of acc.

@@ -1,44 +1,22 @@
 // Small-row linear kernels on a load-time packed, k-major weight copy (Storage::SmallRowsMatrix, cpu/weights.hpp).
 // Kernel-set body (AVX2 and AVX-512 sets): included once per instruction set by cpu/kernels.hpp.
 //
-// Why: at batch 1 (decode, flow solve) and 4 rows (Mamba prefill) every product is a matrix-vector product whose
-// weights live in L2. The dot-product kernels of kernels_gemm.hpp reduce 16 weight rows per output block through a
-// transpose tree and get no reuse across 4 rows. Here the weights are stored k-major per output block, so a product
-// is an axpy sweep: broadcast x[r][k], FMA it with one vector of outputs' weights into output-vector accumulators.
-// No horizontal reductions, every loaded weight vector serves all rows of the call, and every output is summed
-// sequentially over k in S chains (chain s takes the k pairs (2j, 2j+1) with j % S == s, in k order; chain 0 starts
-// at the bias; one FMA rounding per term; then c0 + c1, or (c0 + c1) + (c2 + c3)):
-//   S = 1: y[r][o] = act(fl(...fl(fl(bias[o] + w[o][0] x[r][0]) + w[o][1] x[r][1]) ... + w[o][in-1] x[r][in-1]))  (+ y_old)
-// S depends only on the output count (PackedLinear::chains_for: 1 from half a block of vectors up, 2 or 4 below, so
-// that a 1-row call of a narrow linear still has >= 8 FMA chains in flight), so an output's bits do not depend on
-// how many rows a call has or how outputs are blocked: a 4-row prefill row equals the same row decoded alone.
-// Exact modes: any term passes through at most 2*ceil(ceil(in/2)/S) + log2(S) <= in roundings (adding an empty
-// chain's exact zero is exact), so |y - y_exact| <= gamma_in * (sum_i |w_i||x_i| + |bias|), gamma_d = d 2^-24 / (1 - d 2^-24),
-// before the activation; accumulate adds one more rounding.
+// Why: at 1 row (decode, flow solve) and 4 rows (Mamba prefill) a product's weights live in L2, and the dot-product
+// kernels of gemm.hpp pay a horizontal reduction per output and get no reuse across rows. Here a product is an axpy
+// sweep: broadcast x[r][k], FMA it with one vector of outputs' weights into output-vector accumulators, so every
+// loaded weight vector serves all rows of the call. Each output is summed over k in S = 1, 2 or 4 chains fixed by the
+// output count only (packed_chains_for), so a row's bits never depend on the row count or blocking; summation order
+// and error bounds: docs/numerics.md#packed-linear-summation.
 //
-// Layouts (L = kLanes outputs per vector: 16 with AVX-512, 8 with AVX2; out padded to whole vectors with zeros;
-// output blocks of up to kPackBlockVecs vectors, block b holds outputs [b*kPackBlockVecs*L, ...)):
-//   F32:   per block, for k in [0, in): the block's vectors of L floats (one contiguous stream per block).
-//          F32 weights as stored; F16 weights widened at pack time (exact).
+// Layouts (L = kLanes outputs per vector, out padded to whole vectors with zeros; output blocks of up to
+// kPackBlockVecs vectors):
+//   F32:   per block, for k in [0, in): the block's vectors of L floats (F32 as stored, F16 widened exactly).
 //   Pairs: per block, for each k pair (k, k+1): the block's vectors of L 32-bit lanes, lane i = (bf16 w[o_i][k+1]
-//          << 16) | bf16 w[o_i][k] (an odd `in` pads the last pair with a zero weight). Exact math widens the even
-//          half with a shift and the odd half with an and-mask (no shuffles, two FMAs, k before k+1); MathMode::BF16
-//          (builds with FLOWEDGE_CPU_BF16_MATH) feeds the pair vector to vdpbf16ps against the x pair broadcast.
-//          BF16 weights as stored; under MathMode::BF16, F32/F16 weights rounded to BF16 (RNE, vcvtne2ps2bf16, the
-//          same rounding Ops<Cpu>::linear applies as it loads them) at pack time.
-// A PackedLinear holds one layout at a time in a buffer sized at the first pack() for the larger one it can need;
-// set_math() repacks in place (no allocation after load).
-//
-// MathMode::BF16 accumulation chain (the packed counterpart of the bound in op_params.hpp's MathMode doc): each
-// vdpbf16ps adds two exact BF16 x BF16 products to a chain's lane sum (chain 0 started at the bias), at most one
-// rounding per addition, then the log2(S) chain additions. With P = ceil(in/2) pairs, the longest chain any product
-// (or the bias) passes through is d = 2*ceil(P/S) + log2(S) <= 2P additions (P >= 5: only in > 8 takes this path),
-// and with g = d*2^-24 / (1 - d*2^-24), c = 2^-8 (BF16 weights) or 2^-7 + 2^-16 (rounded F32/F16 weights),
-// Sw = sum_i |w_i||x_i|:
-//   |y - y_exact| <= (c + g*(1 + c)) * Sw + g*|bias| + 2^-125 * (sum_i (|w_i| + |x_i| + 1) + 16)
-// before the activation (the last term is the DAZ/FTZ one as in op_params.hpp); accumulate adds one more rounding.
-// test/ops/ops_packed_test.cpp checks it with d = 2P, and the accumulation alone against a double emulation of the
-// BF16-rounded operands.
+//          << 16) | bf16 w[o_i][k] (an odd `in` pads with a zero weight). Exact math widens the halves by a shift and
+//          an and-mask; MathMode::BF16 (AVX-512 set on an AVX512_BF16 CPU) feeds the pair vector to vdpbf16ps. BF16
+//          weights as stored; under MathMode::BF16, F32/F16 weights rounded to BF16 (RNE) at pack time.
+// cpu::PackedWeight holds one layout at a time in a buffer sized at load for the larger one and repacks in place on
+// set_math (no allocation after load).
 #if FLOWEDGE_ISA_SIMD
 /// Output-vector accumulators a tile keeps in registers (rows x vectors): half the register file, leaving room for
 /// the broadcast x values and the weight vector(s) of one k step (AVX-512: 16 of 32 zmm; AVX2: 8 of 16 ymm).
@@ -113,7 +91,7 @@ inline void step_bh(const std::uint32_t* w, std::size_t ks, const std::uint32_t*
 #endif
 
 /// Runs step(j, acc[j % S]) for j in [0, n) in order (S steps per iteration, then the remainder). The chain index
-/// is a compile-time constant in every call (parameter packs, not a loop over s): with a runtime s GCC kept the
+/// is a compile-time constant in every call (parameter packs, not a loop over s): with a runtime s GCC keeps the
 /// accumulators of S > 1 tiles in memory (FMAs with memory destinations through a pointer).
 template <int S, int R, int V, class Step>
 inline void chains(int n, VecF (&acc)[S][R][V], Step&& step) {
