@@ -30,38 +30,6 @@ enum class Activation : std::uint8_t {
     Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
 };
 
-<<<<<<< HEAD
-/// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request, not a guarantee: F32
-/// is the exact path (float products, float accumulation; SPEC 4 tolerances). A backend or shape without a faster
-/// path for the requested mode computes exactly, so a result is always within the F32 tolerance or within the
-/// mode's bound below.
-///
-/// CUDA (sm_80+ tensor cores, batched calls where batch*length >= 256; smaller calls stay exact): conv1d on a
-/// cuBLASLt GEMM over an im2col panel (kernels/cuda/gemm_lt.cu; F32 weights -> TF32 GEMM under either mode, BF16
-/// weights under BF16 -> BF16 GEMM; |err| <= (2^-10 + 2^-11 + Kg 2^-24) * sum|w||x| (TF32) or (2^-8 + Kg 2^-24) *
-/// sum|w||x| (BF16)), else, for F32 weights without model scratch, the WMMA kernels of kernels/cuda/conv_mma.cu
-/// (TF32 <= ~1.3e-3, BF16 <= ~8.1e-3 * sum|w||x|); 16-bit weights the GEMM declines stay exact. Linear: F32 weights,
-/// >= 32 rows, no activation/accumulate -> TF32 GEMM (same TF32 bound with Kg = in); otherwise exact.
-///
-/// CPU: TF32 is always exact (no TF32 hardware). BF16 runs Ops<Cpu>::conv1d and Ops<Cpu>::linear (rows longer than
-/// 8 elements) on vdpbf16ps kernels when the build targets AVX512_BF16 (__AVX512BF16__, e.g. -march=native on Zen 4
-/// or Sapphire Rapids; FLOWEDGE_CPU_BF16_MATH is then defined); builds without it compute every mode exactly.
-/// There, activations (conv1d's im2col panel, linear's x rows) are rounded once to BF16 (round-to-nearest-even,
-/// vcvtne2ps2bf16); BF16-stored weights are used as stored, F32/F16-stored weights are rounded once to BF16 the
-/// same way as they are loaded; the BF16 x BF16 products are exact in F32 (8 x 8 significand bits), each vdpbf16ps
-/// adds 2 of them to each of its 16 F32 lane sums (at most one rounding per addition), then come 4 levels of lane
-/// reduction and the pass/bias/accumulate adds of the epilogue. With u = 2^-8 (BF16 unit roundoff), n the reduction length (in, or in_channels * kernel), d =
-/// 3*ceil(n/32) + 6 the longest chain of F32 additions any product passes through and g = d*2^-24 / (1 - d*2^-24):
-///   |y - y_exact| <= (c + g*(1 + c)) * S + g*|bias| + 2^-125 * (sum_i (|w_i| + |x_i| + 1) + 16),
-///   S = sum_i |w_i||x_i| (stored weights, unrounded activations), c = u for BF16-stored weights and
-///   c = 2u + u^2 for F32/F16-stored weights (each operand off by at most u relative).
-/// The last term covers DAZ/FTZ: vcvtne2ps2bf16 and vdpbf16ps read denormal inputs as zero and flush denormal
-/// results (each such event moves a value by < 2^-126). n = 10240 (PushT's 2048-channel k5 conv): g = 5.8e-5, so
-/// |err| <= 3.96e-3 * S with BF16 weights and <= 7.89e-3 * S with F32/F16 weights. |x| must stay below ~3.39e38
-/// (larger values round to infinity in BF16). Results are deterministic (fixed summation order, independent of
-/// the thread count). test/ops/test_math_mode.cpp checks this bound and, tighter, the accumulation part alone
-/// against a reference that rounds the operands the same way.
-=======
 /// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request: F32 is the exact path (float
 /// products and sums), and a backend or shape without a faster path computes exactly. Otherwise, per output, with
 /// S = sum_i |w_i||x_i| and n the reduction length (in, or in_channels * kernel):
@@ -69,7 +37,6 @@ enum class Activation : std::uint8_t {
 ///   CPU BF16 (vdpbf16ps on AVX512_BF16 CPUs; linear for in > 8): <= (c + g(1 + c)) S + g|bias| + a denormal term,
 ///     c = 2^-8 (BF16 weights) or 2^-7 + 2^-16 (F32/F16 weights), g = gamma_{3 ceil(n/32) + 6}; CPU TF32 is exact.
 /// Derivations, the CUDA WMMA fallback's bound and the tests that check them: docs/numerics.md#math-modes.
->>>>>>> renov-docs2
 enum class MathMode : std::uint8_t {
     F32 = 0,  ///< exact float math (default)
     TF32,     ///< tensor cores, TF32 operands, float accumulation (opt-in; exact on the CPU)

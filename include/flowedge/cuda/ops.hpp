@@ -24,18 +24,12 @@ struct Ops<Cuda> {
     static void fill_zero(void* dst, std::size_t bytes, Stream s = {}) { Memory<Cuda>::fill_zero(dst, bytes, s); }
     static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
 
-<<<<<<< HEAD
     /// The weight-preparation hook: the kernels read every weight as stored, so nothing is prepared.
     static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view) { return nullptr; }
 
-    static void linear(const LinearParams& p, Stream s = {}) { cuda::linear(p, s); }
-    static void linear_batch(const LinearBatchParams& p, Stream s = {}) { cuda::linear_batch(p, s); }
-    static void conv1d(const Conv1dParams& p, Stream s = {}) { cuda::conv1d(p, s); }
-=======
     static void linear(const LinearParams& p, Stream s = {}) { check_args(p); cuda::linear(p, s); }
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { check_args(p); cuda::linear_batch(p, s); }
     static void conv1d(const Conv1dParams& p, Stream s = {}) { check_args(p); cuda::conv1d(p, s); }
->>>>>>> renov-tests
     static std::size_t conv1d_scratch_bytes(const Conv1dParams& p) { return cuda::conv1d_scratch_bytes(p); }
     static void prepare_math(MathMode m) { cuda::prepare_math(m); }
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { check_args(p); cuda::conv_transpose1d(p, s); }
