@@ -19,7 +19,7 @@
 #endif
 
 #include <flowedge/cpu/simd.hpp>
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

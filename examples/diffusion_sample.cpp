@@ -13,7 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 #include <flowedge/runtime.hpp>
 
 using namespace flowedge;

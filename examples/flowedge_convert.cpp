@@ -5,7 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

@@ -5,8 +5,8 @@
 #include <iostream>
 #include <string>
 
-#include <flowedge/models/diffusion_head.hpp>
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/diffusion/head.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "../diffusion/diffusion_reference.hpp"
 

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "flowedge/graph.hpp"
-#include "flowedge/io/lerobot.hpp"
+#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
 #include "flowedge/layers/conv1d.hpp"
 #include "flowedge/layers/conv_transpose1d.hpp"
 #include "flowedge/layers/linear.hpp"
 #include "flowedge/layers/unet_blocks.hpp"
-#include "flowedge/models/diffusion_config.hpp"
-#include "flowedge/models/schedulers.hpp"
+#include "flowedge/models/diffusion/config.hpp"
+#include "flowedge/models/diffusion/schedulers.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/workspace.hpp"

@@ -20,7 +20,7 @@
 #include "flowedge/dtype.hpp"
 #include "flowedge/error.hpp"
 #include "flowedge/io/safetensors.hpp"
-#include "flowedge/models/diffusion_config.hpp"
+#include "flowedge/models/diffusion/config.hpp"
 #include "flowedge/parameter.hpp"
 
 // GCC 13 flags every `const T& x = f(..., "literal")` where f returns a reference into its first argument as a

@@ -6,8 +6,8 @@
 #include <optional>
 #include <span>
 
-#include "flowedge/models/flow_head.hpp"
-#include "flowedge/models/mamba.hpp"
+#include "flowedge/models/mamba_flow/flow_head.hpp"
+#include "flowedge/models/mamba_flow/mamba.hpp"
 
 namespace flowedge {
 
