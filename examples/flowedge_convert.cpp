@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <flowedge/models/diffusion/export.hpp>
 #include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;

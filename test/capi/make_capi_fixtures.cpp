@@ -5,6 +5,7 @@
 #include <iostream>
 #include <string>
 
+#include <flowedge/models/diffusion/export.hpp>
 #include <flowedge/models/diffusion/head.hpp>
 #include <flowedge/models/mamba_flow/policy.hpp>
 

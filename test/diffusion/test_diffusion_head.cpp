@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "diffusion_reference.hpp"
+#include "flowedge/models/diffusion/export.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 
 using namespace flowedge;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowedge/io/npy.hpp"
+#include "flowedge/models/diffusion/export.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 
 using namespace flowedge;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
+#include "flowedge/models/diffusion/export.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/mamba.hpp"
 #include "reliability_util.hpp"
