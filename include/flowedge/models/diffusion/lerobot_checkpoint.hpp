@@ -1,5 +1,6 @@
 // Reads LeRobot Diffusion Policy checkpoints (pretrained_model folders and the compact *.flowedge.safetensors
-// form) into a validated DiffusionConfig plus U-Net tensors addressed by their PyTorch names; writes the compact form.
+// form) into a validated DiffusionConfig plus U-Net tensors addressed by their PyTorch names; also defines the compact
+// form's tensor names and metadata, which export.hpp writes.
 #pragma once
 #include <algorithm>
 #include <array>
