@@ -20,7 +20,7 @@
 #include <vector>
 
 #include <flowedge/cuda/runtime.hpp>
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

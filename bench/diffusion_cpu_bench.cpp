@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

@@ -19,7 +19,7 @@
 #include <omp.h>
 #endif
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 #include <flowedge/runtime.hpp>
 #ifdef FLOWEDGE_WITH_CUDA
 #include <flowedge/cuda/runtime.hpp>

@@ -8,7 +8,7 @@ Module contents:
   ConditionalUnet1d         == lerobot DiffusionConditionalUnet1d: forward(x [B, H, A], timestep [B], global_cond [B, G])
                             -> epsilon [B, H, A]; parameter names equal LeRobot's keys without "diffusion.unet.".
   Sampler                   DDIM (eta 0) / DDPM loop with per-step coefficients precomputed in float32 exactly as
-                            include/flowedge/models/schedulers.hpp (and diffusers as LeRobot configures it) does, and
+                            include/flowedge/models/diffusion/schedulers.hpp (and diffusers as LeRobot configures it) does, and
                             timestep tensors allocated up front: no host sync inside, so the whole loop can be captured
                             in one torch.cuda.CUDAGraph.
   load_compact_weights      fills a ConditionalUnet1d from a compact file (names mapped with flowedge.diffusion_compact_name).

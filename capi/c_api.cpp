@@ -15,8 +15,8 @@
 
 #include "error_map.hpp"
 #include "flowedge/error.hpp"
-#include "flowedge/models/diffusion_head.hpp"
-#include "flowedge/models/mamba_flow_policy.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/mamba_flow/policy.hpp"
 #include "flowedge/runtime.hpp"
 
 #ifndef FLOWEDGE_VERSION_STRING

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <flowedge/io/npy.hpp>
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 namespace fs = std::filesystem;

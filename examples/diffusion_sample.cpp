@@ -20,7 +20,7 @@
 #include <flowedge/cuda/runtime.hpp>
 #endif
 #include <flowedge/io/npy.hpp>
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 #include <flowedge/runtime.hpp>
 
 using namespace flowedge;

@@ -9,7 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 #include <flowedge/runtime.hpp>
 
 using namespace flowedge;

@@ -5,7 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/export.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

@@ -13,8 +13,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <flowedge/io/lerobot.hpp>
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/lerobot_checkpoint.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 using namespace flowedge;
 

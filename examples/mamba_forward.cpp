@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flowedge/models/mamba.hpp>
+#include <flowedge/models/mamba_flow/mamba.hpp>
 #include <flowedge/runtime.hpp>
 
 using namespace flowedge;

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-#include "flowedge/models/diffusion_config.hpp"
+#include "flowedge/models/diffusion/config.hpp"
 
 namespace flowedge::fuzz {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "flowedge/error.hpp"
-#include "flowedge/io/lerobot.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 #include "fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

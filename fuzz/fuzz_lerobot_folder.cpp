@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "flowedge/error.hpp"
-#include "flowedge/io/lerobot.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 #include "fuzz_common.hpp"
 
 // Input: config.json text | policy_postprocessor.json text | model.safetensors | postprocessor state safetensors,

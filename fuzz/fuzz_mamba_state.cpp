@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "flowedge/error.hpp"
-#include "flowedge/models/mamba.hpp"
+#include "flowedge/models/mamba_flow/mamba.hpp"
 
 namespace {
 flowedge::Mamba<flowedge::Cpu>& model() {

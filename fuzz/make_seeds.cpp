@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "flowedge/io/lerobot.hpp"
+#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
 #include "flowedge/io/safetensors.hpp"
-#include "flowedge/models/diffusion_head.hpp"
-#include "flowedge/models/mamba.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/mamba_flow/mamba.hpp"
 #include "fuzz_common.hpp"
 
 namespace fs = std::filesystem;

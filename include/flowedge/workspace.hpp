@@ -58,6 +58,40 @@ private:
     std::size_t m_used = 0;
 };
 
+/// Stands in for a Workspace<B> in a measuring pass of a model's forward (run at load, no ops executed): `take`
+/// hands out null views of the requested shape and only counts their bytes, and `reserve` accounts for the scratch a
+/// layer call would take on top of what is held. peak() is then the capacity the running pass needs, so a model's
+/// workspace size comes from the same code that takes it.
+template <Backend B>
+class WorkspaceMeter {
+public:
+    /// Next n elements of T, as a view with no memory.
+    template <class T>
+    View<T, B> take(Shape s) {
+        m_used += Workspace<B>::template bytes_for<T>(static_cast<std::size_t>(s.numel()));
+        m_peak = m_used > m_peak ? m_used : m_peak;
+        return {nullptr, s};
+    }
+    /// A call that takes up to `bytes` more and returns them before it ends.
+    void reserve(std::size_t bytes) { m_peak = m_used + bytes > m_peak ? m_used + bytes : m_peak; }
+    std::size_t peak() const { return m_peak; }
+
+    /// Scoped mark, like Workspace<B>::Mark.
+    class Mark {
+    public:
+        explicit Mark(WorkspaceMeter& m) : m_meter(m), m_at(m.m_used) {}
+        ~Mark() { m_meter.m_used = m_at; }
+        Mark(const Mark&) = delete;
+        Mark& operator=(const Mark&) = delete;
+    private:
+        WorkspaceMeter& m_meter;
+        std::size_t m_at;
+    };
+
+private:
+    std::size_t m_used = 0, m_peak = 0;
+};
+
 /// Everything an op needs besides its tensors: the stream, the scratch arena and the requested math mode
 /// (layers copy it into the params of the ops that honour it, e.g. Conv1dParams::math).
 template <Backend B>

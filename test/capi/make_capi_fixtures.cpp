@@ -5,8 +5,9 @@
 #include <iostream>
 #include <string>
 
-#include <flowedge/models/diffusion_head.hpp>
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/diffusion/export.hpp>
+#include <flowedge/models/diffusion/head.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "../diffusion/diffusion_reference.hpp"
 

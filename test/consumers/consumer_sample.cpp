@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <flowedge/models/diffusion_head.hpp>
+#include <flowedge/models/diffusion/head.hpp>
 
 int main(int argc, char** argv) {
     if (argc < 2) {

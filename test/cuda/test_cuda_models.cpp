@@ -16,8 +16,8 @@
 #include "cuda_test_util.hpp"
 #include "flowedge/cuda/runtime.hpp"
 #include "flowedge/io/npy.hpp"
-#include "flowedge/models/diffusion_head.hpp"
-#include "flowedge/models/mamba_flow_policy.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/mamba_flow/policy.hpp"
 #include "flowedge/runtime.hpp"
 
 using namespace flowedge;

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowedge/io/safetensors.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 
 namespace dref {
 

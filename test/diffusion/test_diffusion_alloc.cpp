@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "diffusion_reference.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

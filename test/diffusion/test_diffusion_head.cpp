@@ -1,6 +1,6 @@
 // DiffusionHead tests: PushT parameter count, scheduler tables, tiny U-Net and sampler vs an independent double
-// reference, LeRobot folder / compact loading and round trip, BF16 weights, CPU MathMode, loader rejections, input
-// validation.
+// reference, the U-Net's measured workspace and [B, A, H] layout, LeRobot folder / compact loading and round trip, BF16
+// weights, CPU MathMode, loader rejections, input validation.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "diffusion_reference.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/export.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;
@@ -204,6 +205,46 @@ TEST_CASE("U-Nets with 16 and with more than kMaxLinearBatch residual blocks (Fi
         MESSAGE(dims.size() << " stages: max |eps - ref| = " << worst << " (max |ref| " << scale << ")");
         CHECK(scale > 0);
         CHECK(worst < 2e-5 * std::max(1.0, scale));
+        fs::remove_all(dir);
+    }
+}
+
+TEST_CASE("the U-Net's measured workspace is exactly what forward() takes, and its [B, A, H] layout is denoise's transposed") {
+    // workspace_bytes() is a WorkspaceMeter pass of forward()'s own walk: with one byte less, forward() runs out.
+    for (const std::vector<int>& dims : {std::vector<int>{8, 12}, std::vector<int>{8, 12, 16, 20, 24}}) {
+        DiffusionConfig c = dref::tiny_config();
+        c.down_dims = dims;
+        c.horizon = 16;
+        CAPTURE(dims.size());
+        const fs::path dir = tiny_folder("measured" + std::to_string(dims.size()), c, dref::random_weights(c, 5));
+        const int A = c.action_dim, H = c.horizon;
+        for (int B : {1, 3}) {
+            CAPTURE(B);
+            auto head = DiffusionHead<Cpu>::load(dir, {}, B);
+            const ConditionalUnet1d<Cpu>& unet = head.unet();
+            const std::vector<float> cond = seq(std::size_t(B) * c.global_cond_dim, 0.7, 1.3);
+            const std::vector<float> x = seq(std::size_t(B) * H * A, 0.37, 1.0);  // [B, H, A]
+            std::vector<float> xt(x.size()), eps_unet(x.size()), eps(x.size());
+            for (int b = 0; b < B; ++b)
+                for (int h = 0; h < H; ++h)
+                    for (int a = 0; a < A; ++a) xt[std::size_t((b * A + a) * H + h)] = x[std::size_t((b * H + h) * A + a)];
+            auto run = [&](std::size_t bytes) {
+                Workspace<Cpu> ws(bytes);
+                Context<Cpu> ctx{{}, &ws, MathMode::F32};
+                unet.forward(ctx, View<const float, Cpu>{xt.data(), Shape{B, A, H}}, 37.f,
+                             View<const float, Cpu>{cond.data(), Shape{B, c.global_cond_dim}}, View<float, Cpu>{eps_unet.data(), Shape{B, A, H}});
+            };
+            const std::size_t need = unet.workspace_bytes(B);
+            CHECK(error_of([&] { run(need); }).empty());
+            CHECK(error_of([&] { run(need - 1); }).find("scratch exhausted") != std::string::npos);
+            head.denoise(cond, x, 37, eps, B);
+            std::size_t mismatches = 0;
+            for (int b = 0; b < B; ++b)
+                for (int h = 0; h < H; ++h)
+                    for (int a = 0; a < A; ++a)
+                        mismatches += eps[std::size_t((b * H + h) * A + a)] != eps_unet[std::size_t((b * A + a) * H + h)];
+            CHECK(mismatches == 0);
+        }
         fs::remove_all(dir);
     }
 }

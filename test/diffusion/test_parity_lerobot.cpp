@@ -14,7 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "flowedge/io/npy.hpp"
-#include "flowedge/models/diffusion_head.hpp"
+#include "flowedge/models/diffusion/export.hpp"
+#include "flowedge/models/diffusion/head.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

@@ -2,7 +2,7 @@
 // resumable begin/advance/cancel contract, input/output finiteness checks, and MambaFlowPolicy file variants.
 #include <doctest/doctest.h>
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "support.hpp"
 

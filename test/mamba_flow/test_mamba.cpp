@@ -2,7 +2,7 @@
 // state-serialisation and token-validation contracts of SPEC 1.1.
 #include <doctest/doctest.h>
 
-#include <flowedge/models/mamba.hpp>
+#include <flowedge/models/mamba_flow/mamba.hpp>
 
 #include "support.hpp"
 

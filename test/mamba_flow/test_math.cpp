@@ -3,7 +3,7 @@
 // product) and deterministic, the begin/advance contract holds in every mode, and set_math validates its input.
 #include <doctest/doctest.h>
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "support.hpp"
 

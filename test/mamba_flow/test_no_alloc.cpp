@@ -5,7 +5,7 @@
 
 #include "../support/counting_new.hpp"
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "support.hpp"
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowedge/io/npy.hpp"
-#include "flowedge/models/mamba_flow_policy.hpp"
+#include "flowedge/models/mamba_flow/policy.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

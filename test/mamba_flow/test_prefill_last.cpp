@@ -3,7 +3,7 @@
 // row count), leaves the same decode state, and act() equals prefill + an explicit flow solve on that row.
 #include <doctest/doctest.h>
 
-#include <flowedge/models/mamba_flow_policy.hpp>
+#include <flowedge/models/mamba_flow/policy.hpp>
 
 #include "support.hpp"
 

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "flowedge/models/diffusion_head.hpp"
-#include "flowedge/models/mamba_flow_policy.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/mamba_flow/policy.hpp"
 #include "reliability_util.hpp"
 
 using namespace flowedge;

@@ -12,9 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "flowedge/io/lerobot.hpp"
-#include "flowedge/models/diffusion_head.hpp"
-#include "flowedge/models/mamba.hpp"
+#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
+#include "flowedge/models/diffusion/export.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/mamba_flow/mamba.hpp"
 #include "reliability_util.hpp"
 
 using namespace flowedge;

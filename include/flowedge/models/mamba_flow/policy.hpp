@@ -6,8 +6,8 @@
 #include <optional>
 #include <span>
 
-#include "flowedge/models/flow_head.hpp"
-#include "flowedge/models/mamba.hpp"
+#include "flowedge/models/mamba_flow/flow_head.hpp"
+#include "flowedge/models/mamba_flow/mamba.hpp"
 
 namespace flowedge {
 
@@ -57,8 +57,7 @@ public:
     /// MathMode::F32 = exact, BF16 an opt-in with the per-projection bound stated there). Validated like
     /// DiffusionHead::set_math; an Error during an active flow solve. Applies to whichever parts the file has.
     void set_math(MathMode m) {
-        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
-            fail("mamba_flow", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
+        check_math_mode(m, "mamba_flow");
         if (m_head) m_head->set_math(m);  // first: the only one that can refuse (active solve)
         if (m_backbone) m_backbone->set_math(m);
     }

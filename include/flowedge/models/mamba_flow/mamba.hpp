@@ -11,29 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "flowedge/graph.hpp"
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/layers/embedding.hpp"
 #include "flowedge/layers/mamba_mixer.hpp"
 #include "flowedge/layers/rms_norm.hpp"
+#include "flowedge/models/mamba_flow/state_format.hpp"
+#include "flowedge/models/model_execution.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/workspace.hpp"
 
 namespace flowedge {
-
-namespace detail {
-/// 64-bit FNV-1a, continuing from `h` (start with kFnvOffset).
-inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvOffset) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-}  // namespace detail
 
 /// Mamba-1 backbone, transformers MambaModel (embeddings -> n_layers x MambaBlock -> norm_f), SPEC 1.1.
 /// Tensors `backbone.embeddings.weight [vocab, d_model]`, `backbone.layers.{i}.norm.weight`,
@@ -54,12 +42,10 @@ public:
         float eps = 1e-5f;
     };
 
-    /// Version written into export_state() headers; import_state() accepts only this one.
-    static constexpr std::uint32_t kStateVersion = 1;
+    /// Version written into export_state() headers; import_state() accepts only this one (MambaStateFormat).
+    static constexpr std::uint32_t kStateVersion = MambaStateFormat::kVersion;
     /// Bytes of the export_state() header that precedes the float payload.
-    static constexpr std::size_t kStateHeaderBytes = 80;
-    /// Header bytes carrying fields (magic, 8 x u32, 3 x u64); the rest up to kStateHeaderBytes is reserved (zero).
-    static constexpr std::size_t kHeaderUsedBytes = 8 + 8 * 4 + 3 * 8;
+    static constexpr std::size_t kStateHeaderBytes = MambaStateFormat::kHeaderBytes;
 
     Mamba(Mamba&&) noexcept = default;
     Mamba& operator=(Mamba&&) noexcept = default;
@@ -115,12 +101,7 @@ public:
     /// Identifier of the loaded weights (hash of tensor names, shapes and sampled bytes); part of exported state.
     std::uint64_t model_id() const { return m_model_id; }
     /// Stream every op is enqueued on (default stream unless set).
-    void set_stream(Stream s) {
-        m_stream = s;
-        m_prefill_graph.reset();
-        m_prefill_last_graph.reset();
-        m_step_graph.reset();
-    }
+    void set_stream(Stream s) { m_exec.set_stream(s); }
 
     /// Arithmetic of the projections (in_proj, x_proj, dt_proj, out_proj of every layer), default MathMode::F32 =
     /// exact. BF16 is an opt-in: backends with a BF16 linear path (Ops<Cpu>::linear with vdpbf16ps; others where
@@ -131,17 +112,10 @@ public:
     /// and norms always run in float. Changing it drops the recorded graphs (re-captured on the next call; no
     /// allocation). Results stay deterministic in every mode. End-to-end bound: test/mamba_flow/test_math.cpp.
     void set_math(MathMode m) {
-        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
-            fail("mamba", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
-        if (m == m_math) return;
-        Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        if (!m_exec.switch_math(m)) return;
         for (Layer& l : m_layers) l.mixer.set_math(m);  // prepared weights: in place, no allocation
-        m_math = m;
-        m_prefill_graph.reset();
-        m_prefill_last_graph.reset();
-        m_step_graph.reset();
     }
-    MathMode math() const { return m_math; }
+    MathMode math() const { return m_exec.math(); }
 
     /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
     std::size_t prepared_bytes() const {
@@ -165,8 +139,8 @@ public:
         if (!(hidden.size() >= tokens.size() * std::size_t(m_cfg.d_model))) [[unlikely]]
             fail("mamba", "prefill output too small" + expected_got(tokens.size() * std::size_t(m_cfg.d_model), hidden.size()));
         const float* out = prefill_device(tokens);
-        Memory<B>::copy_to_host(hidden.data(), out, tokens.size() * std::size_t(m_cfg.d_model) * sizeof(float), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::copy_to_host(hidden.data(), out, tokens.size() * std::size_t(m_cfg.d_model) * sizeof(float), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
     }
 
     /// Decodes one more token: hidden: [d_model] (host), the final-norm hidden state of that token.
@@ -175,8 +149,8 @@ public:
         if (!(hidden.size() >= std::size_t(m_cfg.d_model))) [[unlikely]]
             fail("mamba", "step output too small" + expected_got(m_cfg.d_model, hidden.size()));
         const float* out = step_device(token);
-        Memory<B>::copy_to_host(hidden.data(), out, std::size_t(m_cfg.d_model) * sizeof(float), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::copy_to_host(hidden.data(), out, std::size_t(m_cfg.d_model) * sizeof(float), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
     }
 
     /// prefill() leaving the result on the backend: returns hidden [L, d_model] in backend memory, valid
@@ -186,9 +160,9 @@ public:
         check_length(tokens.size());
         const int L = int(tokens.size());
         validate_tokens(tokens);
-        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_stream);
-        m_prefill_graph.run(m_stream, std::uint64_t(L), [this, L] {
-            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
+        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_exec.stream());
+        m_exec.run(kPrefillGraph, std::uint64_t(L), [this, L] {
+            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_exec.stream());
             forward(L);
         });
         return m_out.data();
@@ -204,9 +178,9 @@ public:
         check_length(tokens.size());
         const int L = int(tokens.size());
         validate_tokens(tokens);
-        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_stream);
-        m_prefill_last_graph.run(m_stream, std::uint64_t(L), [this, L] {
-            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
+        Memory<B>::copy_from_host(m_ids.data(), tokens.data(), tokens.size() * sizeof(std::int32_t), m_exec.stream());
+        m_exec.run(kPrefillLastGraph, std::uint64_t(L), [this, L] {
+            Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_exec.stream());
             forward(L, /*last_only=*/true);
         });
         return m_out.data() + std::size_t(L - 1) * std::size_t(m_cfg.d_model);
@@ -216,16 +190,16 @@ public:
     const float* step_device(std::int32_t token) {
         check_live("step");
         validate_tokens(std::span<const std::int32_t>(&token, 1));
-        Memory<B>::copy_from_host(m_ids.data(), &token, sizeof(std::int32_t), m_stream);
-        m_step_graph.run(m_stream, 1, [this] { forward(1); });
+        Memory<B>::copy_from_host(m_ids.data(), &token, sizeof(std::int32_t), m_exec.stream());
+        m_exec.run(kStepGraph, 1, [this] { forward(1); });
         return m_out.data();
     }
 
     /// Forgets the sequence: zero conv and ssm state (the next step() starts a new sequence).
     void reset() {
         check_live("reset");
-        Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
     }
 
     /// Bytes export_state() writes: header plus n_layers x (conv [d_conv-1, d_inner] + ssm [d_inner, d_state]) floats.
@@ -245,11 +219,11 @@ public:
         if (!(out.size() >= state_bytes())) [[unlikely]]
             fail("mamba", "export_state buffer too small" + expected_got(state_bytes(), out.size()));
         std::byte* payload = out.data() + kStateHeaderBytes;
-        Memory<B>::copy_to_host(payload, m_state.data(), m_state.bytes(), m_stream);
-        Memory<B>::synchronize(m_stream);
-        Header h = make_header();
+        Memory<B>::copy_to_host(payload, m_state.data(), m_state.bytes(), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
+        MambaStateHeader h = state_header();
         h.checksum = detail::fnv1a(payload, m_state.bytes());
-        write_header(h, out.data());
+        MambaStateFormat::write(h, out.data());
         return state_bytes();
     }
 
@@ -257,40 +231,10 @@ public:
     /// bad magic, another version, another shape or model, a wrong size or a checksum mismatch.
     void import_state(std::span<const std::byte> in) {
         check_live("import_state");
-        if (in.size() < kStateHeaderBytes)
-            fail("mamba", "import_state: truncated state" + expected_got(state_bytes(), in.size()));
-        const Header got = read_header(in.data());
-        const Header want = make_header();
-        if (std::memcmp(got.magic, want.magic, sizeof got.magic) != 0)
-            fail("mamba", "import_state: not a flowedge Mamba state (bad magic)");
-        if (got.version != kStateVersion)
-            fail("mamba", "import_state: unsupported state version" + expected_got(kStateVersion, got.version));
-        if (got.header_bytes != kStateHeaderBytes)
-            fail("mamba", "import_state: bad header size field" + expected_got(kStateHeaderBytes, got.header_bytes));
-        for (std::size_t i = kHeaderUsedBytes; i < kStateHeaderBytes; ++i)
-            if (in[i] != std::byte{0})
-                fail("mamba", "import_state: reserved header byte " + std::to_string(i) + " is not zero" +
-                                  expected_got(0, std::to_integer<int>(in[i])));
-        auto shape_str = [](const Header& h) {
-            return "n_layers " + std::to_string(h.n_layers) + ", d_model " + std::to_string(h.d_model) + ", d_inner " +
-                   std::to_string(h.d_inner) + ", d_state " + std::to_string(h.d_state) + ", d_conv " +
-                   std::to_string(h.d_conv) + ", dt_rank " + std::to_string(h.dt_rank);
-        };
-        if (got.n_layers != want.n_layers || got.d_model != want.d_model || got.d_inner != want.d_inner ||
-            got.d_state != want.d_state || got.d_conv != want.d_conv || got.dt_rank != want.dt_rank)
-            fail("mamba", "import_state: state of a model with another shape" + expected_got(shape_str(want), shape_str(got)));
-        if (got.model_id != want.model_id)
-            fail("mamba", "import_state: state of another model (same shape, other weights)" +
-                              expected_got(std::to_string(want.model_id), std::to_string(got.model_id)));
-        if (got.payload_bytes != want.payload_bytes || in.size() != kStateHeaderBytes + m_state.bytes())
-            fail("mamba", "import_state: wrong state size" + expected_got(state_bytes(), in.size()));
+        MambaStateFormat::check(in, state_header());
         const std::byte* payload = in.data() + kStateHeaderBytes;
-        const std::uint64_t sum = detail::fnv1a(payload, m_state.bytes());
-        if (sum != got.checksum)
-            fail("mamba", "import_state: checksum mismatch, the state is corrupted" +
-                              expected_got(std::to_string(got.checksum), std::to_string(sum)));
-        Memory<B>::copy_from_host(m_state.data(), payload, m_state.bytes(), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::copy_from_host(m_state.data(), payload, m_state.bytes(), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
     }
 
     /// Lists every parameter with its PyTorch state-dict name relative to the backbone prefix.
@@ -314,18 +258,13 @@ private:
         MambaMixer<B> mixer;
     };
 
-    struct Header {
-        char magic[8] = {'F', 'E', 'M', 'A', 'M', 'B', 'A', '1'};
-        std::uint32_t version = kStateVersion;
-        std::uint32_t header_bytes = std::uint32_t(kStateHeaderBytes);
-        std::uint32_t n_layers = 0, d_model = 0, d_inner = 0, d_state = 0, d_conv = 0, dt_rank = 0;
-        std::uint64_t model_id = 0;
-        std::uint64_t payload_bytes = 0;
-        std::uint64_t checksum = 0;
-    };
+    /// The graphs this model replays, one per kind of call.
+    enum GraphKind : std::size_t { kPrefillGraph, kPrefillLastGraph, kStepGraph, kGraphKinds };
+    using Execution = ModelExecution<B, kGraphKinds>;
 
-    Header make_header() const {
-        Header h;
+    /// This model's state header (shape fingerprint, model id, payload size; checksum left 0).
+    MambaStateHeader state_header() const {
+        MambaStateHeader h;
         h.n_layers = std::uint32_t(m_cfg.n_layers);
         h.d_model = std::uint32_t(m_cfg.d_model);
         h.d_inner = std::uint32_t(m_cfg.d_inner);
@@ -334,28 +273,6 @@ private:
         h.dt_rank = std::uint32_t(m_cfg.dt_rank);
         h.model_id = m_model_id;
         h.payload_bytes = m_state.bytes();
-        return h;
-    }
-
-    // Fixed little-endian-host layout: magic[8] version header_bytes n_layers d_model d_inner d_state d_conv
-    // dt_rank (u32 each) model_id payload_bytes checksum (u64 each), zero padding to kStateHeaderBytes.
-    static void write_header(const Header& h, std::byte* dst) {
-        std::memset(dst, 0, kStateHeaderBytes);
-        std::size_t o = 0;
-        auto put = [&](const void* v, std::size_t n) { std::memcpy(dst + o, v, n); o += n; };
-        put(h.magic, 8);
-        for (std::uint32_t v : {h.version, h.header_bytes, h.n_layers, h.d_model, h.d_inner, h.d_state, h.d_conv, h.dt_rank})
-            put(&v, 4);
-        for (std::uint64_t v : {h.model_id, h.payload_bytes, h.checksum}) put(&v, 8);
-    }
-    static Header read_header(const std::byte* src) {
-        Header h;
-        std::size_t o = 0;
-        auto get = [&](void* v, std::size_t n) { std::memcpy(v, src + o, n); o += n; };
-        get(h.magic, 8);
-        for (std::uint32_t* v : {&h.version, &h.header_bytes, &h.n_layers, &h.d_model, &h.d_inner, &h.d_state, &h.d_conv, &h.dt_rank})
-            get(v, 4);
-        for (std::uint64_t* v : {&h.model_id, &h.payload_bytes, &h.checksum}) get(v, 8);
         return h;
     }
 
@@ -385,7 +302,7 @@ private:
         m_h = Buffer<float, B>(rows * dm);
         m_out = Buffer<float, B>(rows * dm);
         m_state = Buffer<float, B>(std::size_t(m_cfg.n_layers) * m_layers[0].mixer.state_floats());
-        m_ws = Workspace<B>(workspace_bytes(max_tokens));
+        m_exec = Execution("mamba", workspace_bytes(max_tokens));
         reset();
     }
 
@@ -405,11 +322,7 @@ private:
         return h;
     }
 
-    /// Every public method that touches buffers starts here: a moved-from model is an Error, not a crash.
-    void check_live(const char* what) const {
-        if (!m_ids.data()) [[unlikely]]
-            fail("mamba", std::string(what) + "() on a moved-from Mamba (it holds no weights or buffers; use the object it was moved into)");
-    }
+    void check_live(const char* what) const { m_exec.check_live(what, "Mamba"); }
 
     void check_length(std::size_t n) const {
         if (n == 0 || n > std::size_t(m_max_tokens))
@@ -428,9 +341,9 @@ private:
     /// last_only: the last layer adds its mixer output to the last row of m_h only and norm_f runs on that row only
     /// (m_out row L-1 is the result; the other rows of m_h/m_out are left stale, and they are not state).
     void forward(int L, bool last_only = false) {
-        Context<B> ctx{m_stream, &m_ws, m_math};
-        m_ws.reset();
-        float* n = m_ws.template take<float>(Shape{L, m_cfg.d_model}).data;
+        Context<B> ctx = m_exec.context();
+        m_exec.workspace().reset();
+        float* n = m_exec.workspace().template take<float>(Shape{L, m_cfg.d_model}).data;
         m_embedding.forward(ctx, m_ids.data(), m_h.data(), L);
         const std::size_t per_layer = m_layers[0].mixer.state_floats();
         for (int i = 0; i < m_cfg.n_layers; ++i) {
@@ -448,15 +361,12 @@ private:
     Config m_cfg{};
     int m_max_tokens = 0;
     std::uint64_t m_model_id = 0;
-    Stream m_stream{};
-    MathMode m_math = MathMode::F32;
     Embedding<B> m_embedding;
     std::vector<Layer> m_layers;
     RmsNorm<B> m_norm_f;
     Buffer<std::int32_t, B> m_ids;
     Buffer<float, B> m_h, m_out, m_state;
-    Workspace<B> m_ws;
-    Graph<B> m_prefill_graph, m_prefill_last_graph, m_step_graph;
+    Execution m_exec;
 };
 
 }  // namespace flowedge

@@ -12,9 +12,9 @@
 #include <algorithm>
 
 #include "flowedge/workspace.hpp"  // before linear.hpp, which uses Context<B>
-#include "flowedge/graph.hpp"
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/layers/linear.hpp"
+#include "flowedge/models/model_execution.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 
@@ -102,11 +102,7 @@ public:
 
     const Config& config() const { return m_cfg; }
     int max_batch() const { return m_max_batch; }
-    void set_stream(Stream s) {
-        m_stream = s;
-        m_graph_full.reset();
-        m_graph_part.reset();
-    }
+    void set_stream(Stream s) { m_exec.set_stream(s); }
 
     /// Arithmetic of the head's projections (in_proj, time_proj, cond_proj, hidden layers, out_proj), default
     /// MathMode::F32 = exact. BF16 is an opt-in: backends with a BF16 linear path (Ops<Cpu>::linear with vdpbf16ps;
@@ -119,20 +115,16 @@ public:
     /// allocation). Results stay deterministic, and begin/advance splits stay bit-identical to one sample() in
     /// every mode. Bound on a velocity: test/mamba_flow/test_math.cpp.
     void set_math(MathMode m) {
-        if (!(m == MathMode::F32 || m == MathMode::TF32 || m == MathMode::BF16)) [[unlikely]]
-            fail("flow_head", "unknown math mode" + expected_got("f32, tf32 or bf16", int(m)));
-        if (m == m_math) return;
+        check_math_mode(m, "flow_head");
+        if (m == m_exec.math()) return;
         if (m_active) [[unlikely]]
             fail("flow_head", "set_math() during an active solve" + expected_got("no active solve (result() or cancel() first)",
                                                                                  std::to_string(m_done) + " of " + std::to_string(m_steps) + " steps done"));
-        Ops<B>::prepare_math(m);  // e.g. a GEMM library handle, created now and not inside a graph capture
+        m_exec.switch_math(m);
         for_each_linear([m](Linear<B>& l) { l.set_math(m); });  // prepared weights: in place, no allocation
-        m_math = m;
         m_tcache_steps = 0;
-        m_graph_full.reset();
-        m_graph_part.reset();
     }
-    MathMode math() const { return m_math; }
+    MathMode math() const { return m_exec.math(); }
 
     /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
     std::size_t prepared_bytes() const {
@@ -167,8 +159,8 @@ public:
         check_solve(solver, steps, batch);
         check_input(cond, std::size_t(batch) * m_cfg.cond_dim, "condition");
         check_input(noise, std::size_t(batch) * m_cfg.action_dim, "noise");
-        Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_stream);
-        Memory<B>::copy_from_host(m_noise, noise.data(), noise.size_bytes(), m_stream);
+        Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_exec.stream());
+        Memory<B>::copy_from_host(m_noise, noise.data(), noise.size_bytes(), m_exec.stream());
         start(solver, steps, batch);
     }
 
@@ -183,8 +175,8 @@ public:
         const std::size_t row = std::size_t(m_cfg.cond_dim) * sizeof(float);
         const std::size_t ld = cond_stride < 0 ? std::size_t(m_cfg.cond_dim) : std::size_t(cond_stride);
         for (int b = 0; b < batch; ++b)
-            Memory<B>::copy(m_cond + std::size_t(b) * m_cfg.cond_dim, cond_device + std::size_t(b) * ld, row, m_stream);
-        Memory<B>::copy_from_host(m_noise, noise.data(), noise.size_bytes(), m_stream);
+            Memory<B>::copy(m_cond + std::size_t(b) * m_cfg.cond_dim, cond_device + std::size_t(b) * ld, row, m_exec.stream());
+        Memory<B>::copy_from_host(m_noise, noise.data(), noise.size_bytes(), m_exec.stream());
         start(solver, steps, batch);
     }
 
@@ -201,7 +193,7 @@ public:
             const bool whole = first == 0 && count == m_steps;
             const std::uint64_t key = std::uint64_t(m_solver) | std::uint64_t(m_batch) << 2 | std::uint64_t(m_steps) << 16 |
                                       std::uint64_t(first) << 32 | std::uint64_t(count) << 48;
-            (whole ? m_graph_full : m_graph_part).run(m_stream, key, [this, first, count] { enqueue(first, count); });
+            m_exec.run(whole ? kFullSolveGraph : kPartSolveGraph, key, [this, first, count] { enqueue(first, count); });
             m_done += count;
         }
         return m_done == m_steps;
@@ -218,8 +210,8 @@ public:
         const std::size_t n = std::size_t(m_batch) * m_cfg.action_dim;
         if (!(out.size() == n)) [[unlikely]]
             fail("flow_head", "output has the wrong size" + expected_got(n, out.size()));
-        Memory<B>::copy_to_host(out.data(), m_x, n * sizeof(float), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::copy_to_host(out.data(), m_x, n * sizeof(float), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
         m_active = false;
         for (std::size_t i = 0; i < n; ++i)
             if (!std::isfinite(out[i])) [[unlikely]] diagnose_non_finite(out);
@@ -243,13 +235,13 @@ public:
             fail("flow_head", "velocity output has the wrong size" + expected_got(x.size(), v.size()));
         m_active = false;
         m_batch = batch;
-        Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_stream);
-        Memory<B>::copy_from_host(m_x, x.data(), x.size_bytes(), m_stream);
-        Context<B> ctx{m_stream, nullptr, m_math};
+        Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_exec.stream());
+        Memory<B>::copy_from_host(m_x, x.data(), x.size_bytes(), m_exec.stream());
+        Context<B> ctx = m_exec.context_without_scratch();
         m_cond_proj.forward(ctx, m_cond, m_c, batch);
         eval(ctx, m_x, t, nullptr, m_k[0]);
-        Memory<B>::copy_to_host(v.data(), m_k[0], v.size_bytes(), m_stream);
-        Memory<B>::synchronize(m_stream);
+        Memory<B>::copy_to_host(v.data(), m_k[0], v.size_bytes(), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
     }
 
     /// Lists flow.* parameters relative to the "flow." prefix.
@@ -279,18 +271,19 @@ private:
         // Every projection multiplies batch rows (1 in the reference use): small-row weights.
         bind_parameters<B>(*this, file, "flow.", opts, "flow_head");
 
-        m_ws = Workspace<B>(workspace_bytes(max_batch));
+        m_exec = Execution("flow_head", workspace_bytes(max_batch));
+        Workspace<B>& ws = m_exec.workspace();  // carved once into the persistent buffers below
         const int mb = max_batch;
-        m_cond = m_ws.template take<float>(Shape{mb, m_cfg.cond_dim}).data;
-        m_noise = m_ws.template take<float>(Shape{mb, A}).data;
-        m_x = m_ws.template take<float>(Shape{mb, A}).data;
-        m_xt = m_ws.template take<float>(Shape{mb, A}).data;
-        for (auto& k : m_k) k = m_ws.template take<float>(Shape{mb, A}).data;
-        m_c = m_ws.template take<float>(Shape{mb, H}).data;
-        m_h[0] = m_ws.template take<float>(Shape{mb, H}).data;
-        m_h[1] = m_ws.template take<float>(Shape{mb, H}).data;
-        m_temb = m_ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
-        m_tcache = m_ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
+        m_cond = ws.template take<float>(Shape{mb, m_cfg.cond_dim}).data;
+        m_noise = ws.template take<float>(Shape{mb, A}).data;
+        m_x = ws.template take<float>(Shape{mb, A}).data;
+        m_xt = ws.template take<float>(Shape{mb, A}).data;
+        for (auto& k : m_k) k = ws.template take<float>(Shape{mb, A}).data;
+        m_c = ws.template take<float>(Shape{mb, H}).data;
+        m_h[0] = ws.template take<float>(Shape{mb, H}).data;
+        m_h[1] = ws.template take<float>(Shape{mb, H}).data;
+        m_temb = ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
+        m_tcache = ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
     }
 
     template <class F>
@@ -300,10 +293,7 @@ private:
     }
 
     /// A moved-from head still holds raw pointers into the workspace it gave away: refuse to use them.
-    void check_live(const char* what) const {
-        if (m_ws.capacity() == 0) [[unlikely]]
-            fail("flow_head", std::string(what) + "() on a moved-from FlowHead (it holds no weights or buffers; use the object it was moved into)");
-    }
+    void check_live(const char* what) const { m_exec.check_live(what, "FlowHead"); }
 
     void check_solve(Solver solver, int steps, int batch) const {
         if (!(std::uint8_t(solver) <= 2)) [[unlikely]]
@@ -338,7 +328,7 @@ private:
     /// Fills the table time_proj @ [sin(t f) | cos(t f)] for t = j/(2N), j = 0..2N (once per N; weights never change).
     void prepare_time_cache(int steps) {
         if (steps > kTimeCacheSteps || m_tcache_steps == steps) return;
-        Context<B> ctx{m_stream, nullptr, m_math};
+        Context<B> ctx = m_exec.context_without_scratch();
         for (int j = 0; j <= 2 * steps; ++j) {
             time_features(ctx, float(double(j) / (2.0 * double(steps))), 1);
             m_time_proj.forward(ctx, m_temb, m_tcache + std::size_t(j) * m_cfg.hidden, 1);
@@ -401,10 +391,10 @@ private:
 
     /// Enqueues steps [first, first + count); step 0 is preceded by x = noise and c = cond_proj @ cond.
     void enqueue(int first, int count) const {
-        Context<B> ctx{m_stream, nullptr, m_math};
+        Context<B> ctx = m_exec.context_without_scratch();
         const std::int64_t n = std::int64_t(m_batch) * m_cfg.action_dim;
         if (first == 0) {
-            Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_stream);
+            Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_exec.stream());
             m_cond_proj.forward(ctx, m_cond, m_c, m_batch);
         }
         for (int k = first; k < first + count; ++k) step(ctx, k, n);
@@ -446,14 +436,14 @@ private:
 
     /// Replays the solve step by step (outside any graph) to name the first step whose state is non-finite.
     [[noreturn]] void diagnose_non_finite(std::span<float> host) {
-        Context<B> ctx{m_stream, nullptr, m_math};
+        Context<B> ctx = m_exec.context_without_scratch();
         const std::int64_t n = std::int64_t(m_batch) * m_cfg.action_dim;
-        Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_stream);
+        Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_exec.stream());
         m_cond_proj.forward(ctx, m_cond, m_c, m_batch);
         for (int k = 0; k < m_steps; ++k) {
             step(ctx, k, n);
-            Memory<B>::copy_to_host(host.data(), m_x, std::size_t(n) * sizeof(float), m_stream);
-            Memory<B>::synchronize(m_stream);
+            Memory<B>::copy_to_host(host.data(), m_x, std::size_t(n) * sizeof(float), m_exec.stream());
+            Memory<B>::synchronize(m_exec.stream());
             for (std::int64_t i = 0; i < n; ++i)
                 if (!std::isfinite(host[std::size_t(i)]))
                     fail("flow_head", "non-finite action at step " + std::to_string(k + 1) + " of " + std::to_string(m_steps) +
@@ -463,13 +453,15 @@ private:
         fail("flow_head", "non-finite action (not reproduced on replay; steps " + std::to_string(m_steps) + ")");
     }
 
+    /// The graphs this head replays: whole solves, and the pieces of begin/advance splits.
+    enum GraphKind : std::size_t { kFullSolveGraph, kPartSolveGraph, kGraphKinds };
+    using Execution = ModelExecution<B, kGraphKinds>;
+
     Config m_cfg{};
     int m_max_batch = 1;
-    Stream m_stream{};
-    MathMode m_math = MathMode::F32;
     Linear<B> m_in_proj, m_time_proj, m_cond_proj, m_out_proj;
     std::vector<Linear<B>> m_layers;
-    Workspace<B> m_ws;
+    Execution m_exec;
     float* m_cond = nullptr;
     float* m_noise = nullptr;
     float* m_x = nullptr;
@@ -480,7 +472,6 @@ private:
     float* m_temb = nullptr;
     float* m_tcache = nullptr;
     int m_tcache_steps = 0;  ///< N the time table holds (0 = none)
-    Graph<B> m_graph_full, m_graph_part;
     Solver m_solver = Solver::Euler;
     int m_steps = 0, m_batch = 1, m_done = 0;
     bool m_active = false;

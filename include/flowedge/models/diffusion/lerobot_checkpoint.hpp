@@ -1,5 +1,6 @@
 // Reads LeRobot Diffusion Policy checkpoints (pretrained_model folders and the compact *.flowedge.safetensors
-// form) into a validated DiffusionConfig plus U-Net tensors addressed by their PyTorch names; writes the compact form.
+// form) into a validated DiffusionConfig plus U-Net tensors addressed by their PyTorch names; also defines the compact
+// form's tensor names and metadata, which export.hpp writes.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -20,7 +21,7 @@
 #include "flowedge/dtype.hpp"
 #include "flowedge/error.hpp"
 #include "flowedge/io/safetensors.hpp"
-#include "flowedge/models/diffusion_config.hpp"
+#include "flowedge/models/diffusion/config.hpp"
 #include "flowedge/parameter.hpp"
 
 // GCC 13 flags every `const T& x = f(..., "literal")` where f returns a reference into its first argument as a

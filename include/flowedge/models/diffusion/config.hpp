@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "flowedge/error.hpp"
-#include "flowedge/models/schedulers.hpp"
+#include "flowedge/models/diffusion/schedulers.hpp"
 
 namespace flowedge {
 
