@@ -513,7 +513,7 @@ int main(int argc, char** argv) {
                 first = false;
             }
             js << "}},\n";
-            // CPU parity of the same sample at full PushT size (SPEC 4: 10-step DDIM 6e-4 max abs, normalized units).
+            // CPU parity of the same sample at full PushT size (docs/numerics.md#whole-head-tolerances: 10-step DDIM 6e-4 max abs, normalized units).
             if (cpu_check) {
                 auto cpu = DiffusionHead<Cpu>::load(model, {}, 1);
                 std::vector<float> g(per), c(per);

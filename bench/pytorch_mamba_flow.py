@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch eager baseline for bench/mamba_flow_bench: transformers MambaModel + the SPEC 1.2 flow head on the
+"""PyTorch eager baseline for bench/mamba_flow_bench: transformers MambaModel + the flow head of docs/models.md#flow-matching-head on the
 same checkpoint, same prefix (tokens 1 2 3 4), same noise (sin(0.3*i)), 10 Euler steps, batch 1, same threads.
 Prints p50/p99/max per whole action and per decode step and writes the same JSON keys as the C++ bench.
 --device cuda runs the same eager modules on the GPU and times what a caller gets, like the C++ bench: inputs
@@ -42,7 +42,7 @@ def timed(fn, warmup, iters, before=None):
 
 
 class FlowHead(torch.nn.Module):
-    """SPEC 1.2: h = silu(in_proj x + time_proj [sin(t f) | cos(t f)] + cond_proj cond); h = silu(W_l h); v = out_proj h."""
+    """docs/models.md#flow-velocity-field: h = silu(in_proj x + time_proj [sin(t f) | cos(t f)] + cond_proj cond); h = silu(W_l h); v = out_proj h."""
 
     def __init__(self, sd):
         super().__init__()

@@ -14,7 +14,7 @@ un-normalisation) against flowedge F32 and against PyTorch eager. PyTorch runs f
 (torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False) so the F32 rows are a parity check;
 one more row, "torch cuda graph tf32", is PyTorch's default TF32 convolutions in one CUDA graph (its fastest F32 mode
 in ../shared/ANCHORS.md; diff reported, not bounded; --no-tf32 skips it).
-Exit 77 ("skipped: no CUDA device") without a usable GPU; 1 when a F32 variant exceeds SPEC 4's 10-step DDIM bound.
+Exit 77 ("skipped: no CUDA device") without a usable GPU; 1 when a F32 variant exceeds the 10-step DDIM bound of docs/numerics.md#whole-head-tolerances.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-DDIM_BOUND = 6e-4  # SPEC 4: 10-step DDIM vs PyTorch float32 (TF32 off), max abs, normalised units
+DDIM_BOUND = 6e-4  # docs/numerics.md#whole-head-tolerances: 10-step DDIM vs PyTorch float32 (TF32 off), max abs, normalised units
 
 
 def import_flowedge(path: str | None):
@@ -355,7 +355,7 @@ def markdown(r: dict) -> str:
         f"- model `{r['model']}`, {r['unet_parameters']:,} U-Net parameters; PyTorch U-Net: {r['torch_unet']}, float32, "
         f"**TF32 off** (except the \"torch cuda graph tf32\" row: PyTorch default TF32 convolutions); torch.compile: {r['torch_compile_note']}",
         f"- DDIM {r['steps']} steps; {r['runs']} timed calls after {r['warmup']} warm-up; {r['timing']}",
-        f"- diff: {r['diff_units']}; F32 parity bound (SPEC 4, 10-step DDIM) {r['ddim_bound']:g}",
+        f"- diff: {r['diff_units']}; F32 parity bound (docs/numerics.md#whole-head-tolerances, 10-step DDIM) {r['ddim_bound']:g}",
         "",
         "| batch | implementation | p50 ms | p99 ms | max ms | max abs diff vs flowedge f32 | vs torch eager | note |",
         "|---:|---|---:|---:|---:|---:|---:|---|",

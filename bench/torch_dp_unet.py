@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Our own PyTorch Diffusion Policy head (LeRobot's conditional 1-D U-Net + DDIM/DDPM, SPEC 1.3/1.4): the PyTorch side of
+"""Our own PyTorch Diffusion Policy head (LeRobot's conditional 1-D U-Net + DDIM/DDPM, docs/models.md#diffusion-policy-u-net and #schedulers): the PyTorch side of
 the GPU benchmark on machines without lerobot/diffusers, with LeRobot's exact state_dict names.
 
 Module contents:
   DpConfig                  U-Net + scheduler settings (flowedge DiffusionConfig fields); config_from_compact(path) reads
-                            them from a *.flowedge.safetensors file (dp.meta / dp.dims, SPEC 2).
+                            them from a *.flowedge.safetensors file (dp.meta / dp.dims, docs/formats.md#dp-meta).
   ConditionalUnet1d         == lerobot DiffusionConditionalUnet1d: forward(x [B, H, A], timestep [B], global_cond [B, G])
                             -> epsilon [B, H, A]; parameter names equal LeRobot's keys without "diffusion.unet.".
   Sampler                   DDIM (eta 0) / DDPM loop with per-step coefficients precomputed in float32 exactly as
@@ -16,7 +16,7 @@ Module contents:
 Run as a script: `torch_dp_unet.py --check-against-lerobot` builds LeRobot's U-Net and ours with the same random
 weights (small configs and the PushT shape) and prints max |diff| of the U-Net output, a 10-step DDIM sample through
 LeRobot's DiffusionModel.conditional_sample with its diffusers DDIMScheduler, and a seeded 10-step DDPM sample (the
-diffusers noise draws replaced by our SplitMix64 noise). Exit 0 when every diff is within SPEC 4's bounds, 1 otherwise.
+diffusers noise draws replaced by our SplitMix64 noise). Exit 0 when every diff is within the bounds of docs/numerics.md#whole-head-tolerances, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ META_FIELDS = ("schema", "action_dim", "horizon", "n_action_steps", "n_obs_steps
 
 
 def config_from_compact(path: str) -> DpConfig:
-    """Reads dp.meta (F32[16], SPEC 2 order) and dp.dims of a *.flowedge.safetensors file."""
+    """Reads dp.meta (F32[16], docs/formats.md#dp-meta order) and dp.dims of a *.flowedge.safetensors file."""
     from safetensors import safe_open
 
     with safe_open(path, framework="numpy") as f:
@@ -94,7 +94,7 @@ def config_from_compact(path: str) -> DpConfig:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# U-Net (SPEC 1.3); submodule indices chosen so that state_dict keys equal LeRobot's
+# U-Net (docs/models.md#diffusion-policy-u-net); submodule indices chosen so that state_dict keys equal LeRobot's
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -193,7 +193,7 @@ class ConditionalUnet1d(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Schedulers (SPEC 1.4)
+# Schedulers (docs/models.md#schedulers)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -301,7 +301,7 @@ class Sampler:
 
 
 def splitmix_ddpm_noise(seed: int, batch: int, n_noisy: int, horizon: int, action_dim: int) -> np.ndarray:
-    """SPEC 1.4 seeded DDPM noise as float32 [n_noisy, B, H, A] (tools/splitmix_noise.py), row b seeded with seed + b."""
+    """Seeded DDPM noise (docs/models.md#seeded-noise) as float32 [n_noisy, B, H, A] (tools/splitmix_noise.py), row b seeded with seed + b."""
     import os
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -415,7 +415,7 @@ def _owner(module: nn.Module, param_name: str) -> nn.Module:
 def check_against_lerobot(configs: list[tuple[str, DpConfig]], batch: int, steps: int) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    # SPEC 4 bounds (max abs, normalised units) for a PyTorch float32 re-implementation vs LeRobot float32.
+    # Whole-head bounds (docs/numerics.md#whole-head-tolerances) (max abs, normalised units) for a PyTorch float32 re-implementation vs LeRobot float32.
     bounds = {"unet_eps": 3e-4, "ddim": 6e-4, "ddpm": 8e-4}
     worst_ok = True
     print(f"torch {torch.__version__}; CPU float32; batch {batch}; {steps} sampling steps")

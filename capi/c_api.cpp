@@ -90,7 +90,7 @@ void check_output(const void* p, std::size_t len, std::size_t need, const char* 
 Solver solver_arg(const char* s) { return s == nullptr ? Solver::Euler : parse_solver(s); }
 Scheduler scheduler_arg(const char* s) { return s == nullptr ? Scheduler::Ddim : parse_scheduler(s); }
 
-/// A device request (SPEC 3): "cpu" (also NULL); "cuda", which fails with FE_ERR_DEVICE unless the model ends up
+/// A device request (docs/contracts.md): "cpu" (also NULL); "cuda", which fails with FE_ERR_DEVICE unless the model ends up
 /// resident on the GPU; "auto", which uploads when it can and otherwise runs on the CPU (fe_engine_fallback_reason).
 struct DeviceRequest {
     Device want;

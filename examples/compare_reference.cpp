@@ -1,5 +1,5 @@
 // flowedge-compare-reference: runs a LeRobot Diffusion Policy checkpoint through DiffusionHead and compares it with
-// the float32 references tools/make_reference_diffusion.py wrote (SPEC 4 bounds); prints a table, optionally JSON.
+// the float32 references tools/make_reference_diffusion.py wrote (docs/numerics.md#whole-head-tolerances); prints a table, optionally JSON.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -64,7 +64,7 @@ int main(int argc, char** argv) try {
     app.add_option("MODEL_DIR", model, "LeRobot pretrained_model folder (or compact *.flowedge.safetensors)")->required();
     app.add_option("REF_DIR", refdir, "reference folder with refs.json and *.npy (tools/make_reference_diffusion.py)")->required();
     app.add_option("--json", json_out, "write the results as JSON here");
-    app.add_option("--dtype", dtype, "weight dtype: f32 (SPEC 4 bounds) or bf16 (stated bound 3e-2, not a parity bound)")
+    app.add_option("--dtype", dtype, "weight dtype: f32 (parity bounds, docs/numerics.md#whole-head-tolerances) or bf16 (stated bound 3e-2, not a parity bound)")
         ->check(CLI::IsMember({"f32", "bf16"}));
     CLI11_PARSE(app, argc, argv);
 
@@ -170,7 +170,7 @@ int main(int argc, char** argv) try {
         j["model"] = model;
         j["ref_dir"] = refdir;
         j["weights"] = dtype;
-        j["bounds_source"] = bf16 ? "stated BF16 bound (not SPEC 4)" : "SPEC 4 (max abs, normalised units)";
+        j["bounds_source"] = bf16 ? "stated BF16 bound (not a parity bound)" : "docs/numerics.md#whole-head-tolerances (max abs, normalised units)";
         j["reference_versions"] = refs.at("versions");
         j["batch"] = B;
         j["unet_parameters"] = head.n_parameters();

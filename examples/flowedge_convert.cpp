@@ -12,7 +12,7 @@ using namespace flowedge;
 
 int main(int argc, char** argv) {
     CLI::App app{"Convert a LeRobot Diffusion Policy checkpoint (pretrained_model folder with config.json, model.safetensors,\n"
-                 "policy_postprocessor*) to the compact *.flowedge.safetensors form (SPEC 2)."};
+                 "policy_postprocessor*) to the compact *.flowedge.safetensors form (docs/formats.md#compact-form)."};
     app.option_defaults()->always_capture_default();
     std::string src, dst, dtype_arg = "f32";
     app.add_option("SRC", src, "LeRobot pretrained_model folder, its model.safetensors, or a compact file")->required();

@@ -99,7 +99,7 @@ def perturb(policy: DiffusionPolicy, seed: int) -> None:
 
 
 class SplitmixPatch:
-    """Replaces diffusers' randn_tensor inside DDPMScheduler.step with SPEC §1.4 SplitMix64 draws."""
+    """Replaces diffusers' randn_tensor inside DDPMScheduler.step with the SplitMix64 draws of docs/models.md#seeded-noise."""
 
     def __init__(self, seed: int, batch: int, horizon: int, action_dim: int):
         self.seed, self.batch, self.horizon, self.action_dim = seed, batch, horizon, action_dim
@@ -122,8 +122,8 @@ class SplitmixPatch:
 
 
 def spec_sample(unet, noise, cond, kind: str, n_steps: int, T: int, clip: float, seed: int) -> torch.Tensor:
-    """Independent re-derivation of the sampler from SPEC §1.4 formulas (only the U-Net is shared), used to check
-    that the SPEC text and LeRobot/diffusers agree on these references."""
+    """Independent re-derivation of the sampler from the formulas of docs/models.md#schedulers (only the U-Net is shared), used to check
+    that docs/models.md and LeRobot/diffusers agree on these references."""
     def abar(tau):
         return math.cos((tau + 0.008) / 1.008 * math.pi / 2) ** 2
     betas = torch.tensor([min(1 - abar((i + 1) / T) / abar(i / T), 0.999) for i in range(T)],
@@ -252,7 +252,7 @@ def main() -> int:
             x_spec = spec_sample(unet, noise, cond, kind, steps, cfg.num_train_timesteps, cfg.clip_sample_range,
                                  DDPM_SEED)
             spec_check[tag] = float((x_spec - x).abs().max())
-            print(f"{tag}: LeRobot vs SPEC-formula sampler max abs {spec_check[tag]:.3e}")
+            print(f"{tag}: LeRobot vs docs-formula sampler max abs {spec_check[tag]:.3e}")
             assert spec_check[tag] < 1e-4, spec_check
             save(f"{tag}_norm", x, what)
             save(f"{tag}_action", unnormalize(x), what.replace("normalized", "un-normalized MIN_MAX"))

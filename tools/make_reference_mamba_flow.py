@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Builds the reference Mamba-1 + flow-matching checkpoint (transformers MambaModel + SPEC §1.2 head) and its outputs.
+"""Builds the reference Mamba-1 + flow-matching checkpoint (transformers MambaModel + the docs/models.md#flow-matching-head head) and its outputs.
 
-Writes test/fixtures/mamba_flow/: mamba_flow.safetensors (backbone.* + flow.*, SPEC §2 names), head-only and
+Writes test/fixtures/mamba_flow/: mamba_flow.safetensors (backbone.* + flow.*, names of docs/formats.md#mamba-flow-checkpoint), head-only and
 backbone-only variants, float32 .npy references and refs.json. CPU, float32, transformers' pure-PyTorch Mamba path.
 """
 import argparse
@@ -26,7 +26,7 @@ TM, HID, N_HID_LAYERS, ACT = 64, 256, 2, 8
 
 
 class FlowHead(nn.Module):
-    """SPEC §1.2 velocity field v(x, t | cond), written directly from the spec (no biases)."""
+    """Velocity field of docs/models.md#flow-velocity-field v(x, t | cond), written directly from those formulas (no biases)."""
 
     def __init__(self, action_dim: int, hidden: int, time_dim: int, cond_dim: int, n_layers: int):
         super().__init__()
@@ -110,7 +110,7 @@ def mamba_init_fixups(model: MambaModel, gen: torch.Generator) -> dict:
 
 
 def spec_mamba_prefill(sd: dict, tokens: list[int], n_layers: int) -> np.ndarray:
-    """SPEC §1.1 re-derived in float64 numpy from the saved tensors (independent of transformers' code)."""
+    """docs/models.md#mamba-1-backbone re-derived in float64 numpy from the saved tensors (independent of transformers' code)."""
     w = {k: v.double().numpy() for k, v in sd.items()}
 
     def rms(x, g):
@@ -167,7 +167,7 @@ def main() -> int:
     notes = mamba_init_fixups(model, gen)
     head = FlowHead(ACT, HID, TM, D_MODEL, N_HID_LAYERS).float().eval()
 
-    # SPEC §2 names: backbone.* straight from MambaModel's state dict, flow.* from the head.
+    # docs/formats.md#mamba-flow-checkpoint names: backbone.* straight from MambaModel's state dict, flow.* from the head.
     back_sd = {"backbone." + k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     flow_sd = {"flow." + k: v.detach().contiguous().clone() for k, v in head.state_dict().items()}
     # One metadata key only: safetensors writes a multi-key map in hash order, which would make the file non-reproducible.
@@ -210,7 +210,7 @@ def main() -> int:
         for name, tok, ref in (("prefill4", tok4, h4), ("prefill37", tok37, h37)):
             mine = spec_mamba_prefill(back_sd, tok[0].tolist(), N_LAYERS)
             spec_rel[name] = float(np.abs(mine - ref.double().numpy()).max() / np.abs(mine).max())
-            print(f"{name}: transformers vs SPEC 1.1 float64 numpy, max rel {spec_rel[name]:.3e}")
+            print(f"{name}: transformers vs docs/models.md float64 numpy, max rel {spec_rel[name]:.3e}")
             assert spec_rel[name] < 1e-5, spec_rel
 
         save("tokens4", tok4[0], "token ids [4]")
@@ -241,7 +241,7 @@ def main() -> int:
         save("vel_v", head.velocity(xs, ts, c), "v(x_i, t_i | flow_cond1) [5, 8]")
 
     doc = {
-        "about": "Mamba-1 (transformers MambaModel, slow path, CPU float32) + SPEC 1.2 flow head references",
+        "about": "Mamba-1 (transformers MambaModel, slow path, CPU float32) + docs/models.md#flow-matching-head flow head references",
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__, "numpy": np.__version__},
         "seeds": {"torch_manual_seed": args.seed, "generator": args.seed + 1},
         "config": {"vocab": VOCAB, "d_model": D_MODEL, "d_state": D_STATE, "expand": EXPAND, "d_conv": D_CONV,

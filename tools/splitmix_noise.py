@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SPEC §1.4 seeded DDPM noise (SplitMix64 + Box-Muller), random-access form, used to build cross-checked references.
+"""Seeded DDPM noise of docs/models.md#seeded-noise (SplitMix64 + Box-Muller), random-access form, used to build cross-checked references.
 
 Batch element b uses the stream seeded with s = seed + b. Raw output n (0-based) is
 mix(s + (n+1)*0x9e3779b97f4a7c15 mod 2^64), the standard SplitMix64 step. uniform(u) = ((u >> 40) + 1) / 16777217.0
@@ -74,7 +74,7 @@ def main() -> int:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(repo, "test", "fixtures", "splitmix_normals.json")
     doc = {
-        "about": "SPEC 1.4 SplitMix64 + Box-Muller normals, made by tools/splitmix_noise.py",
+        "about": "docs/models.md#seeded-noise SplitMix64 + Box-Muller normals, made by tools/splitmix_noise.py",
         "uniform": "((u >> 40) + 1) / 16777217.0",
         "raw_seed0_first2_hex": [hex(raw(0, 0)), hex(raw(0, 1))],
         "streams": [],

@@ -29,7 +29,7 @@ constexpr double splitmix64_uniform(std::uint64_t u) {
     return double((u >> 40) + 1) / 16777217.0;
 }
 
-/// Standard normal number j (0-based) of the stream seeded with `seed` (SPEC 1.4).
+/// Standard normal number j (0-based) of the stream seeded with `seed` (docs/models.md#box-muller).
 /// Draws come in Box-Muller pairs: pair p = j / 2 uses raw outputs 2p (u1) and 2p + 1 (u2),
 /// r = sqrt(-2 ln u1), theta = 2 pi u2; even j gives r cos(theta), odd j gives r sin(theta). Computed in
 /// double, rounded to float once.

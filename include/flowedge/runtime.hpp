@@ -1,4 +1,4 @@
-// Device selection with the residency contract of SPEC §3: a model is uploaded to the GPU when it can be,
+// Device selection with the residency contract of docs/contracts.md#device-residency: a model is uploaded to the GPU when it can be,
 // otherwise it keeps working on the CPU and says so; the FLOWEDGE_CUDA_* flags tighten or skip that.
 #pragma once
 #include <cstdlib>

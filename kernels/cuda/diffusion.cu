@@ -1,5 +1,5 @@
 // One DDIM/DDPM scheduler update over the whole sample, with the seeded DDPM noise generated on the
-// device by global draw index so the sequence is identical to the CPU's (SPEC 1.4).
+// device by global draw index so the sequence is identical to the CPU's (docs/models.md#seeded-noise).
 //
 // Noise: for batch element b the SplitMix64 stream is seeded with s = seed + b (seed read from seed_ptr
 // when set, so a captured graph can be replayed with a new seed); raw output n is

@@ -10,9 +10,9 @@ encoder, normalisation -- stays LeRobot's own code, so ``select_action`` keeps i
 Noise contract: the initial noise ``x_T`` is drawn exactly as LeRobot draws it (``torch.randn`` of shape
 ``[B, horizon, action_dim]`` with the policy's dtype/device and the caller's generator, i.e. the global torch RNG
 inside ``select_action``) and handed to flowedge. With DDIM (eta 0) the sampler consumes no other randomness, so
-``torch.manual_seed(s)`` + the same observations give LeRobot's actions within SPEC section 4 (10-step DDIM:
+``torch.manual_seed(s)`` + the same observations give LeRobot's actions within docs/numerics.md#whole-head-tolerances (10-step DDIM:
 6e-4 max abs in normalised units). DDPM adds fresh noise at every step: LeRobot draws it from torch, flowedge
-from its own seeded SplitMix64 stream (SPEC 1.4), so DDPM runs match LeRobot only when LeRobot's per-step noise
+from its own seeded SplitMix64 stream (docs/models.md#seeded-noise), so DDPM runs match LeRobot only when LeRobot's per-step noise
 is replaced by the same SplitMix64 draws (tools/make_reference_diffusion.py does that); the initial noise is
 still LeRobot's.
 
@@ -58,7 +58,7 @@ __all__ = [
 #: Scheduler names accepted by :func:`wrap` and :func:`set_lerobot_scheduler`.
 SCHEDULERS = ("ddim", "ddpm")
 
-# SPEC section 4: one U-Net call vs PyTorch float32, max abs (normalised units). Reduced-precision weights get a
+# docs/numerics.md#whole-head-tolerances: one U-Net call vs PyTorch float32, max abs (normalised units). Reduced-precision weights get a
 # loose bound that still catches a wrong checkpoint (a mismatched folder gives O(1) differences).
 _VERIFY_ATOL_F32 = 3e-4
 _VERIFY_ATOL_LOWP = 5e-2
@@ -194,7 +194,7 @@ def wrap(policy: "DiffusionPolicy", path: Optional[os.PathLike] = None, *, devic
 
     path: the pretrained folder (config.json + model.safetensors + policy_postprocessor*) or a compact
     ``*.flowedge.safetensors`` holding the same weights; default ``policy.config.pretrained_path``.
-    device: flowedge device: "cpu", "cuda" (raises unless the head is CUDA-resident, SPEC 3) or "auto" (the GPU
+    device: flowedge device: "cpu", "cuda" (raises unless the head is CUDA-resident, docs/contracts.md#device-residency) or "auto" (the GPU
     when usable, else the CPU; ``policy.flowedge.head.fallback_reason`` says why).
     scheduler: "ddim" (default) or "ddpm"; num_inference_steps: default the config's, else num_train_timesteps.
     ddpm_seed: fixed SplitMix64 seed for DDPM step noise; None draws one per call from the torch RNG.

@@ -1,4 +1,4 @@
-"""flowedge-lerobot-replay: the same recorded observations and noise through LeRobot's sampler and flowedge's (SPEC 3).
+"""flowedge-lerobot-replay: the same recorded observations and noise through LeRobot's sampler and flowedge's (docs/contracts.md#matched-replay).
 
 Both runs use one LeRobot policy object (same PyTorch encoder, same pre/post-processors, same device); only
 ``DiffusionModel.conditional_sample`` differs: LeRobot's diffusers loop, or flowedge via :mod:`flowedge.lerobot`.
@@ -29,7 +29,7 @@ import numpy as np
 
 from ._deps import require_lerobot
 
-# SPEC section 4, max abs in normalised units: 10-step DDIM vs PyTorch float32.
+# docs/numerics.md#whole-head-tolerances, max abs in normalised units: 10-step DDIM vs PyTorch float32.
 PARITY_BOUND_DDIM = 6e-4
 
 
@@ -66,7 +66,7 @@ def check_device(device: str, tool: str) -> None:
     if not flowedge.cuda:
         raise SystemExit(f"flowedge: {tool}: --device cuda needs flowedge built with the CUDA backend "
                          "(expected flowedge.cuda true, got false; FLOWEDGE_BACKEND=cuda pip install .)")
-    torch.backends.cuda.matmul.allow_tf32 = False  # SPEC 4: parity is against PyTorch float32 with TF32 off
+    torch.backends.cuda.matmul.allow_tf32 = False  # docs/numerics.md#whole-head-tolerances: parity is against PyTorch float32 with TF32 off
     torch.backends.cudnn.allow_tf32 = False
 
 
@@ -438,7 +438,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "versions": versions(),
     }
     if not ddim:
-        result["note"] = ("DDPM: LeRobot draws its per-step noise from torch, flowedge from SplitMix64 (SPEC 1.4), so "
+        result["note"] = ("DDPM: LeRobot draws its per-step noise from torch, flowedge from SplitMix64 (docs/models.md#seeded-noise), so "
                           "only the initial noise is shared and the actions are not expected to match.")
     text = json.dumps(result, indent=1)
     if args.output:

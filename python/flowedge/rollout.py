@@ -1,4 +1,4 @@
-"""flowedge-lerobot-rollout: closed-loop LeRobot Diffusion Policy episodes under a deadline (SPEC 3 deadline loop).
+"""flowedge-lerobot-rollout: closed-loop LeRobot Diffusion Policy episodes under a deadline (docs/contracts.md#deadline-loop).
 
 Each control tick: observation -> LeRobot preprocessor -> ``select_action`` (queues; a new chunk is sampled
 every ``n_action_steps`` ticks, by flowedge or by LeRobot) -> postprocessor -> environment. The tick's

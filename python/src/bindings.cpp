@@ -115,7 +115,7 @@ std::string shape_str(const F32& a) {
 
 std::span<const float> span_of(const F32& a) { return {a.data(), a.size()}; }
 
-/// A device request (SPEC 3): "cpu"; "cuda", which fails unless the model ends up resident on the GPU (as the
+/// A device request (docs/contracts.md): "cpu"; "cuda", which fails unless the model ends up resident on the GPU (as the
 /// programs' --device cuda does); "auto", which uploads when it can and otherwise runs on the CPU, saying why in
 /// fallback_reason.
 struct DeviceRequest {
@@ -265,7 +265,7 @@ NB_MODULE(_flowedge, m) {
             }
         },
         "unet_name"_a,
-        "Compact *.flowedge.safetensors name (SPEC 2) of a LeRobot DiffusionConditionalUnet1d parameter, given its\n"
+        "Compact *.flowedge.safetensors name (docs/formats.md#compact-names) of a LeRobot DiffusionConditionalUnet1d parameter, given its\n"
         "state_dict key WITHOUT the 'diffusion.unet.' prefix: 'down_modules.0.1.conv1.block.0.weight' -> 'dp.d0.r1.c1.w'.\n"
         "An unknown name raises FlowEdgeValueError.");
 

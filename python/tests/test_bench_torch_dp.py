@@ -100,7 +100,7 @@ def test_torch_unet_matches_lerobot_refs_and_flowedge(torch_dp_unet, dp_path, dp
         ddpm_s = m.Sampler(unet, "ddpm", 10, noise.shape[0], "cpu")
         z = torch.from_numpy(m.splitmix_ddpm_noise(7, noise.shape[0], ddpm_s.n_noisy, h.horizon, h.action_dim))
         ddpm = ddpm_s.run(cond, noise, ddpm_noise=z).numpy()
-    # Measured ~2e-6 on this fixture; 1e-4 (tighter than SPEC 4's 6e-4 / 8e-4) still catches any wrong coefficient.
+    # Measured ~2e-6 on this fixture; 1e-4 (tighter than the 6e-4 / 8e-4 of docs/numerics.md#whole-head-tolerances) still catches any wrong coefficient.
     assert np.abs(ddim - dp_ref("ddim10_norm.npy")).max() < 1e-4
     assert np.abs(ddpm - dp_ref("ddpm10_norm.npy")).max() < 1e-4
     fe_ddim = h.sample(dp_ref("cond.npy"), dp_ref("noise.npy"), steps=10, scheduler="ddim", normalized=True)

@@ -336,7 +336,7 @@ def test_one_model_from_two_threads(mamba_path):
     assert errors == []
 
 
-# ---- device contract (SPEC 3): "cuda" is a promise, "auto" may fall back and says why ----
+# ---- device contract (docs/contracts.md): "cuda" is a promise, "auto" may fall back and says why ----
 
 def test_explicit_cuda_without_a_usable_gpu_raises(mamba_path, dp_path, clean_env):
     """device="cuda" fails unless the model ends up resident on the GPU, as the programs' --device cuda does."""

@@ -15,7 +15,7 @@ from flowedge import lerobot as fl  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DP_DIR = ROOT / "test" / "fixtures" / "dp_small"
 DP_REF = ROOT / "test" / "fixtures" / "dp_small_ref"
-DDIM10_BOUND = 6e-4  # SPEC 4, max abs, normalised units
+DDIM10_BOUND = 6e-4  # docs/numerics.md#whole-head-tolerances, max abs, normalised units
 DDPM_BOUND = 8e-4
 
 pytestmark = pytest.mark.skipif(not (DP_DIR / "config.json").is_file(), reason="test/fixtures/dp_small missing")

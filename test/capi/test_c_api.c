@@ -143,7 +143,7 @@ static float max_abs_diff(const float* a, const float* b, size_t n) {
     return m;
 }
 
-/* PyTorch (transformers Mamba + SPEC flow head) references written by the fixture generator. */
+/* PyTorch (transformers Mamba + the flow head of docs/models.md#flow-matching-head) references written by the fixture generator. */
 static void test_mamba_refs(const char* mamba, const char* ref) {
     fe_engine *e = NULL;
     size_t n_tok = 0, n_h = 0, n_c = 0, n_n = 0, n_r = 0, n = 0;
@@ -205,7 +205,7 @@ static void test_diffusion_refs(const char* path, const char* ref) {
     CHECK(r && nr == nn && max_abs_diff(out, r, nn) < 3e-4f, "eps t=50 vs LeRobot: %g", r ? (double)max_abs_diff(out, r, nn) : -1.0);
     free(r);
     r = (float*)load_npy(ref, "ddim10_action.npy", "<f4", &nr);
-    /* SPEC bounds are in normalised units; actions are scaled by (max-min)/2 <= 250 for dp_small (refs.json). */
+    /* Whole-head bounds (docs/numerics.md#whole-head-tolerances) are in normalised units; actions are scaled by (max-min)/2 <= 250 for dp_small (refs.json). */
     span = 500.f;
     CHECK_STATUS(fe_engine_sample_diffusion(e, cond, nc, noise, nn, 2, 10, "ddim", 0, out, nn), FE_OK);
     CHECK(r && nr == nn && max_abs_diff(out, r, nn) < 6e-4f * span / 2.f, "DDIM10 actions vs LeRobot: %g (bound %g)",

@@ -1,5 +1,5 @@
 // The three models instantiated for Cuda: no cudaMalloc after load, CUDA vs CPU vs PyTorch/LeRobot fixture parity
-// (SPEC §4 bounds), seeded DDPM and graph replay, caller streams, and the residency fallback contract (SPEC §3).
+// (docs/numerics.md#whole-head-tolerances), seeded DDPM and graph replay, caller streams, and the residency fallback contract (docs/contracts.md#device-residency).
 #include <doctest/doctest.h>
 #include <cuda_runtime.h>
 
@@ -138,7 +138,7 @@ TEST_CASE("DiffusionHead<Cuda> CudaResidentDoesNotMallocAfterLoad") {
     });
 }
 
-TEST_CASE("DiffusionHead<Cuda> matches DiffusionHead<Cpu> and the LeRobot fixtures (SPEC 4 bounds)") {
+TEST_CASE("DiffusionHead<Cuda> matches DiffusionHead<Cpu> and the LeRobot fixtures (whole-head tolerances)") {
     const DpData d;
     auto gpu = DiffusionHead<Cuda>::load(kDpFolder, {}, DpData::kBatch);
     auto cpu = DiffusionHead<Cpu>::load(kDpFolder, {}, DpData::kBatch);

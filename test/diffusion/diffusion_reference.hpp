@@ -1,4 +1,4 @@
-// Independent double-precision reference of LeRobot's conditional U-Net and schedulers, written from SPEC 1.3/1.4
+// Independent double-precision reference of LeRobot's conditional U-Net and schedulers, written from docs/models.md (#diffusion-policy-u-net, #schedulers)
 // with plain loops (no flowedge ops), plus helpers that build tiny random checkpoints for the diffusion tests.
 #pragma once
 #include <cmath>
@@ -196,7 +196,7 @@ inline std::vector<float> ref_alphas_cumprod(int T) {
     return out;
 }
 
-/// Independent SplitMix64 + Box-Muller generator (SPEC 1.4): sequential, with the cached second draw.
+/// Independent SplitMix64 + Box-Muller generator (docs/models.md#seeded-noise): sequential, with the cached second draw.
 struct RefNormal {
     std::uint64_t state;
     bool has = false;

@@ -1,4 +1,4 @@
-// Whole-head parity of DiffusionHead against LeRobot 0.4.4's own DiffusionPolicy (SPEC 4): the committed folder
+// Whole-head parity of DiffusionHead against LeRobot 0.4.4's own DiffusionPolicy (docs/numerics.md#whole-head-tolerances): the committed folder
 // test/fixtures/dp_small and the float32 references in dp_small_ref/ made by tools/make_reference_diffusion.py.
 #include <doctest/doctest.h>
 
@@ -25,7 +25,7 @@ namespace {
 const fs::path kFolder = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_small";
 const fs::path kRef = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_small_ref";
 
-// SPEC 4 bounds (max abs, normalised units).
+// Whole-head bounds of docs/numerics.md#whole-head-tolerances (max abs, normalised units).
 constexpr double kEpsBound = 3e-4;
 constexpr double kDdimBound = 6e-4;
 constexpr double kDdpmBound = 8e-4;
@@ -130,7 +130,7 @@ Errors measure(DiffusionHead<Cpu>& h, const std::string& label) {
     return e;
 }
 
-/// The SPEC 4 bounds, applied to normalised and (scaled) un-normalised errors alike.
+/// The whole-head bounds (docs/numerics.md#whole-head-tolerances), applied to normalised and (scaled) un-normalised errors alike.
 void check_spec_bounds(const Errors& e) {
     for (double v : e.eps) CHECK(v < kEpsBound);
     CHECK(e.ddim10 < kDdimBound);
@@ -176,7 +176,7 @@ TEST_CASE("BF16 weights: against LeRobot F32 and against the flowedge F32 model,
     // BF16 keeps 8 mantissa bits (relative rounding <= 2^-9 per weight). Measured on this fixture (see the log):
     // eps <= 4.9e-3, DDIM10 1.65e-2, DDPM100 9.4e-3, DDPM10 1.37e-2 vs LeRobot F32. Stated bound 3e-2 max abs in
     // normalised units for every check; it is a property of BF16 weights, not a parity bound (the F32 runs above
-    // are held to SPEC 4).
+    // are held to docs/numerics.md#whole-head-tolerances).
     constexpr double kBf16Bound = 3e-2;
     const fs::path dir = temp_dir("bf16");
     const fs::path compact16 = dir / "dp_small_bf16.flowedge.safetensors";

@@ -1,5 +1,5 @@
 // Test support for the Mamba + flow suite: random tiny checkpoints, a self-contained safetensors writer,
-// a .npy reader, and naive double-precision references for Mamba-1 and the flow head written from SPEC 1.1/1.2.
+// a .npy reader, and naive double-precision references for Mamba-1 and the flow head written from docs/models.md (#mamba-1-backbone, #flow-matching-head).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -175,7 +175,7 @@ inline std::vector<double> matmul_t(const std::vector<double>& x, int rows, int 
     return y;
 }
 
-/// Mamba-1 (SPEC 1.1) in double, with streaming state.
+/// Mamba-1 (docs/models.md#mamba-1-backbone) in double, with streaming state.
 struct RefMamba {
     TinyShape s;
     const TensorMap* m = nullptr;
@@ -263,7 +263,7 @@ struct RefMamba {
     }
 };
 
-/// Flow head (SPEC 1.2) in double.
+/// Flow head (docs/models.md#flow-matching-head) in double.
 struct RefFlow {
     TinyShape s;
     const TensorMap* m = nullptr;

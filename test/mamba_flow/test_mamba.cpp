@@ -1,5 +1,5 @@
 // Mamba<Cpu> against an independent double-precision reference on odd tiny shapes, plus the streaming,
-// state-serialisation and token-validation contracts of SPEC 1.1.
+// state-serialisation and token-validation contracts of docs/models.md#mamba-streaming-decode and docs/formats.md#mamba-decode-state.
 #include <doctest/doctest.h>
 
 #include <flowedge/models/mamba_flow/mamba.hpp>

@@ -94,7 +94,7 @@ void silu_b(Bounded& x) {
     }
 }
 
-/// SPEC 1.2 velocity with its bound; c is cond_proj @ cond (already bounded), x [A] may carry an error.
+/// Flow velocity (docs/models.md#flow-velocity-field) with its bound; c is cond_proj @ cond (already bounded), x [A] may carry an error.
 Bounded velocity_b(const TinyShape& s, const fe_test::TensorMap& t, const Bounded& c, const Bounded& x, double time,
                    Model model = Model::Bound) {
     auto w = [&](const std::string& k) -> const std::vector<float>& { return t.at("flow." + k).values; };
@@ -121,7 +121,7 @@ Bounded velocity_b(const TinyShape& s, const fe_test::TensorMap& t, const Bounde
     return linear_b(a, 1, H, w("out_proj.weight"), s.action_dim, model);
 }
 
-/// Mamba prefill from a zero state (SPEC 1.1) with the bound of every hidden value.
+/// Mamba prefill from a zero state (docs/models.md#mamba-1-backbone) with the bound of every hidden value.
 Bounded mamba_b(const TinyShape& s, const fe_test::TensorMap& t, const std::vector<int>& tokens, Model model = Model::Bound) {
     auto w = [&](const std::string& k) -> const std::vector<float>& { return t.at("backbone." + k).values; };
     const int L = int(tokens.size()), dm = s.d_model, di = s.d_inner, S = s.d_state, K = s.d_conv, R = s.dt_rank;
@@ -426,7 +426,7 @@ TEST_CASE("math: BF16 backbone prefill stays within the first-order BF16 bound o
     if (kHaveBf16Kernel) CHECK(e_f32 > 2e-4);
 
     // Prefill(first 5) + 3 steps under BF16 == prefill(all 8) under BF16 on the last rows (both paths use the same
-    // BF16 projections per token, so SPEC 1.1's 1e-5 relative streaming contract holds within BF16 mode too).
+    // BF16 projections per token, so the 1e-5 relative streaming contract (docs/models.md#mamba-streaming-decode) holds within BF16 mode too).
     std::vector<float> head5(5 * std::size_t(s.d_model)), row(std::size_t(s.d_model));
     mbf.prefill(std::span(toks32).first(5), head5);
     for (int i = 5; i < 8; ++i) mbf.step(toks32[std::size_t(i)], row);

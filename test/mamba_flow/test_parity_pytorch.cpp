@@ -1,5 +1,5 @@
 // Whole-model parity of Mamba, FlowHead and MambaFlowPolicy against PyTorch (transformers MambaModel slow path and
-// the SPEC 1.2 flow head), using test/fixtures/mamba_flow made by tools/make_reference_mamba_flow.py.
+// the flow head of docs/models.md#flow-matching-head), using test/fixtures/mamba_flow made by tools/make_reference_mamba_flow.py.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -27,7 +27,7 @@ const fs::path kBackboneOnly = kDir / "mamba_flow_backbone_only.safetensors";
 // Hidden states: max abs error relative to max |hidden| of the reference. The task bound is 1e-4; measured
 // <= 5.0e-7 (float32 rounding through two layers), so 1e-5 is held with a wide margin.
 constexpr double kHiddenRel = 1e-5;
-// Flow samples: SPEC 4 says 2e-3 relative; measured <= 2.9e-7 (policy chain <= 4.5e-7), held to 1e-5.
+// Flow samples: docs/numerics.md#whole-head-tolerances says 2e-3 relative; measured <= 2.9e-7 (policy chain <= 4.5e-7), held to 1e-5.
 constexpr double kFlowRel = 1e-5;
 constexpr double kFlowSpecRel = 2e-3;
 

@@ -145,7 +145,7 @@ inline void check_all(const std::vector<float>& got, const std::vector<double>& 
 
 inline const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
-/// Max-norm tolerances: every backend vs a double-accumulating loop (SPEC 4), and a non-CPU backend vs Ops<Cpu> on
+/// Max-norm tolerances: every backend vs a double-accumulating loop (docs/numerics.md#parity-tolerances), and a non-CPU backend vs Ops<Cpu> on
 /// the same inputs (both within kTolRef of the reference).
 inline constexpr double kTolRef = 2e-6;
 inline constexpr double kTolCpu = 4e-6;

@@ -1,4 +1,4 @@
-// The scheduler update (diffusion_step: DDIM, seeded DDPM, clamp) on every backend vs the SPEC 1.4 formulas in double
+// The scheduler update (diffusion_step: DDIM, seeded DDPM, clamp) on every backend vs the docs/models.md#schedulers formulas in double
 // and the DDPM noise bit for bit against the SplitMix64/Box-Muller stream, itself checked against independent values;
 // a non-CPU backend also vs Ops<Cpu>; and the shared argument checks.
 #include "ops_test_util.hpp"
@@ -65,7 +65,7 @@ TEST_CASE("SplitMix64 normals match values computed independently") {
     // First raw SplitMix64 output for seed 0 (the reference generator's well-known value).
     CHECK(splitmix64_at(0, 0) == 0xe220a8397b1dcdafull);
     CHECK(splitmix64_at(0, 1) == 0x6e789e6aa1b965f4ull);
-    // Values computed once by hand with a separate Python implementation of SPEC 1.4 (stateful SplitMix64,
+    // Values computed once by hand with a separate Python implementation of docs/models.md#schedulers (stateful SplitMix64,
     // uniform ((u >> 40) + 1) / 16777217, Box-Muller r*cos then r*sin), printed as float32.
     const float seed0[6] = {-0.4527577757835388f, 0.20776602625846863f, 2.6506049633026123f,
                             -0.490423321723938f, -0.9886044859886169f, 1.872101068496704f};

@@ -9,7 +9,7 @@ using namespace optest;
 
 namespace {
 
-// Naive causal depthwise conv over a full sequence with zero history (SPEC 1.1 step 3). x: [L, C] contiguous.
+// Naive causal depthwise conv over a full sequence with zero history (docs/models.md#mamba-1-backbone, step 3). x: [L, C] contiguous.
 std::vector<double> ref_causal(const std::vector<float>& x, int L, int C, const std::vector<double>& w,
                                const std::vector<float>& bias, int K, std::vector<double>* scale) {
     std::vector<double> u(std::size_t(L) * C);

@@ -182,7 +182,7 @@ struct Ops<Cpu> {
         FLOWEDGE_CPU_KERNEL(selective_scan(p));
     }
 
-    /// One DDIM/DDPM update of x: [batch, per_sample] given eps (SPEC 1.4); DDPM noise by global draw index.
+    /// One DDIM/DDPM update of x: [batch, per_sample] given eps (docs/models.md#schedulers); DDPM noise by global draw index.
     static void diffusion_step(const DiffusionStepParams& p, Stream = {}) {
         check_args(p);
         FLOWEDGE_CPU_KERNEL(diffusion_step(p));

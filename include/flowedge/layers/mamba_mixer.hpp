@@ -13,7 +13,7 @@
 namespace flowedge {
 
 /// transformers MambaMixer (the slow path, identical math): for n: [L, d_model] and a running state,
-/// h += out_proj((scan(u, dt, B, C) + D*u) * silu(z)), with xz = in_proj(n), u = silu(conv(x)), SPEC 1.1.
+/// h += out_proj((scan(u, dt, B, C) + D*u) * silu(z)), with xz = in_proj(n), u = silu(conv(x)), docs/models.md#mamba-layer.
 /// Per-sequence state: conv [d_conv-1, d_inner] (last raw x rows, oldest first) and ssm [d_inner, d_state].
 template <Backend B>
 class MambaMixer {

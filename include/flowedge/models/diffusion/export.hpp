@@ -13,7 +13,7 @@
 
 namespace flowedge {
 
-/// Writes checkpoint `src` (LeRobot folder or compact file) as a compact *.flowedge.safetensors file (SPEC 2) at `dst`:
+/// Writes checkpoint `src` (LeRobot folder or compact file) as a compact *.flowedge.safetensors file (docs/formats.md#compact-form) at `dst`:
 /// conv/linear weights stored as `dtype` (round-to-nearest-even), biases and norm parameters as F32.
 inline void export_diffusion_compact(const std::filesystem::path& src, const std::filesystem::path& dst, DType dtype = DType::F32) {
     const io::DiffusionCheckpoint ck = io::open_diffusion_checkpoint(src);

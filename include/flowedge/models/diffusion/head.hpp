@@ -242,7 +242,7 @@ private:
     /// Enqueues the whole sampler: state = noise; N x (U-Net, scheduler step); output (un-normalised or not).
     /// The state stays in the U-Net's layout [batch, action_dim, horizon] for the whole sample, transposed once from
     /// the noise and once into the output, since a DDIM step is elementwise. A DDPM step's noise is drawn by the index
-    /// of each element in the sample layout [batch, horizon, action_dim] (SPEC 1.4, computed inside the step op), so
+    /// of each element in the sample layout [batch, horizon, action_dim] (docs/models.md#schedulers, computed inside the step op), so
     /// DDPM keeps its state in that layout and transposes around every U-Net call. `after_step(i, t, state)` runs
     /// after each step with the state in the sample layout (only the non-finite diagnosis passes one).
     template <class Hook>

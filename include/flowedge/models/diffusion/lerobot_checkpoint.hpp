@@ -68,7 +68,7 @@ inline std::string resblock_member(const std::vector<std::string>& p, std::size_
 }
 }  // namespace detail
 
-/// Compact (SPEC 2) name of a U-Net parameter given its name under `diffusion.unet.`:
+/// Compact (docs/formats.md#compact-form) name of a U-Net parameter given its name under `diffusion.unet.`:
 /// "down_modules.0.1.conv1.block.0.weight" -> "dp.d0.r1.c1.w", "up_modules.1.2.bias" -> "dp.u1.us.b", ...
 inline std::string diffusion_compact_name(std::string_view unet_name) {
     const auto p = detail::split_dots(unet_name);
@@ -441,7 +441,7 @@ inline DiffusionCheckpoint open_lerobot_diffusion_folder(const std::filesystem::
     return lerobot_diffusion_from_parts(j, std::move(model), states, dir);
 }
 
-/// Opens a compact *.flowedge.safetensors Diffusion Policy file (SPEC 2), validating dp.meta / dp.dims / the action range.
+/// Opens a compact *.flowedge.safetensors Diffusion Policy file (docs/formats.md#compact-form), validating dp.meta / dp.dims / the action range.
 /// The file-based overload opens `path`; this one validates an already opened (e.g. in-memory) file.
 inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTensors> file) {
     using namespace detail;
@@ -526,7 +526,7 @@ inline DiffusionCheckpoint open_diffusion_checkpoint(const std::filesystem::path
     return is_diffusion_compact(path) ? open_diffusion_compact(path) : open_lerobot_diffusion_folder(path);
 }
 
-/// dp.meta for a config (SPEC 2 order).
+/// dp.meta for a config (docs/formats.md#compact-form order).
 inline std::array<float, kDiffusionMetaSize> diffusion_meta(const DiffusionConfig& c) {
     return {float(kDiffusionCompactSchema), float(c.action_dim), float(c.horizon), float(c.n_action_steps),
             float(c.n_obs_steps), float(c.global_cond_dim), float(c.stages()), float(c.kernel_size), float(c.n_groups),

@@ -1,4 +1,4 @@
-// Host-side DDIM / DDPM scheduler arithmetic (diffusers semantics as LeRobot configures them, SPEC 1.4).
+// Host-side DDIM / DDPM scheduler arithmetic (diffusers semantics as LeRobot configures them, docs/models.md#schedulers).
 #pragma once
 #include <algorithm>
 #include <cctype>

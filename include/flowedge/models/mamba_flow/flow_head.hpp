@@ -39,7 +39,7 @@ inline Solver parse_solver(std::string_view s) {
     fail("flow_head", "unknown solver" + expected_got("euler|heun|rk4", std::string(s)));
 }
 
-/// Flow-matching velocity MLP and ODE sampler, SPEC 1.2 (the PyTorch reference head in python/pyref):
+/// Flow-matching velocity MLP and ODE sampler, docs/models.md#flow-matching-head (the PyTorch reference head in python/pyref):
 ///   c = cond_proj @ cond (once per solve);
 ///   h = silu(in_proj @ x + time_proj @ [sin(t f) | cos(t f)] + c), f_j = 10000^(-j/(Tm/2));
 ///   h = silu(W_l @ h) for each hidden layer; v = out_proj @ h.

@@ -23,7 +23,7 @@
 
 namespace flowedge {
 
-/// Mamba-1 backbone, transformers MambaModel (embeddings -> n_layers x MambaBlock -> norm_f), SPEC 1.1.
+/// Mamba-1 backbone, transformers MambaModel (embeddings -> n_layers x MambaBlock -> norm_f), docs/models.md#mamba-1-backbone.
 /// Tensors `backbone.embeddings.weight [vocab, d_model]`, `backbone.layers.{i}.norm.weight`,
 /// `backbone.layers.{i}.mixer.*`, `backbone.norm_f.weight` (a file without the `backbone.` prefix, as saved
 /// from MambaModel itself, is accepted too). The configuration is read from the tensor shapes.

@@ -11,7 +11,7 @@
 
 namespace flowedge {
 
-/// Mamba backbone + flow head from one checkpoint (SPEC 2, mamba_flow.safetensors). A backbone-only file
+/// Mamba backbone + flow head from one checkpoint (docs/formats.md#mamba-flow-checkpoint). A backbone-only file
 /// gives hidden states, a head-only file samples from an external condition; act() needs both, and then
 /// the head's condition width Cd must equal the backbone's d_model (checked at load).
 template <Backend B>
