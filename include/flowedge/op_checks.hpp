@@ -244,6 +244,10 @@ inline void check_args(const DiffusionStepParams& p) {
                      expected_got("batch > 0, per_sample >= 0", fields({{"batch", p.batch}, {"per_sample", p.per_sample}})));
     if (!(p.kind == StepKind::Ddim || p.kind == StepKind::Ddpm)) [[unlikely]]
         fail(op, "unknown scheduler kind" + expected_got("Ddim (0) or Ddpm (1)", int(p.kind)));
+    if (!(p.channel_major_length >= 0 && (p.channel_major_length == 0 || p.per_sample % p.channel_major_length == 0)))
+        [[unlikely]]
+        fail(op, "channel_major_length must divide per_sample" +
+                     expected_got("0 or a divisor of " + std::to_string(p.per_sample), p.channel_major_length));
     if (p.per_sample == 0) return;
     if (!(p.x && p.eps)) [[unlikely]] fail(op, "null x or eps pointer");
     if (p.sqrt_abar == 0.f) [[unlikely]] fail(op, "sqrt_abar is zero (x0 divides by it)");

@@ -236,6 +236,10 @@ struct DiffusionStepParams {
     /// replayed with a new seed without re-capture).
     const std::uint64_t* seed_ptr = nullptr;
     std::uint64_t draw_offset = 0;
+    /// 0: each sample is in the sample layout [horizon, action_dim] and element i takes draw i. L > 0: each sample is
+    /// channel-major [per_sample / L, L] (the U-Net's [action_dim, horizon], L = horizon), and element a*L + h takes
+    /// the draw of its sample-layout index h * (per_sample / L) + a, so DDPM noise does not depend on the layout.
+    int channel_major_length = 0;
 };
 
 /// MIN_MAX un-normalisation: y[r, d] = (x[r, d] + 1) / 2 * (max[d] - min[d]) + min[d]. x, y: [rows, dim].

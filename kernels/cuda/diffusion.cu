@@ -54,7 +54,9 @@ __global__ void diffusion_step_kernel(DiffusionStepParams p) {
             if (p.noise_std != 0.f) {
                 const std::int64_t b = idx / p.per_sample;
                 const std::int64_t i = idx - b * p.per_sample;
-                const float z = seeded_normal(seed + std::uint64_t(b), p.draw_offset + std::uint64_t(i));
+                const std::int64_t L = p.channel_major_length;  // > 0: [A, L] per sample; draw by the [L, A] index
+                const std::int64_t j = L > 0 ? (i % L) * (p.per_sample / L) + i / L : i;
+                const float z = seeded_normal(seed + std::uint64_t(b), p.draw_offset + std::uint64_t(j));
                 out = __fadd_rn(out, __fmul_rn(p.noise_std, z));
             }
         }

@@ -112,6 +112,35 @@ TEST_CASE_TEMPLATE("diffusion_step: the DDPM noise is the SplitMix64 stream bit 
         }
 }
 
+TEST_CASE_TEMPLATE("diffusion_step: a channel-major state draws each element's noise by its sample-layout index",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // Sample layout [H, A] vs the U-Net's [A, H] (channel_major_length = H): the same DDPM step on the transposed
+    // state gives the transposed result, bit for bit (noise, clamp, both coefficients).
+    const int batch = 2, H = 8, A = 3, per = H * A;
+    const auto x = random_vec(std::size_t(batch) * per, 5), e = random_vec(std::size_t(batch) * per, 6);
+    auto transpose = [&](const std::vector<float>& v) {  // [b][h][a] -> [b][a][h]
+        std::vector<float> t(v.size());
+        for (int b = 0; b < batch; ++b)
+            for (int h = 0; h < H; ++h)
+                for (int a = 0; a < A; ++a) t[std::size_t(b * per + a * H + h)] = v[std::size_t(b * per + h * A + a)];
+        return t;
+    };
+    auto step = [&](const std::vector<float>& xs, const std::vector<float>& es, int L) {
+        Dev<float, B> dx(xs), de(es);
+        DiffusionStepParams p;
+        p.x = dx.ptr(); p.eps = de.ptr(); p.batch = batch; p.per_sample = per; p.kind = StepKind::Ddpm;
+        p.sqrt_abar = 0.8f; p.sqrt_one_minus_abar = 0.6f; p.clip = true; p.clip_range = 1.f;
+        p.c_x0 = 0.4f; p.c_other = 0.7f; p.noise_std = 0.3f; p.seed = 11; p.draw_offset = 96;
+        p.channel_major_length = L;
+        Ops<B>::diffusion_step(p);
+        return dx.host(xs.size());
+    };
+    const auto sample = step(x, e, 0);
+    const auto unet = step(transpose(x), transpose(e), H);
+    CHECK(bit_mismatches(unet, transpose(sample)) == 0);
+}
+
 TEST_CASE_TEMPLATE("diffusion_step rejects bad sizes, kinds and null pointers with the shared message" * doctest::test_suite("op_checks"),
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;

@@ -50,6 +50,12 @@ inline void embedding(const EmbeddingParams& p) {
     });
 }
 
+/// The sample-layout index of element i of a sample (DiffusionStepParams::channel_major_length).
+inline int draw_index(const DiffusionStepParams& p, int i) {
+    const int L = p.channel_major_length;
+    return L > 0 ? (i % L) * (p.per_sample / L) + i / L : i;
+}
+
 /// One DDIM/DDPM update of x: [batch, per_sample] given eps (docs/models.md#scheduler-step); DDPM noise by global
 /// draw index.
 inline void diffusion_step(const DiffusionStepParams& p) {
@@ -65,7 +71,7 @@ inline void diffusion_step(const DiffusionStepParams& p) {
                 x[i] = p.c_x0 * x0 + p.c_other * e[i];
             } else {
                 float v = p.c_x0 * x0 + p.c_other * x[i];
-                if (noise) v += p.noise_std * normal_at(seed0 + std::uint64_t(b), p.draw_offset + std::uint64_t(i));
+                if (noise) v += p.noise_std * normal_at(seed0 + std::uint64_t(b), p.draw_offset + std::uint64_t(draw_index(p, i)));
                 x[i] = v;
             }
         }

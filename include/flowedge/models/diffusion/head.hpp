@@ -241,10 +241,10 @@ private:
 
     /// Enqueues the whole sampler: state = noise; N x (U-Net, scheduler step); output (un-normalised or not).
     /// The state stays in the U-Net's layout [batch, action_dim, horizon] for the whole sample, transposed once from
-    /// the noise and once into the output, since a DDIM step is elementwise. A DDPM step's noise is drawn by the index
-    /// of each element in the sample layout [batch, horizon, action_dim] (docs/models.md#schedulers, computed inside the step op), so
-    /// DDPM keeps its state in that layout and transposes around every U-Net call. `after_step(i, t, state)` runs
-    /// after each step with the state in the sample layout (only the non-finite diagnosis passes one).
+    /// the noise and once into the output: the scheduler step is elementwise, and a DDPM step draws each element's
+    /// noise by its sample-layout index (DiffusionStepParams::channel_major_length), so the draws are those of
+    /// docs/models.md#seeded-noise. `after_step(i, t, state)` runs after each step with the state in the sample
+    /// layout (only the non-finite diagnosis passes one).
     template <class Hook>
     void enqueue_sample(const SampleOptions& opts, int batch, bool unnormalize_out, Hook&& after_step) {
         constexpr bool kHook = !std::is_same_v<std::decay_t<Hook>, NoStepHook>;
@@ -252,21 +252,13 @@ private:
         const Stream stream = m_exec.stream();
         m_exec.workspace().reset();
         const SamplerBuffers s = take_sampler_buffers(m_exec.workspace(), batch);
-        const bool unet_layout = opts.scheduler == Scheduler::Ddim;
         const std::size_t per = std::size_t(m_cfg.horizon) * m_cfg.action_dim;
-        if (unet_layout) m_layout.to_unet(ctx, m_x_in.data(), s.state.data, batch);
-        else Memory<B>::copy(s.state.data, m_x_in.data(), std::size_t(batch) * per * sizeof(float), stream);
+        m_layout.to_unet(ctx, m_x_in.data(), s.state.data, batch);
         std::uint64_t draws = 0;
         for (int i = 0; i < opts.steps; ++i) {
             const int t = m_schedule.timestep(i, opts.steps);
-            if (unet_layout) {
-                m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, float(t), cond_in(batch),
-                               View<float, B>{s.eps.data, s.unet_eps.shape});
-            } else {
-                m_layout.to_unet(ctx, s.state.data, s.unet_x.data, batch);
-                m_unet.forward(ctx, s.unet_x, float(t), cond_in(batch), s.unet_eps);
-                m_layout.to_sample(ctx, s.unet_eps.data, s.eps.data, batch);
-            }
+            m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, float(t), cond_in(batch),
+                           View<float, B>{s.eps.data, s.unet_eps.shape});
             DiffusionStepParams p;
             p.x = s.state.data;
             p.eps = s.eps.data;
@@ -277,21 +269,17 @@ private:
             p.seed = opts.seed;
             p.seed_ptr = m_seed.data();
             p.draw_offset = draws;
+            p.channel_major_length = m_cfg.horizon;
             if (m_schedule.step_coefficients(opts.scheduler, i, opts.steps, p)) draws += per;
             Ops<B>::diffusion_step(p, stream);
             if constexpr (kHook) {
-                if (unet_layout) m_layout.to_sample(ctx, s.state.data, s.unet_x.data, batch);
-                after_step(i, t, unet_layout ? s.unet_x.data : s.state.data);
+                m_layout.to_sample(ctx, s.state.data, s.unet_x.data, batch);
+                after_step(i, t, s.unet_x.data);
             }
         }
-        // The final state in the sample layout: the state itself, or its transpose (into the output directly when
-        // nothing else is applied).
-        const float* final_state = s.state.data;
-        if (unet_layout) {
-            float* dst = unnormalize_out ? s.eps.data : m_out.data();
-            m_layout.to_sample(ctx, s.state.data, dst, batch);
-            final_state = dst;
-        }
+        // The final state in the sample layout (into the output directly when nothing else is applied).
+        float* final_state = unnormalize_out ? s.eps.data : m_out.data();
+        m_layout.to_sample(ctx, s.state.data, final_state, batch);
         if (unnormalize_out) {
             UnnormalizeParams u;
             u.x = final_state;
@@ -301,8 +289,6 @@ private:
             u.rows = batch * m_cfg.horizon;
             u.dim = m_cfg.action_dim;
             Ops<B>::unnormalize(u, stream);
-        } else if (!unet_layout) {
-            Memory<B>::copy(m_out.data(), final_state, std::size_t(batch) * per * sizeof(float), stream);
         }
     }
 
