@@ -28,14 +28,16 @@
 #include <immintrin.h>
 #endif
 
-// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized / -Wuninitialized (`__m512 __Y = __Y;` in
-// _mm512_undefined_ps, GCC bug 105593, fixed in GCC 13) wherever their intrinsics are inlined into a kernel. The
-// kernel regions switch those two warnings off around their own code only.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+// Warnings that do not apply inside a kernel region: GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized /
+// -Wuninitialized (`__m512 __Y = __Y;` in _mm512_undefined_ps, GCC bug 105593, fixed in GCC 13), and -Wpsabi notes
+// that vector arguments would change the ABI of a function compiled without AVX (a consumer's default flags): every
+// function taking vectors is an inline member of the same target region, so no such call crosses the boundary.
+#if defined(__GNUC__) && !defined(__clang__)
 #define FLOWEDGE_SIMD_WARNINGS_OFF                                     \
     _Pragma("GCC diagnostic push")                                     \
     _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")       \
-    _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+    _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")             \
+    _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
 #define FLOWEDGE_SIMD_WARNINGS_ON _Pragma("GCC diagnostic pop")
 #else
 #define FLOWEDGE_SIMD_WARNINGS_OFF
