@@ -71,6 +71,11 @@ inline VecBh vload_bh_n(const f16* p, int n) {
 }
 /// acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1] (vdpbf16ps: exact products, F32 accumulation, DAZ/FTZ, RNE).
 inline VecF vdot_bh(VecF acc, VecBh a, VecBh b) { return _mm512_dpbf16_ps(acc, a, b); }
+/// dst[0, 32) = BF16(src[0, n)) then zeros (n <= 32; an aligned 64-byte store). A function, not an expression at the
+/// call site, so OpenMP regions (outlined without the set's target by clang) pass it only pointers.
+inline void store_bh_n(bf16* dst, const float* src, int n) {
+    _mm512_store_si512(dst, __m512i(n == 32 ? vload_bh(src) : vload_bh_n(src, n)));
+}
 /// dst[0, round_up(n, 32)) = BF16(src[0, n)) followed by zeros up to the next multiple of 32.
 inline void round_to_bh(const float* src, int n, bf16* dst) {
     int j = 0;

@@ -174,12 +174,12 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
                     im2col_column(p, n0 + c, i0, ni, [&](int, float v) {
                         tmp[fill++] = v;
                         if (fill == 32) {
-                            _mm512_store_si512(dst + at, __m512i(vload_bh(tmp)));
+                            store_bh_n(dst + at, tmp, 32);
                             at += 32;
                             fill = 0;
                         }
                     });
-                    if (fill) _mm512_store_si512(dst + at, __m512i(vload_bh_n(tmp, fill)));
+                    if (fill) store_bh_n(dst + at, tmp, fill);
                 }
                 const bool first = i0 == 0;
                 auto epilogue = [&](int o, int c, float v) { conv_out(p, n0 + c, o, v, first); };
