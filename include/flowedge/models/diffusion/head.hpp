@@ -170,9 +170,9 @@ public:
     /// horizon: [batch, horizon, action_dim] -> out: [batch, n_action_steps, action_dim].
     void executed_actions(std::span<const float> horizon, std::span<float> out, int batch = 1) const {
         const std::size_t H = std::size_t(m_cfg.horizon), A = std::size_t(m_cfg.action_dim), N = std::size_t(m_cfg.n_action_steps);
-        if (!(batch >= 1 && horizon.size() == std::size_t(batch) * H * A)) [[unlikely]] fail("diffusion",
+        if (!(batch >= 1 && horizon.size() == std::size_t(batch) * H * A)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion",
               "horizon has the wrong size" + expected_got(std::size_t(batch) * H * A, horizon.size()));
-        if (!(out.size() == std::size_t(batch) * N * A)) [[unlikely]] fail("diffusion",
+        if (!(out.size() == std::size_t(batch) * N * A)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion",
               "executed actions have the wrong size" + expected_got(std::size_t(batch) * N * A, out.size()));
         const std::size_t first = std::size_t(m_cfg.n_obs_steps - 1);
         for (std::size_t b = 0; b < std::size_t(batch); ++b)
