@@ -20,9 +20,9 @@
 #endif
 
 #include <flowedge/models/mamba_flow/policy.hpp>
-#include <flowedge/runtime.hpp>
+#include <flowedge/residency.hpp>
 #ifdef FLOWEDGE_WITH_CUDA
-#include <flowedge/cuda/runtime.hpp>
+#include <flowedge/cuda/device.hpp>
 #endif
 
 using namespace flowedge;

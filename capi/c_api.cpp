@@ -17,7 +17,7 @@
 #include "flowedge/error.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
-#include "flowedge/runtime.hpp"
+#include "flowedge/residency.hpp"
 
 #ifndef FLOWEDGE_VERSION_STRING
 #define FLOWEDGE_VERSION_STRING "0.0.0"
@@ -39,7 +39,7 @@ struct CapiError {
 
 /// Runs `body`, turning every exception into a status and a thread-local message.
 template <class F>
-fe_status guarded(fe_status fallback, F&& body) noexcept {
+fe_status guarded(capi::Phase phase, F&& body) noexcept {
     try {
         body();
         return FE_OK;
@@ -48,7 +48,7 @@ fe_status guarded(fe_status fallback, F&& body) noexcept {
         return e.status;
     } catch (const Error& e) {
         t_last_error = e.what();
-        return capi::classify_error(e.what(), fallback);
+        return capi::status_of(e, phase);
     } catch (const std::bad_alloc&) {
         t_last_error = "flowedge: capi: out of host memory";
         return FE_ERR_OUT_OF_MEMORY;
@@ -226,7 +226,7 @@ const char* fe_status_name(fe_status s) {
 
 fe_status fe_engine_load_ex(const char* path, const char* device, int32_t max_batch, int32_t max_tokens, fe_engine** out) {
     if (out != nullptr) *out = nullptr;
-    return guarded(FE_ERR_FORMAT, [&] {
+    return guarded(capi::Phase::Load, [&] {
         need_ptr(out, "out");
         need_ptr(path, "path");
         if (max_batch < 1) raise(FE_ERR_INVALID_ARGUMENT, "max_batch must be positive" + expected_got(">= 1", max_batch));
@@ -335,7 +335,7 @@ const char* fe_engine_fallback_reason(const fe_engine* e) { return e == nullptr 
 
 fe_status fe_engine_sample(fe_engine* engine, const int32_t* tokens, size_t n_tokens, const float* noise, size_t noise_len,
                            const char* solver, int32_t steps, float* out, size_t out_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_sample");
         need_backbone(e, "fe_engine_sample");
         need_head(e, "fe_engine_sample");
@@ -363,7 +363,7 @@ fe_status fe_engine_sample(fe_engine* engine, const int32_t* tokens, size_t n_to
 fe_status fe_engine_sample_condition(fe_engine* engine, const float* cond, size_t cond_len, const float* noise,
                                      size_t noise_len, int32_t batch, const char* solver, int32_t steps, float* out,
                                      size_t out_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_sample_condition");
         need_head(e, "fe_engine_sample_condition");
         check_batch(e, batch);
@@ -382,7 +382,7 @@ fe_status fe_engine_sample_condition(fe_engine* engine, const float* cond, size_
 }
 
 fe_status fe_engine_prefill(fe_engine* engine, const int32_t* tokens, size_t n_tokens, float* hidden, size_t hidden_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_prefill");
         need_backbone(e, "fe_engine_prefill");
         check_tokens(e, tokens, n_tokens);
@@ -396,7 +396,7 @@ fe_status fe_engine_prefill(fe_engine* engine, const int32_t* tokens, size_t n_t
 }
 
 fe_status fe_engine_step(fe_engine* engine, int32_t token, float* hidden, size_t hidden_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_step");
         need_backbone(e, "fe_engine_step");
         const std::size_t dm = std::size_t(e.info.d_model);
@@ -410,7 +410,7 @@ fe_status fe_engine_step(fe_engine* engine, int32_t token, float* hidden, size_t
 }
 
 fe_status fe_engine_reset(fe_engine* engine) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_reset");
         need_backbone(e, "fe_engine_reset");
         std::lock_guard lock(e.mutex);
@@ -419,7 +419,7 @@ fe_status fe_engine_reset(fe_engine* engine) {
 }
 
 fe_status fe_engine_state_size(const fe_engine* engine, size_t* out_bytes) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         const fe_engine& e = engine_of(const_cast<fe_engine*>(engine), FE_KIND_MAMBA_FLOW, "fe_engine_state_size");
         need_backbone(e, "fe_engine_state_size");
         need_ptr(out_bytes, "out_bytes");
@@ -428,7 +428,7 @@ fe_status fe_engine_state_size(const fe_engine* engine, size_t* out_bytes) {
 }
 
 fe_status fe_engine_export_state(fe_engine* engine, void* buf, size_t buf_bytes, size_t* written) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_export_state");
         need_backbone(e, "fe_engine_export_state");
         check_output(buf, buf_bytes, e.info.state_bytes, "buf", "bytes");
@@ -442,7 +442,7 @@ fe_status fe_engine_export_state(fe_engine* engine, void* buf, size_t buf_bytes,
 }
 
 fe_status fe_engine_import_state(fe_engine* engine, const void* buf, size_t buf_bytes) {
-    return guarded(FE_ERR_STATE, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_MAMBA_FLOW, "fe_engine_import_state");
         need_backbone(e, "fe_engine_import_state");
         need_ptr(buf, "buf");
@@ -461,7 +461,7 @@ fe_status fe_engine_import_state(fe_engine* engine, const void* buf, size_t buf_
 fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_t cond_len, const float* noise,
                                      size_t noise_len, int32_t batch, int32_t steps, const char* scheduler, uint64_t seed,
                                      float* out, size_t out_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_DIFFUSION, "fe_engine_sample_diffusion");
         check_batch(e, batch);
         const std::size_t b = std::size_t(batch), per = std::size_t(e.info.horizon) * std::size_t(e.info.action_dim);
@@ -481,7 +481,7 @@ fe_status fe_engine_sample_diffusion(fe_engine* engine, const float* cond, size_
 }
 
 fe_status fe_engine_set_math(fe_engine* engine, const char* math) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         need_ptr(engine, "engine");
         fe_engine& e = engine_of(engine, engine->kind == FE_KIND_MAMBA_FLOW ? FE_KIND_MAMBA_FLOW : FE_KIND_DIFFUSION,
                                  "fe_engine_set_math");
@@ -495,7 +495,7 @@ fe_status fe_engine_set_math(fe_engine* engine, const char* math) {
 
 fe_status fe_engine_diffusion_denoise(fe_engine* engine, const float* cond, size_t cond_len, const float* sample,
                                       size_t sample_len, int32_t batch, int32_t timestep, float* eps, size_t eps_len) {
-    return guarded(FE_ERR_INVALID_ARGUMENT, [&] {
+    return guarded(capi::Phase::Call, [&] {
         fe_engine& e = engine_of(engine, FE_KIND_DIFFUSION, "fe_engine_diffusion_denoise");
         check_batch(e, batch);
         const std::size_t b = std::size_t(batch), per = std::size_t(e.info.horizon) * std::size_t(e.info.action_dim);

@@ -17,11 +17,11 @@
 #endif
 
 #ifdef FLOWEDGE_WITH_CUDA
-#include <flowedge/cuda/runtime.hpp>
+#include <flowedge/cuda/device.hpp>
 #endif
 #include <flowedge/io/npy.hpp>
 #include <flowedge/models/diffusion/head.hpp>
-#include <flowedge/runtime.hpp>
+#include <flowedge/residency.hpp>
 
 using namespace flowedge;
 

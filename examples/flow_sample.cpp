@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <flowedge/models/mamba_flow/policy.hpp>
-#include <flowedge/runtime.hpp>
+#include <flowedge/residency.hpp>
 
 using namespace flowedge;
 

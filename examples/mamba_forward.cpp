@@ -9,7 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include <flowedge/models/mamba_flow/mamba.hpp>
-#include <flowedge/runtime.hpp>
+#include <flowedge/residency.hpp>
 
 using namespace flowedge;
 

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 if (!v.empty()) sink = sink + v.front() + v.back();
             }
         } catch (const Error&) {
-            if (t.supported()) __builtin_trap();  // a readable entry must not be refused
+            if (t.supported()) __builtin_trap();  // a supported entry must not be refused
         }
     }
     try {

@@ -43,7 +43,8 @@ typedef enum fe_status {
     FE_ERR_SHAPE = 4,            /**< an input buffer has more elements than the call uses, or a length that is not
                                       a whole number of rows (e.g. noise not a multiple of action_dim) */
     FE_ERR_UNSUPPORTED = 5,      /**< the engine cannot do this: a diffusion call on a mamba-flow engine (or the
-                                      reverse), a backbone call on a head-only file, an unsupported scheduler config */
+                                      reverse), a backbone call on a head-only file, an unsupported scheduler config
+                                      or tensor dtype */
     FE_ERR_NON_FINITE = 6,       /**< a NaN/Inf input, or inference produced a non-finite value */
     FE_ERR_DEVICE = 7,           /**< a GPU failure, or FLOWEDGE_CUDA_REQUIRED=1 and the model is not GPU-resident */
     FE_ERR_STATE = 8,            /**< a decode state was rejected by fe_engine_import_state (bad magic, other version,

@@ -1,9 +1,6 @@
 // Replayable launch sequences: a whole sample is recorded once and replayed (a CUDA graph on Cuda,
 // a plain call on Cpu), so steady-state inference costs one launch and no host round trips.
 #pragma once
-#include <cstdint>
-#include <utility>
-
 #include "flowedge/backend.hpp"
 
 namespace flowedge {
@@ -16,16 +13,9 @@ namespace flowedge {
 template <Backend B>
 class Graph;
 
-template <>
-class Graph<Cpu> {
-public:
-    template <class F>
-    void run(Stream, std::uint64_t, F&& enqueue) { std::forward<F>(enqueue)(); }
-    void reset() {}
-};
-
 }  // namespace flowedge
 
+#include "flowedge/cpu/graph.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
 #include "flowedge/cuda/graph.hpp"
 #endif

@@ -52,7 +52,7 @@ public:
     void load(const io::TensorInfo& t, const Shape& expected, Storage storage, const LoadOptions& opts,
               std::shared_ptr<const void> keeper, std::string_view component) {
         if (!(t.shape == expected))
-            fail(component, "tensor '" + t.name + "' has the wrong shape" + expected_got(expected.str(), t.shape.str()));
+            fail(ErrorKind::BadFile, component, "tensor '" + t.name + "' has the wrong shape" + expected_got(expected.str(), t.shape.str()));
         m_shape = expected;
         DType want = storage == Storage::Vector ? DType::F32 : opts.weight_dtype.value_or(t.dtype);
         m_dtype = want;
@@ -145,7 +145,7 @@ void bind_parameters(Module& module, const std::shared_ptr<const io::SafeTensors
     module.visit_parameters([&](const std::string& name, Parameter<B>& p, const Shape& shape, Storage storage) {
         const std::string key = prefix + name;
         const io::TensorInfo* t = file->find(key);
-        if (!t) fail(component, file->path().string() + ": missing tensor '" + key + "'");
+        if (!t) fail(ErrorKind::BadFile, component, file->path().string() + ": missing tensor '" + key + "'");
         t->require_float(component, file->path().string());
         p.load(*t, shape, storage, opts, file, component);
     });

@@ -57,7 +57,7 @@ struct View {
 template <class T, Backend B>
 void check_shape(const View<T, B>& v, const Shape& want, std::string_view component, std::string_view what) {
     if (!(v.shape == want)) [[unlikely]]
-        fail(component, std::string(what) + ": wrong shape" + expected_got(want.str(), v.shape.str()));
+        fail(ErrorKind::BadShape, component, std::string(what) + ": wrong shape" + expected_got(want.str(), v.shape.str()));
 }
 
 /// Raw memory management per backend; specialised in cpu/memory.hpp and cuda/memory.hpp.

@@ -28,7 +28,7 @@ public:
         const std::size_t n = static_cast<std::size_t>(s.numel());
         const std::size_t need = bytes_for<T>(n);
         if (m_used + need > m_storage.size()) [[unlikely]]
-            fail("workspace", "scratch exhausted" + expected_got(std::to_string(m_used + need) + " bytes",
+            fail(ErrorKind::Internal, "workspace", "scratch exhausted" + expected_got(std::to_string(m_used + need) + " bytes",
                                                                   std::to_string(m_storage.size()) + " bytes capacity"));
         T* p = reinterpret_cast<T*>(m_storage.data() + m_used);
         m_used += need;

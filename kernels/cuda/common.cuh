@@ -20,6 +20,7 @@ namespace flowedge::cuda::detail {
 
 /// Throws flowedge::Error "flowedge: cuda: <what> failed: <cuda error string> (<name>) [file:line]"; with no GPU or
 /// driver at all: "...failed: no NVIDIA GPU/driver found (<string> (<name>)) [file:line]; use --device cpu".
+/// Kind Device, or DeviceOutOfMemory for cudaErrorMemoryAllocation.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 
 /// The stream a launch should use: `s` itself, or, for the default stream while a Graph<Cuda> captures
@@ -218,7 +219,7 @@ void dispatch_dtype(DType d, F&& f) {
         case DType::BF16: f.template operator()<bf16>(); return;
         case DType::F16: f.template operator()<f16>(); return;
     }
-    fail("cuda", "unknown weight dtype " + std::to_string(int(d)));
+    fail(ErrorKind::Internal, "cuda", "unknown weight dtype " + std::to_string(int(d)));
 }
 
 inline bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }

@@ -504,8 +504,8 @@ void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
                                                                        std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
     check(std::int64_t(p.out_channels + 63) / 64 <= 65535, comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
     check(tile >= 0 && tile <= 5, comp, "unknown tile choice" + expected_got("0..5", tile));
-    check(tile < 4 || detail::compute_major() >= 9, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", detail::compute_major()));
-    check(detail::compute_major() >= 8, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", detail::compute_major()));
+    check(tile < 4 || detail::compute_major() >= 9, ErrorKind::Unsupported, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", detail::compute_major()));
+    check(detail::compute_major() >= 8, ErrorKind::Unsupported, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", detail::compute_major()));
     MmaArgs a;
     a.m = p.out_channels;
     a.n = int(n);

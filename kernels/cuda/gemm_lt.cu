@@ -50,7 +50,7 @@
 
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 
 namespace flowedge::cuda {
 namespace {
@@ -96,7 +96,7 @@ ScratchLayout scratch_layout(const Conv1dParams& p) {
 
 void lt_check(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) [[unlikely]]
-        fail("cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
+        fail(ErrorKind::Device, "cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
 }
 
 /// One GEMM shape's descriptors and chosen algorithm (created once, kept for the process).

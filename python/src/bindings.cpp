@@ -20,7 +20,7 @@
 #include "flowedge/error.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
-#include "flowedge/runtime.hpp"
+#include "flowedge/residency.hpp"
 
 #ifndef FLOWEDGE_VERSION_STRING
 #define FLOWEDGE_VERSION_STRING "0.0.0"
@@ -205,14 +205,16 @@ Resident<Model> load_resident(const std::string& device, Loader&& loader) {
     // Without the CUDA backend an explicit "cuda" cannot succeed: say so before reading the weights.
     if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
         throw Error(std::string("flowedge: python: device='cuda' requested but this build has no CUDA backend "
-                                "(rebuild with FLOWEDGE_BACKEND=cuda pip install .)") + use_auto);
+                                "(rebuild with FLOWEDGE_BACKEND=cuda pip install .)") + use_auto,
+                    ErrorKind::Device);
     Resident<Model> r = [&] {
         nb::gil_scoped_release release;
         return Resident<Model>::load(req.want, flags, loader);
     }();
     if (req.want == Device::Cuda && !req.fallback_allowed && !r.cuda_resident())
         throw Error("flowedge: python: device='cuda' requested but the model is not resident on the GPU (" +
-                    r.fallback_reason() + ")" + use_auto);
+                        r.fallback_reason() + ")" + use_auto,
+                    ErrorKind::Device);
     return r;
 }
 
@@ -249,7 +251,7 @@ NB_MODULE(_flowedge, m) {
         } catch (const ArgumentError& e) {
             PyErr_SetString(g_value_error, e.what());
         } catch (const Error& e) {
-            const fe_status s = capi::classify_error(e.what(), FE_ERR_INTERNAL);
+            const fe_status s = capi::status_of(e, capi::Phase::Call);
             const bool argument = s == FE_ERR_INVALID_ARGUMENT || s == FE_ERR_SHAPE;
             PyErr_SetString(argument ? g_value_error : g_error, e.what());
         }

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 
 int main(int argc, char** argv) {
     if (!flowedge::cuda::device_available()) {

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
-#include "flowedge/runtime.hpp"
+#include "flowedge/residency.hpp"
 
 using namespace flowedge;
 using namespace flowedge::test;

@@ -46,7 +46,7 @@ TEST_CASE("without a device, allocate throws a flowedge::Error with the CUDA err
         const std::string msg = e.what();
         MESSAGE(msg);
         CHECK(msg.rfind("flowedge: cuda: cudaMalloc of 64 bytes failed: ", 0) == 0);
-        CHECK(msg.find("runtime.cu:") != std::string::npos);
+        CHECK(msg.find("device.cu:") != std::string::npos);
         // No GPU or no driver at all reads as such, with what to do, not as a driver-version problem.
         if (std::string(cuda::device_description()).rfind("no NVIDIA GPU/driver found", 0) == 0) {
             CHECK(msg.find("failed: no NVIDIA GPU/driver found (") != std::string::npos);

@@ -1,4 +1,4 @@
-// safetensors reader/writer: round trips for every readable dtype, a numpy/safetensors-written fixture, and one
+// safetensors reader/writer: round trips for every supported dtype, a numpy/safetensors-written fixture, and one
 // test per malformed-file case (each must raise a flowedge::Error naming the problem, never crash).
 #include <doctest/doctest.h>
 

@@ -15,7 +15,7 @@
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/ops.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 #endif
 
 /// Backends every TEST_CASE_TEMPLATE in test/ops runs on: Cpu always, Cuda in builds that link flowedge::cuda

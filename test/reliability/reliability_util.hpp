@@ -66,7 +66,7 @@ struct TempDir {
     }
 };
 
-/// Rewrites safetensors `src` to `dst` as F32, passing every readable tensor's values through `f(name, values)`.
+/// Rewrites safetensors `src` to `dst` as F32, passing every supported tensor's values through `f(name, values)`.
 inline void rewrite_f32(const fs::path& src, const fs::path& dst,
                         const std::function<void(const std::string&, std::vector<float>&)>& f) {
     auto st = flowedge::io::SafeTensors::open(src);

@@ -67,7 +67,7 @@ inline Isa choose_isa(std::string_view requested, const CpuFeatures& f) {
     for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
         if (requested != isa_name(i)) continue;
         if (int(i) > int(best))
-            fail("cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
+            fail(ErrorKind::Unsupported, "cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
                             expected_got("one of scalar..." + std::string(isa_name(best)), requested));
         return i;
     }

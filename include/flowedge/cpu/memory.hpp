@@ -51,7 +51,7 @@ struct Memory<Cpu> {
     static void check_fits(std::size_t bytes, std::string_view what) {
         const std::size_t phys = physical_bytes();
         if (phys != 0 && bytes > phys) [[unlikely]]
-            fail("cpu", "out of host memory: " + std::string(what) + " needs " + std::to_string(bytes) +
+            fail(ErrorKind::OutOfMemory, "cpu", "out of host memory: " + std::string(what) + " needs " + std::to_string(bytes) +
                             " bytes, more than this host's physical memory" + expected_got("<= " + std::to_string(phys), std::to_string(bytes)));
     }
     static constexpr std::size_t kHugePageBytes = std::size_t(2) << 20;
@@ -66,7 +66,7 @@ struct Memory<Cpu> {
         const std::size_t align = huge ? kHugePageBytes : 64;
         const std::size_t size = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of align
         void* p = std::aligned_alloc(align, size);
-        if (!p) fail("cpu", "out of host memory allocating " + std::to_string(bytes) + " bytes");
+        if (!p) fail(ErrorKind::OutOfMemory, "cpu", "out of host memory allocating " + std::to_string(bytes) + " bytes");
 #ifdef MADV_HUGEPAGE
         if (huge) ::madvise(p, size, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif

@@ -23,10 +23,10 @@
     do {                                                                                     \
         if ((isa) == ::flowedge::cpu::Isa::Avx512) ::flowedge::cpu::avx512::call;            \
         else if ((isa) == ::flowedge::cpu::Isa::Avx2) ::flowedge::cpu::avx2::call;           \
-        else ::flowedge::fail("cpu", "packed weights need the AVX2 or AVX-512 kernel set");  \
+        else ::flowedge::fail(::flowedge::ErrorKind::Unsupported, "cpu", "packed weights need the AVX2 or AVX-512 kernel set");  \
     } while (0)
 #else
-#define FLOWEDGE_CPU_SIMD_KERNEL(isa, call) ::flowedge::fail("cpu", "packed weights need an x86-64 SIMD kernel set")
+#define FLOWEDGE_CPU_SIMD_KERNEL(isa, call) ::flowedge::fail(::flowedge::ErrorKind::Unsupported, "cpu", "packed weights need an x86-64 SIMD kernel set")
 #endif
 
 namespace flowedge::cpu {
@@ -125,7 +125,7 @@ private:
         if (m_isa == Isa::Avx2) return avx2::packed_linear_bytes(l, m_in, m_out);
 #endif
         (void)l;
-        fail("cpu packed linear", "packed weights need the AVX2 or AVX-512 kernel set");
+        fail(ErrorKind::Unsupported, "cpu packed linear", "packed weights need the AVX2 or AVX-512 kernel set");
     }
 
     Kind m_kind;
@@ -166,7 +166,7 @@ inline const PackedWeight* packed_weight(const WeightRef& w) {
     if (!w.prepared) return nullptr;
     const auto* pw = static_cast<const PackedWeight*>(w.prepared);
     if (pw->isa() != active_isa()) [[unlikely]]
-        fail("cpu", "weights packed for kernel set " + std::string(isa_name(pw->isa())) + " used by set " +
+        fail(ErrorKind::Internal, "cpu", "weights packed for kernel set " + std::string(isa_name(pw->isa())) + " used by set " +
                         std::string(isa_name(active_isa())));
     return pw;
 }

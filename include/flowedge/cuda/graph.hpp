@@ -1,5 +1,5 @@
 // Graph<Cuda>: records a launch sequence once per key with CUDA stream capture and replays it with
-// one cudaGraphLaunch; the CUDA calls live in kernels/cuda/runtime.cu behind opaque handles.
+// one cudaGraphLaunch; the CUDA calls live in kernels/cuda/device.cu behind opaque handles.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "flowedge/backend.hpp"
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 
 namespace flowedge {
 

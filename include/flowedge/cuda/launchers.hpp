@@ -42,7 +42,7 @@ std::size_t conv1d_scratch_bytes(const Conv1dParams& p);
 /// it); no-op for F32 or without an sm_80+ device.
 void prepare_math(MathMode m);
 /// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
-/// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
+/// (256, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
 bool conv1d_mma_selected(const Conv1dParams& p);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);

@@ -1,10 +1,10 @@
 // Device memory for the Cuda backend: counted cudaMalloc/cudaFree and stream-ordered copies,
-// forwarding to flowedge::cuda (kernels/cuda/runtime.cu) so this header needs no CUDA include.
+// forwarding to flowedge::cuda (kernels/cuda/device.cu) so this header needs no CUDA include.
 #pragma once
 #include <atomic>
 #include <cstddef>
 
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 #include "flowedge/tensor.hpp"
 
 namespace flowedge {
@@ -17,7 +17,8 @@ struct Memory<Cuda> {
     static std::atomic<std::size_t>& allocation_count() noexcept { return cuda::allocation_counter(); }
     /// Number of cudaFree calls made by flowedge in this process.
     static std::atomic<std::size_t>& free_count() noexcept { return cuda::free_counter(); }
-    /// cudaMalloc; throws flowedge::Error ("flowedge: cuda: cudaMalloc of N bytes failed: ...") on failure.
+    /// cudaMalloc; throws flowedge::Error ("flowedge: cuda: cudaMalloc of N bytes failed: ...", kind DeviceOutOfMemory
+    /// when the device is out of memory, Device otherwise) on failure.
     static void* allocate(std::size_t bytes) { return cuda::device_allocate(bytes); }
     static void deallocate(void* p) noexcept { cuda::device_free(p); }
     /// Host -> device, stream-ordered; the host buffer may be reused as soon as this returns.

@@ -56,7 +56,10 @@ inline std::string npy_type_name(std::string_view descr) {
     return "dtype '" + std::string(descr) + "'";
 }
 
-[[noreturn]] inline void npy_fail(const std::string& where, const std::string& what) { fail("npy", where + ": " + what); }
+/// A malformed .npy file (BadFile) unless `kind` says otherwise (Unsupported for valid numpy files flowedge does not read).
+[[noreturn]] inline void npy_fail(const std::string& where, const std::string& what, ErrorKind kind = ErrorKind::BadFile) {
+    fail(kind, "npy", where + ": " + what);
+}
 
 /// The header dict of a .npy file: {'descr': <str>, 'fortran_order': <bool>, 'shape': <tuple of ints>}.
 struct NpyHeader {
@@ -102,7 +105,7 @@ inline NpyHeader parse_npy_header(std::string_view h, const std::string& where) 
         if (key == "descr") {
             if (seen_descr) npy_fail(where, "header repeats key 'descr'");
             seen_descr = true;
-            if (i < h.size() && h[i] == '[') npy_fail(where, "structured dtypes are not supported (expected '<f4' or '<i4')");
+            if (i < h.size() && h[i] == '[') npy_fail(where, "structured dtypes are not supported (expected '<f4' or '<i4')", ErrorKind::Unsupported);
             out.descr = string_lit();
         } else if (key == "fortran_order") {
             if (seen_fortran) npy_fail(where, "header repeats key 'fortran_order'");
@@ -169,11 +172,11 @@ NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
         start = 12;
     } else {
         npy_fail(where, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
-                            " (expected 1.0, 2.0 or 3.0)");
+                            " (expected 1.0, 2.0 or 3.0)", ErrorKind::Unsupported);
     }
     if (minor != 0)
         npy_fail(where, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
-                            " (expected 1.0, 2.0 or 3.0)");
+                            " (expected 1.0, 2.0 or 3.0)", ErrorKind::Unsupported);
     if (header_len > b.size() - start)
         npy_fail(where, "header runs past the end of the file" +
                             expected_got("<= " + std::to_string(b.size() - start) + " bytes", std::to_string(header_len) + " bytes"));
@@ -186,12 +189,12 @@ NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
         const std::string want_name = npy_type_name(want);
         if (same_kind && hdr.descr[0] == '>')
             npy_fail(where, "big-endian dtype '" + hdr.descr + "' is not supported" + expected_got(std::string(want), hdr.descr) +
-                                ": convert with arr.astype('" + std::string(want) + "')");
+                                ": convert with arr.astype('" + std::string(want) + "')", ErrorKind::Unsupported);
         if (!(same_kind && hdr.descr[0] == '='))  // '=' is native order, i.e. little-endian here
             npy_fail(where, "expected " + want_name + " .npy, got " + npy_type_name(hdr.descr) + " ('" + hdr.descr +
-                                "'): convert with arr.astype(np." + want_name + ")");
+                                "'): convert with arr.astype(np." + want_name + ")", ErrorKind::Unsupported);
     }
-    if (hdr.fortran_order) npy_fail(where, "fortran_order arrays are not supported (save with C order)");
+    if (hdr.fortran_order) npy_fail(where, "fortran_order arrays are not supported (save with C order)", ErrorKind::Unsupported);
     std::uint64_t n = 1;
     for (auto d : hdr.shape)
         if (__builtin_mul_overflow(n, std::uint64_t(d), &n)) npy_fail(where, "shape element count overflows");
@@ -215,11 +218,12 @@ template <class T>
 std::vector<std::byte> npy_bytes(std::span<const std::int64_t> shape, std::span<const T> values, const std::string& where) {
     std::uint64_t n = 1;
     for (auto d : shape) {
-        if (d < 0) npy_fail(where, "shape has a negative dimension " + std::to_string(d));
-        if (__builtin_mul_overflow(n, std::uint64_t(d), &n)) npy_fail(where, "shape element count overflows");
+        if (d < 0) npy_fail(where, "shape has a negative dimension " + std::to_string(d), ErrorKind::BadInput);
+        if (__builtin_mul_overflow(n, std::uint64_t(d), &n)) npy_fail(where, "shape element count overflows", ErrorKind::BadInput);
     }
     if (n != values.size())
-        npy_fail(where, "shape does not match the number of values" + expected_got(std::to_string(n), std::to_string(values.size())));
+        npy_fail(where, "shape does not match the number of values" + expected_got(std::to_string(n), std::to_string(values.size())),
+                 ErrorKind::BadShape);
     std::string dims;
     for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
     if (shape.size() == 1) dims += ",";
@@ -245,10 +249,10 @@ inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path,
     const std::string where = path.string();
     std::error_code ec;
     const auto st = std::filesystem::status(path, ec);
-    if (st.type() == std::filesystem::file_type::not_found) fail(component, where + ": no such file");
-    if (st.type() == std::filesystem::file_type::directory) fail(component, where + ": is a directory (expected a file)");
+    if (st.type() == std::filesystem::file_type::not_found) fail(ErrorKind::Io, component, where + ": no such file");
+    if (st.type() == std::filesystem::file_type::directory) fail(ErrorKind::Io, component, where + ": is a directory (expected a file)");
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(component, where + ": cannot open file");
+    if (!f) fail(ErrorKind::Io, component, where + ": cannot open file");
     std::vector<std::byte> bytes;
     char buf[65536];
     while (f) {
@@ -257,16 +261,16 @@ inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path,
         const auto* p = reinterpret_cast<const std::byte*>(buf);
         bytes.insert(bytes.end(), p, p + got);
     }
-    if (f.bad()) fail(component, where + ": read error");
+    if (f.bad()) fail(ErrorKind::Io, component, where + ": read error");
     return bytes;
 }
 
 inline void write_file_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes, std::string_view component) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) fail(component, "cannot write '" + path.string() + "': cannot open for writing");
+    if (!f) fail(ErrorKind::Io, component, "cannot write '" + path.string() + "': cannot open for writing");
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     f.close();
-    if (!f) fail(component, "cannot write '" + path.string() + "': write failed");
+    if (!f) fail(ErrorKind::Io, component, "cannot write '" + path.string() + "': write failed");
 }
 
 template <class T>

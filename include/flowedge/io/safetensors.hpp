@@ -41,11 +41,11 @@ namespace detail {
 struct SafetensorsDtype {
     std::string_view name;
     unsigned bits;
-    bool readable;  ///< F32/BF16/F16: flowedge can read it
-    DType dtype;    ///< meaningful only when readable
+    bool supported;  ///< F32/BF16/F16: flowedge can read it
+    DType dtype;     ///< meaningful only when supported
 };
 
-/// Every dtype of the safetensors format (as of 0.5); only F32/BF16/F16 are readable by flowedge.
+/// Every dtype of the safetensors format (as of 0.5); only F32/BF16/F16 are supported by flowedge.
 inline const SafetensorsDtype* find_safetensors_dtype(std::string_view name) {
     static constexpr std::array<SafetensorsDtype, 20> table{{
         {"F32", 32, true, DType::F32},     {"BF16", 16, true, DType::BF16},   {"F16", 16, true, DType::F16},
@@ -101,12 +101,10 @@ struct TensorInfo {
 
     /// True when flowedge can read the data (dtype F32/BF16/F16 and rank <= 4).
     bool supported() const { return unsupported_reason.empty(); }
-    /// Same as supported().
-    bool readable() const { return supported(); }
     /// Returns *this, or throws a flowedge::Error "flowedge: <component>: <file>: tensor '<name>' has
     /// unsupported dtype <dtype> (expected F32, BF16 or F16)".
     const TensorInfo& require_float(std::string_view component, std::string_view file) const {
-        if (!supported()) fail(component, std::string(file) + ": tensor '" + name + "' " + unsupported_reason);
+        if (!supported()) fail(ErrorKind::Unsupported, component, std::string(file) + ": tensor '" + name + "' " + unsupported_reason);
         return *this;
     }
     /// require_float with component "safetensors".
@@ -127,20 +125,20 @@ public:
         st->m_path = path;
         st->m_label = path.string();
         const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) st->error("cannot open file: " + detail::errno_text(errno));
+        if (fd < 0) st->error("cannot open file: " + detail::errno_text(errno), ErrorKind::Io);
         struct stat sb {};
         if (::fstat(fd, &sb) != 0) {
             const int err = errno;
             ::close(fd);
-            st->error("cannot stat file: " + detail::errno_text(err));
+            st->error("cannot stat file: " + detail::errno_text(err), ErrorKind::Io);
         }
         if (S_ISDIR(sb.st_mode)) {
             ::close(fd);
-            st->error("is a directory (expected a safetensors file)");
+            st->error("is a directory (expected a safetensors file)", ErrorKind::Io);
         }
         if (!S_ISREG(sb.st_mode)) {
             ::close(fd);
-            st->error("not a regular file");
+            st->error("not a regular file", ErrorKind::Io);
         }
         const std::size_t size = static_cast<std::size_t>(sb.st_size);
         if (size < 8) {
@@ -151,7 +149,7 @@ public:
         void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
         const int err = errno;
         ::close(fd);
-        if (p == MAP_FAILED) st->error("cannot mmap file: " + detail::errno_text(err));
+        if (p == MAP_FAILED) st->error("cannot mmap file: " + detail::errno_text(err), ErrorKind::Io);
         st->m_map = p;
         st->m_map_bytes = size;
         st->m_base = static_cast<const std::byte*>(p);
@@ -193,7 +191,7 @@ public:
         auto it = m_index.find(name);
         return it == m_index.end() ? nullptr : &m_tensors[it->second];
     }
-    /// Readable entry for `name`; nullptr when absent; Error naming the dtype when it is not F32/BF16/F16.
+    /// Supported entry for `name`; nullptr when absent; Error naming the dtype when it is not F32/BF16/F16.
     const TensorInfo* find(std::string_view name) const {
         const TensorInfo* t = info(name);
         if (t) t->require_float(m_label);
@@ -205,7 +203,7 @@ public:
         if (!t) error("missing tensor '" + std::string(name) + "'");
         return *t;
     }
-    /// Every entry (readable or not), sorted by data offset.
+    /// Every entry (supported or not), sorted by data offset.
     const std::vector<TensorInfo>& tensors() const { return m_tensors; }
     /// __metadata__ (string->string only); empty when the header has none.
     const std::map<std::string, std::string>& metadata() const { return m_metadata; }
@@ -233,7 +231,10 @@ public:
 private:
     SafeTensors() = default;
 
-    [[noreturn]] void error(const std::string& what) const { fail("safetensors", m_label + ": " + what); }
+    /// A problem with the file's content (BadFile) unless `kind` says otherwise (Io for open/stat/mmap).
+    [[noreturn]] void error(const std::string& what, ErrorKind kind = ErrorKind::BadFile) const {
+        fail(kind, "safetensors", m_label + ": " + what);
+    }
     [[noreturn]] void tensor_error(const std::string& name, const std::string& what) const {
         error("tensor '" + name + "': " + what);
     }
@@ -391,7 +392,7 @@ private:
         t.offset = static_cast<std::size_t>(begin);
         t.bytes = static_cast<std::size_t>(want_bytes);
         t.raw = m_base + data_begin + t.offset;
-        if (!dt->readable)
+        if (!dt->supported)
             t.unsupported_reason = "has unsupported dtype " + t.dtype_name + " (expected F32, BF16 or F16)";
         else if (t.dims.size() > 4)
             t.unsupported_reason = "has rank " + std::to_string(t.dims.size()) + " (expected at most 4)";
@@ -496,7 +497,7 @@ public:
         std::filesystem::path tmp = path;
         tmp += ".tmp" + std::to_string(::getpid());
         const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) fail("safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(errno));
+        if (fd < 0) fail(ErrorKind::Io, "safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(errno));
         std::size_t done = 0;
         while (done < data.size()) {
             const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
@@ -505,19 +506,19 @@ public:
                 const int err = w < 0 ? errno : EIO;
                 ::close(fd);
                 ::unlink(tmp.c_str());
-                fail("safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
+                fail(ErrorKind::Io, "safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
             }
             done += static_cast<std::size_t>(w);
         }
         if (::close(fd) != 0) {
             const int err = errno;
             ::unlink(tmp.c_str());
-            fail("safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
+            fail(ErrorKind::Io, "safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
         }
         if (::rename(tmp.c_str(), path.c_str()) != 0) {
             const int err = errno;
             ::unlink(tmp.c_str());
-            fail("safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
+            fail(ErrorKind::Io, "safetensors", "cannot write '" + path.string() + "': " + detail::errno_text(err));
         }
     }
 

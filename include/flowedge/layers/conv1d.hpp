@@ -47,7 +47,7 @@ public:
 
     /// y = conv1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)]. Uses ctx.math (MathMode).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
-        if (!(x.shape.rank == 3)) [[unlikely]] fail("conv1d", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
+        if (!(x.shape.rank == 3)) [[unlikely]] fail(ErrorKind::BadShape, "conv1d", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv1d", "input");
         if (!(out_length(len) > 0)) [[unlikely]] fail("conv1d", "input too short" + expected_got(">= " + std::to_string(m_cfg.kernel - 2 * m_cfg.pad), len));

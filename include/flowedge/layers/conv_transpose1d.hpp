@@ -45,7 +45,7 @@ public:
 
     /// y = conv_transpose1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)].
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
-        if (!(x.shape.rank == 3)) [[unlikely]] fail("conv_transpose1d",
+        if (!(x.shape.rank == 3)) [[unlikely]] fail(ErrorKind::BadShape, "conv_transpose1d",
               "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv_transpose1d", "input");

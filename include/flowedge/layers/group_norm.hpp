@@ -48,7 +48,7 @@ public:
 
     /// y = epilogue(groupnorm(x)). x, y: [batch, channels, length] (y may not alias x or residual).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y, const GroupNormEpilogue& epi = {}) const {
-        if (!(x.shape.rank == 3)) [[unlikely]] fail("group_norm", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
+        if (!(x.shape.rank == 3)) [[unlikely]] fail(ErrorKind::BadShape, "group_norm", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.channels, len}, "group_norm", "input");
         check_shape(y, Shape{batch, m_cfg.channels, len}, "group_norm", "output");

@@ -80,7 +80,7 @@ public:
         Parameter<B>::convert(t->data, t->dtype, a.data(), DType::F32, n);
         for (std::size_t i = 0; i < n; ++i) {
             if (!std::isfinite(a[i]))
-                fail("mamba", "tensor '" + prefix + "A_log' has a non-finite value at index " + std::to_string(i));
+                fail(ErrorKind::BadFile, "mamba", "tensor '" + prefix + "A_log' has a non-finite value at index " + std::to_string(i));
             a[i] = -std::exp(a[i]);
         }
         m_A.assign_f32(a, Shape{m_cfg.d_inner, m_cfg.d_state});

@@ -9,7 +9,7 @@ inline void with_weights(const void* data, DType dtype, F&& f) {
         case DType::BF16: f(static_cast<const bf16*>(data)); return;
         case DType::F16: f(static_cast<const f16*>(data)); return;
     }
-    fail("cpu ops", "unknown weight dtype " + std::to_string(int(dtype)));
+    fail(ErrorKind::Internal, "cpu ops", "unknown weight dtype " + std::to_string(int(dtype)));
 }
 template <class F>
 inline void with_weights(const WeightRef& w, F&& f) {

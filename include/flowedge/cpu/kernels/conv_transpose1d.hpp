@@ -145,7 +145,7 @@ inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks)
         with_weights(blocks, p.w.dtype, [&](auto w) {
             constexpr int W = kConvBlockWidth<std::remove_cvref_t<decltype(*w)>>;
             if (std::size_t(p.in_length) * W > kScratchFloats) [[unlikely]]
-                fail("cpu conv_transpose1d", "in_length too long for packed weights" +
+                fail(ErrorKind::Unsupported, "cpu conv_transpose1d", "in_length too long for packed weights" +
                                                  expected_got("<= " + std::to_string(kScratchFloats / W), p.in_length));
             conv_transpose1d_packed_impl(p, w);
         });

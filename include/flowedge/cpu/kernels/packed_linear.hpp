@@ -313,7 +313,7 @@ inline void packed_linear_pack(PackedLayout l, bool round, const WeightRef& src_
                         // Rounded by the instruction Ops<Cpu>::linear's vload_bh uses (RNE, denormals to zero).
                         _mm512_store_si512(h, __m512i(to_bh(_mm512_load_ps(f), _mm512_load_ps(f + 16))));
 #else
-                        fail("cpu packed linear", "BF16-rounded pairs need the AVX-512 kernel set");
+                        fail(ErrorKind::Unsupported, "cpu packed linear", "BF16-rounded pairs need the AVX-512 kernel set");
 #endif
                     }
                     std::uint32_t lanes[kLanes];

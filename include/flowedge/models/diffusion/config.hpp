@@ -33,7 +33,7 @@ struct DiffusionConfig {
     /// Throws flowedge::Error naming the first invalid field.
     void validate(std::string_view component = "diffusion") const {
         auto need = [&](bool ok, const std::string& field, const std::string& expected, const std::string& got) {
-            if (!ok) fail(component, "invalid " + field + expected_got(expected, got));
+            if (!ok) fail(ErrorKind::BadFile, component, "invalid " + field + expected_got(expected, got));
         };
         // Upper bounds far above any real policy (PushT: dims 2048, Td 128) keep every derived size
         // (4*Td, 2*dims, Td + global_cond_dim, batch * channels * length) inside int / size_t arithmetic.

@@ -23,7 +23,7 @@ inline void export_diffusion_compact(const std::filesystem::path& src, const std
     skeleton.visit_parameters([&](const std::string& name, Parameter<Cpu>&, const Shape& shape, Storage st) {
         const io::TensorInfo& t = ck.tensor(name);
         if (!(t.shape == shape))
-            fail("lerobot", ck.source.string() + ": tensor '" + ck.key(name) + "' has the wrong shape" + expected_got(shape.str(), t.shape.str()));
+            fail(ErrorKind::BadFile, "lerobot", ck.source.string() + ": tensor '" + ck.key(name) + "' has the wrong shape" + expected_got(shape.str(), t.shape.str()));
         const DType want = st == Storage::Vector ? DType::F32 : dtype;
         const std::size_t n = std::size_t(shape.numel());
         buf.resize(n * dtype_size(want));

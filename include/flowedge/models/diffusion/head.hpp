@@ -149,7 +149,7 @@ public:
         Memory<B>::synchronize(m_exec.stream());
         for (std::size_t i = 0; i < eps.size(); ++i)
             if (!std::isfinite(eps[i])) [[unlikely]]
-                fail("diffusion", "non-finite epsilon at timestep " + std::to_string(timestep) + " (element " + std::to_string(i) + ")");
+                fail(ErrorKind::NonFinite, "diffusion", "non-finite epsilon at timestep " + std::to_string(timestep) + " (element " + std::to_string(i) + ")");
     }
 
     /// Samples actions: starting from `noise` [batch, horizon, action_dim] (standard normal, normalised units), runs
@@ -170,9 +170,9 @@ public:
     /// horizon: [batch, horizon, action_dim] -> out: [batch, n_action_steps, action_dim].
     void executed_actions(std::span<const float> horizon, std::span<float> out, int batch = 1) const {
         const std::size_t H = std::size_t(m_cfg.horizon), A = std::size_t(m_cfg.action_dim), N = std::size_t(m_cfg.n_action_steps);
-        if (!(batch >= 1 && horizon.size() == std::size_t(batch) * H * A)) [[unlikely]] fail("diffusion",
+        if (!(batch >= 1 && horizon.size() == std::size_t(batch) * H * A)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion",
               "horizon has the wrong size" + expected_got(std::size_t(batch) * H * A, horizon.size()));
-        if (!(out.size() == std::size_t(batch) * N * A)) [[unlikely]] fail("diffusion",
+        if (!(out.size() == std::size_t(batch) * N * A)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion",
               "executed actions have the wrong size" + expected_got(std::size_t(batch) * N * A, out.size()));
         const std::size_t first = std::size_t(m_cfg.n_obs_steps - 1);
         for (std::size_t b = 0; b < std::size_t(batch); ++b)
@@ -217,15 +217,15 @@ private:
     void check_inputs(std::span<const float> cond, std::span<const float> x, std::span<float> y, int batch, const char* x_name) const {
         const std::size_t nc = std::size_t(batch) * m_cfg.global_cond_dim;
         const std::size_t nx = std::size_t(batch) * m_cfg.horizon * m_cfg.action_dim;
-        if (!(cond.size() == nc)) [[unlikely]] fail("diffusion", "condition has the wrong size" + expected_got(nc, cond.size()));
-        if (!(x.size() == nx)) [[unlikely]] fail("diffusion", std::string(x_name) + " has the wrong size" + expected_got(nx, x.size()));
-        if (!(y.size() == nx)) [[unlikely]] fail("diffusion", "output has the wrong size" + expected_got(nx, y.size()));
+        if (!(cond.size() == nc)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion", "condition has the wrong size" + expected_got(nc, cond.size()));
+        if (!(x.size() == nx)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion", std::string(x_name) + " has the wrong size" + expected_got(nx, x.size()));
+        if (!(y.size() == nx)) [[unlikely]] fail(ErrorKind::BadShape, "diffusion", "output has the wrong size" + expected_got(nx, y.size()));
         for (std::size_t i = 0; i < nc; ++i)
             if (!std::isfinite(cond[i])) [[unlikely]]
-                fail("diffusion", "non-finite condition value at index " + std::to_string(i) + expected_got("finite", std::to_string(cond[i])));
+                fail(ErrorKind::NonFinite, "diffusion", "non-finite condition value at index " + std::to_string(i) + expected_got("finite", std::to_string(cond[i])));
         for (std::size_t i = 0; i < nx; ++i)
             if (!std::isfinite(x[i])) [[unlikely]]
-                fail("diffusion", "non-finite " + std::string(x_name) + " value at index " + std::to_string(i) +
+                fail(ErrorKind::NonFinite, "diffusion", "non-finite " + std::string(x_name) + " value at index " + std::to_string(i) +
                                       expected_got("finite", std::to_string(x[i])));
     }
 
@@ -309,21 +309,21 @@ private:
         Memory<B>::synchronize(m_exec.stream());
         for (float v : result)
             if (!std::isfinite(v)) [[unlikely]]
-                diagnose_nonfinite(opts, batch, unnormalize_out, result);
+                diagnose_non_finite(opts, batch, unnormalize_out, result);
     }
 
     /// Slow path, only after a non-finite output: replays the sampler eagerly, checking the state after every
     /// step, and throws naming the first step whose result is not finite.
-    [[noreturn]] void diagnose_nonfinite(const SampleOptions& opts, int batch, bool unnormalize_out, std::span<float> scratch) {
+    [[noreturn]] void diagnose_non_finite(const SampleOptions& opts, int batch, bool unnormalize_out, std::span<float> scratch) {
         enqueue_sample(opts, batch, unnormalize_out, [&](int i, int t, const float* state) {
             Memory<B>::copy_to_host(scratch.data(), state, scratch.size_bytes(), m_exec.stream());
             Memory<B>::synchronize(m_exec.stream());
             for (std::size_t k = 0; k < scratch.size(); ++k)
                 if (!std::isfinite(scratch[k]))
-                    fail("diffusion", "non-finite sample after step " + std::to_string(i) + " of " + std::to_string(opts.steps) +
+                    fail(ErrorKind::NonFinite, "diffusion", "non-finite sample after step " + std::to_string(i) + " of " + std::to_string(opts.steps) +
                                           " (timestep " + std::to_string(t) + ", element " + std::to_string(k) + ")");
         });
-        fail("diffusion", "non-finite output after un-normalisation (action range produces inf/nan)");
+        fail(ErrorKind::NonFinite, "diffusion", "non-finite output after un-normalisation (action range produces inf/nan)");
     }
 
     using Execution = ModelExecution<B, 1>;  // one graph cache: sample and denoise calls differ by key

@@ -40,7 +40,9 @@ inline constexpr int kDiffusionCompactSchema = 1;
 inline constexpr int kDiffusionMetaSize = 16;
 
 namespace detail {
-[[noreturn]] inline void lerobot_fail(const std::string& what) { fail("lerobot", what); }
+/// A LeRobot checkpoint that is malformed (BadFile) unless `kind` says otherwise (Unsupported: valid, but a
+/// configuration flowedge does not implement).
+[[noreturn]] inline void lerobot_fail(const std::string& what, ErrorKind kind = ErrorKind::BadFile) { fail(kind, "lerobot", what); }
 
 inline bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
@@ -64,7 +66,7 @@ inline std::string resblock_member(const std::vector<std::string>& p, std::size_
     if (p.size() > i + 2 && p[i] == "conv2" && p[i + 1] == "block" && rest(2)) return p[i + 2] == "0" ? "c2" : "n2";
     if (p.size() > i + 1 && p[i] == "cond_encoder" && p[i + 1] == "1" && rest(1)) return "film";
     if (p[i] == "residual_conv" && rest(0)) return "res";
-    lerobot_fail("no compact name for U-Net parameter '" + std::string(full) + "'");
+    lerobot_fail("no compact name for U-Net parameter '" + std::string(full) + "'", ErrorKind::BadInput);
 }
 }  // namespace detail
 
@@ -72,12 +74,12 @@ inline std::string resblock_member(const std::vector<std::string>& p, std::size_
 /// "down_modules.0.1.conv1.block.0.weight" -> "dp.d0.r1.c1.w", "up_modules.1.2.bias" -> "dp.u1.us.b", ...
 inline std::string diffusion_compact_name(std::string_view unet_name) {
     const auto p = detail::split_dots(unet_name);
-    if (p.size() < 2) detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'");
+    if (p.size() < 2) detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'", ErrorKind::BadInput);
     const std::string& leaf = p.back();
     std::string suffix;
     if (leaf == "weight") suffix = ".w";
     else if (leaf == "bias") suffix = ".b";
-    else detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'");
+    else detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'", ErrorKind::BadInput);
     auto is_digit = [](const std::string& s) { return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }); };
     const std::string& head = p[0];
     if (head == "diffusion_step_encoder" && p.size() == 3 && (p[1] == "1" || p[1] == "3"))
@@ -95,7 +97,7 @@ inline std::string diffusion_compact_name(std::string_view unet_name) {
             return std::string(p[3] == "0" ? "dp.f.c" : "dp.f.n") + suffix;
         if (p.size() == 3 && p[1] == "1") return "dp.f.o" + suffix;
     }
-    detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'");
+    detail::lerobot_fail("no compact name for U-Net parameter '" + std::string(unet_name) + "'", ErrorKind::BadInput);
 }
 
 namespace detail {
@@ -162,7 +164,7 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     using namespace detail;
     DiffusionConfig c;
     const std::string type = string_field(j, "type", where);
-    if (type != "diffusion") lerobot_fail(where + ": unsupported policy type" + expected_got("diffusion", type));
+    if (type != "diffusion") lerobot_fail(where + ": unsupported policy type" + expected_got("diffusion", type), ErrorKind::Unsupported);
     c.horizon = int_field(j, "horizon", where);
     c.n_action_steps = int_field(j, "n_action_steps", where);
     c.n_obs_steps = int_field(j, "n_obs_steps", where);
@@ -178,18 +180,18 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     c.n_groups = int_field(j, "n_groups", where);
     c.step_embed_dim = int_field(j, "diffusion_step_embed_dim", where);
     if (!bool_field(j, "use_film_scale_modulation", where))
-        lerobot_fail(where + ": unsupported use_film_scale_modulation" + expected_got("true", "false"));
+        lerobot_fail(where + ": unsupported use_film_scale_modulation" + expected_got("true", "false"), ErrorKind::Unsupported);
     const std::string sched = string_field(j, "noise_scheduler_type", where);
     try {
         c.scheduler = parse_scheduler(sched);
     } catch (const Error&) {
-        lerobot_fail(where + ": unsupported noise_scheduler_type" + expected_got("DDPM or DDIM", sched));
+        lerobot_fail(where + ": unsupported noise_scheduler_type" + expected_got("DDPM or DDIM", sched), ErrorKind::Unsupported);
     }
     c.num_train_timesteps = int_field(j, "num_train_timesteps", where);
     const std::string beta = string_field(j, "beta_schedule", where);
-    if (beta != "squaredcos_cap_v2") lerobot_fail(where + ": unsupported beta_schedule" + expected_got("squaredcos_cap_v2", beta));
+    if (beta != "squaredcos_cap_v2") lerobot_fail(where + ": unsupported beta_schedule" + expected_got("squaredcos_cap_v2", beta), ErrorKind::Unsupported);
     const std::string pred = string_field(j, "prediction_type", where);
-    if (pred != "epsilon") lerobot_fail(where + ": unsupported prediction_type" + expected_got("epsilon", pred));
+    if (pred != "epsilon") lerobot_fail(where + ": unsupported prediction_type" + expected_got("epsilon", pred), ErrorKind::Unsupported);
     c.clip_sample = bool_field(j, "clip_sample", where);
     c.clip_sample_range = float(number_field(j, "clip_sample_range", where));
     if (auto it = j.find("num_inference_steps"); it != j.end() && !it->is_null()) {
@@ -199,7 +201,7 @@ inline DiffusionConfig parse_lerobot_diffusion_config(const nlohmann::json& j, c
     if (auto it = j.find("normalization_mapping"); it != j.end()) {
         const std::string action_norm = string_field(*it, "ACTION", where + ": normalization_mapping");
         if (action_norm != "MIN_MAX")
-            lerobot_fail(where + ": unsupported normalization_mapping.ACTION" + expected_got("MIN_MAX", action_norm));
+            lerobot_fail(where + ": unsupported normalization_mapping.ACTION" + expected_got("MIN_MAX", action_norm), ErrorKind::Unsupported);
     } else {
         lerobot_fail(where + ": missing field 'normalization_mapping'");
     }
@@ -253,7 +255,7 @@ struct DiffusionCheckpoint {
     const TensorInfo& tensor(const std::string& unet_name) const {
         const std::string k = key(unet_name);
         const TensorInfo* t = weights->find(k);
-        if (!t) fail("lerobot", source.string() + ": missing tensor '" + k + "'");
+        if (!t) fail(ErrorKind::BadFile, "lerobot", source.string() + ": missing tensor '" + k + "'");
         return *t;
     }
 };
@@ -445,7 +447,7 @@ inline DiffusionCheckpoint open_lerobot_diffusion_folder(const std::filesystem::
 /// The file-based overload opens `path`; this one validates an already opened (e.g. in-memory) file.
 inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTensors> file) {
     using namespace detail;
-    if (!file) lerobot_fail("open_diffusion_compact: null file");
+    if (!file) lerobot_fail("open_diffusion_compact: null file", ErrorKind::BadInput);
     DiffusionCheckpoint ck;
     ck.source = file->path();
     ck.compact = true;
@@ -466,7 +468,7 @@ inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTens
         return int(v);
     };
     if (as_int(0, "schema") != kDiffusionCompactSchema)
-        lerobot_fail(where + ": unsupported dp.meta schema" + expected_got(kDiffusionCompactSchema, as_int(0, "schema")));
+        lerobot_fail(where + ": unsupported dp.meta schema" + expected_got(kDiffusionCompactSchema, as_int(0, "schema")), ErrorKind::Unsupported);
     DiffusionConfig& c = ck.config;
     c.action_dim = as_int(1, "action_dim");
     c.horizon = as_int(2, "horizon");
@@ -479,15 +481,15 @@ inline DiffusionCheckpoint open_diffusion_compact(std::shared_ptr<const SafeTens
     c.step_embed_dim = as_int(9, "diffusion_step_embed_dim");
     c.num_train_timesteps = as_int(10, "num_train_timesteps");
     if (as_int(11, "beta_schedule") != 0)
-        lerobot_fail(where + ": unsupported beta_schedule code in dp.meta[11]" + expected_got("0 (squaredcos_cap_v2)", as_int(11, "beta_schedule")));
+        lerobot_fail(where + ": unsupported beta_schedule code in dp.meta[11]" + expected_got("0 (squaredcos_cap_v2)", as_int(11, "beta_schedule")), ErrorKind::Unsupported);
     if (as_int(12, "prediction_type") != 0)
-        lerobot_fail(where + ": unsupported prediction_type code in dp.meta[12]" + expected_got("0 (epsilon)", as_int(12, "prediction_type")));
+        lerobot_fail(where + ": unsupported prediction_type code in dp.meta[12]" + expected_got("0 (epsilon)", as_int(12, "prediction_type")), ErrorKind::Unsupported);
     const int clip = as_int(13, "clip_sample");
     if (clip != 0 && clip != 1) lerobot_fail(where + ": dp.meta[13] (clip_sample) must be 0 or 1" + expected_got("0 or 1", clip));
     c.clip_sample = clip == 1;
     c.clip_sample_range = meta[14];
     if (as_int(15, "action normalisation") != 0)
-        lerobot_fail(where + ": unsupported action normalisation code in dp.meta[15]" + expected_got("0 (MIN_MAX)", as_int(15, "action normalisation")));
+        lerobot_fail(where + ": unsupported action normalisation code in dp.meta[15]" + expected_got("0 (MIN_MAX)", as_int(15, "action normalisation")), ErrorKind::Unsupported);
     c.scheduler = Scheduler::Ddim;
     c.num_inference_steps = 0;
     const TensorInfo& dims_t = require(f, "dp.dims", 1);
@@ -522,7 +524,7 @@ inline bool is_diffusion_compact(const std::filesystem::path& path) {
 
 /// Opens either form: a LeRobot folder (or its model.safetensors) or a compact file.
 inline DiffusionCheckpoint open_diffusion_checkpoint(const std::filesystem::path& path) {
-    if (!std::filesystem::exists(path)) fail("lerobot", path.string() + ": no such file or folder");
+    if (!std::filesystem::exists(path)) fail(ErrorKind::Io, "lerobot", path.string() + ": no such file or folder");
     return is_diffusion_compact(path) ? open_diffusion_compact(path) : open_lerobot_diffusion_folder(path);
 }
 

@@ -264,7 +264,7 @@ private:
             result.largest_activation = std::max(result.largest_activation, s.numel() / batch);
             if constexpr (kRun)
                 if (!(s.numel() <= std::int64_t(batch) * m_activation_floats)) [[unlikely]]
-                    fail("diffusion", "activation larger than its buffer" + expected_got(std::int64_t(batch) * m_activation_floats, s.numel()));
+                    fail(ErrorKind::Internal, "diffusion", "activation larger than its buffer" + expected_got(std::int64_t(batch) * m_activation_floats, s.numel()));
             return View<float, B>{rot[std::size_t(slot)], s};
         };
         auto run_res = [&](int k, const Act& in, View<float, B> out) {

@@ -39,7 +39,7 @@ inline Solver parse_solver(std::string_view s) {
     fail("flow_head", "unknown solver" + expected_got("euler|heun|rk4", std::string(s)));
 }
 
-/// Flow-matching velocity MLP and ODE sampler, docs/models.md#flow-matching-head (the PyTorch reference head in python/pyref):
+/// Flow-matching velocity MLP and ODE sampler, docs/models.md#flow-matching-head (PyTorch reference: tools/make_reference_mamba_flow.py):
 ///   c = cond_proj @ cond (once per solve);
 ///   h = silu(in_proj @ x + time_proj @ [sin(t f) | cos(t f)] + c), f_j = 10000^(-j/(Tm/2));
 ///   h = silu(W_l @ h) for each hidden layer; v = out_proj @ h.
@@ -71,8 +71,8 @@ public:
     static Config read_config(const io::SafeTensors& file) {
         auto need = [&](const std::string& key) -> const io::TensorInfo& {
             const io::TensorInfo* t = file.find(key);
-            if (!t) fail("flow_head", file.path().string() + ": missing tensor '" + key + "'");
-            if (t->shape.rank != 2) fail("flow_head", "tensor '" + key + "' must be a matrix" + expected_got(2, t->shape.rank));
+            if (!t) fail(ErrorKind::BadFile, "flow_head", file.path().string() + ": missing tensor '" + key + "'");
+            if (t->shape.rank != 2) fail(ErrorKind::BadFile, "flow_head", "tensor '" + key + "' must be a matrix" + expected_got(2, t->shape.rank));
             return *t;
         };
         Config c;
@@ -82,12 +82,12 @@ public:
         c.time_dim = int(need("flow.time_proj.weight").shape[1]);
         c.cond_dim = int(need("flow.cond_proj.weight").shape[1]);
         while (file.find("flow.layers." + std::to_string(c.n_layers) + ".weight")) ++c.n_layers;
-        if (c.n_layers > kMaxLayers) fail("flow_head", "too many hidden layers" + expected_got("<= 8", c.n_layers));
+        if (c.n_layers > kMaxLayers) fail(ErrorKind::Unsupported, "flow_head", "too many hidden layers" + expected_got("<= 8", c.n_layers));
         if (file.find("flow.layers." + std::to_string(c.n_layers + 1) + ".weight"))
-            fail("flow_head", "hidden layers are not numbered contiguously (missing 'flow.layers." + std::to_string(c.n_layers) + ".weight')");
+            fail(ErrorKind::BadFile, "flow_head", "hidden layers are not numbered contiguously (missing 'flow.layers." + std::to_string(c.n_layers) + ".weight')");
         if (c.time_dim <= 0 || c.time_dim % 2 != 0)
-            fail("flow_head", "time embedding width must be even and positive" + expected_got("even", c.time_dim));
-        if (c.hidden <= 0 || c.action_dim <= 0 || c.cond_dim <= 0) fail("flow_head", "degenerate flow.* shapes");
+            fail(ErrorKind::BadFile, "flow_head", "time embedding width must be even and positive" + expected_got("even", c.time_dim));
+        if (c.hidden <= 0 || c.action_dim <= 0 || c.cond_dim <= 0) fail(ErrorKind::BadFile, "flow_head", "degenerate flow.* shapes");
         return c;
     }
 
@@ -96,7 +96,7 @@ public:
         return load(io::SafeTensors::open(path), opts, max_batch);
     }
     static FlowHead load(std::shared_ptr<const io::SafeTensors> file, const LoadOptions& opts = {}, int max_batch = 1) {
-        if (!present(*file)) fail("flow_head", file->path().string() + ": no flow head (expected tensor 'flow.in_proj.weight')");
+        if (!present(*file)) fail(ErrorKind::BadFile, "flow_head", file->path().string() + ": no flow head (expected tensor 'flow.in_proj.weight')");
         return FlowHead(file, opts, max_batch);
     }
 
@@ -209,7 +209,7 @@ public:
                                                                                  std::to_string(m_done) + " steps"));
         const std::size_t n = std::size_t(m_batch) * m_cfg.action_dim;
         if (!(out.size() == n)) [[unlikely]]
-            fail("flow_head", "output has the wrong size" + expected_got(n, out.size()));
+            fail(ErrorKind::BadShape, "flow_head", "output has the wrong size" + expected_got(n, out.size()));
         Memory<B>::copy_to_host(out.data(), m_x, n * sizeof(float), m_exec.stream());
         Memory<B>::synchronize(m_exec.stream());
         m_active = false;
@@ -232,7 +232,7 @@ public:
         check_input(cond, std::size_t(batch) * m_cfg.cond_dim, "condition");
         check_input(x, std::size_t(batch) * m_cfg.action_dim, "x");
         if (!(v.size() == x.size())) [[unlikely]]
-            fail("flow_head", "velocity output has the wrong size" + expected_got(x.size(), v.size()));
+            fail(ErrorKind::BadShape, "flow_head", "velocity output has the wrong size" + expected_got(x.size(), v.size()));
         m_active = false;
         m_batch = batch;
         Memory<B>::copy_from_host(m_cond, cond.data(), cond.size_bytes(), m_exec.stream());
@@ -305,10 +305,10 @@ private:
     }
 
     static void check_input(std::span<const float> v, std::size_t n, const char* what) {
-        if (v.size() != n) fail("flow_head", std::string(what) + " has the wrong size" + expected_got(n, v.size()));
+        if (v.size() != n) fail(ErrorKind::BadShape, "flow_head", std::string(what) + " has the wrong size" + expected_got(n, v.size()));
         for (std::size_t i = 0; i < n; ++i)
             if (!std::isfinite(v[i])) [[unlikely]]
-                fail("flow_head", std::string(what) + " is not finite at index " + std::to_string(i) +
+                fail(ErrorKind::NonFinite, "flow_head", std::string(what) + " is not finite at index " + std::to_string(i) +
                                       expected_got("a finite value", std::to_string(v[i])));
     }
 
@@ -446,11 +446,11 @@ private:
             Memory<B>::synchronize(m_exec.stream());
             for (std::int64_t i = 0; i < n; ++i)
                 if (!std::isfinite(host[std::size_t(i)]))
-                    fail("flow_head", "non-finite action at step " + std::to_string(k + 1) + " of " + std::to_string(m_steps) +
+                    fail(ErrorKind::NonFinite, "flow_head", "non-finite action at step " + std::to_string(k + 1) + " of " + std::to_string(m_steps) +
                                           " (solver " + std::string(solver_name(m_solver)) + ", batch row " +
                                           std::to_string(i / m_cfg.action_dim) + ", dim " + std::to_string(i % m_cfg.action_dim) + ")");
         }
-        fail("flow_head", "non-finite action (not reproduced on replay; steps " + std::to_string(m_steps) + ")");
+        fail(ErrorKind::NonFinite, "flow_head", "non-finite action (not reproduced on replay; steps " + std::to_string(m_steps) + ")");
     }
 
     /// The graphs this head replays: whole solves, and the pieces of begin/advance splits.

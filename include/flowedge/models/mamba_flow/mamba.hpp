@@ -61,9 +61,9 @@ public:
     static Config read_config(const io::SafeTensors& file, const std::string& prefix) {
         auto need = [&](const std::string& key, int rank) -> const io::TensorInfo& {
             const io::TensorInfo* t = file.find(prefix + key);
-            if (!t) fail("mamba", file.path().string() + ": missing tensor '" + prefix + key + "'");
+            if (!t) fail(ErrorKind::BadFile, "mamba", file.path().string() + ": missing tensor '" + prefix + key + "'");
             if (t->shape.rank != rank)
-                fail("mamba", "tensor '" + prefix + key + "' has the wrong rank" + expected_got(rank, t->shape.rank));
+                fail(ErrorKind::BadFile, "mamba", "tensor '" + prefix + key + "' has the wrong rank" + expected_got(rank, t->shape.rank));
             return *t;
         };
         Config c;
@@ -71,16 +71,16 @@ public:
         c.vocab = int(emb.shape[0]);
         c.d_model = int(emb.shape[1]);
         while (file.find(prefix + "layers." + std::to_string(c.n_layers) + ".mixer.in_proj.weight")) ++c.n_layers;
-        if (c.n_layers == 0) fail("mamba", file.path().string() + ": no layers (expected '" + prefix + "layers.0.mixer.in_proj.weight')");
+        if (c.n_layers == 0) fail(ErrorKind::BadFile, "mamba", file.path().string() + ": no layers (expected '" + prefix + "layers.0.mixer.in_proj.weight')");
         const std::string l0 = "layers.0.mixer.";
         const auto& in_proj = need(l0 + "in_proj.weight", 2);
-        if (in_proj.shape[0] % 2 != 0) fail("mamba", "in_proj rows must be even (2*d_inner)" + expected_got("even", in_proj.shape[0]));
+        if (in_proj.shape[0] % 2 != 0) fail(ErrorKind::BadFile, "mamba", "in_proj rows must be even (2*d_inner)" + expected_got("even", in_proj.shape[0]));
         c.d_inner = int(in_proj.shape[0] / 2);
         c.d_conv = int(need(l0 + "conv1d.weight", 3).shape[2]);
         c.d_state = int(need(l0 + "A_log", 2).shape[1]);
         c.dt_rank = int(need(l0 + "dt_proj.weight", 2).shape[1]);
         if (c.vocab <= 0 || c.d_model <= 0 || c.d_inner <= 0 || c.d_state <= 0 || c.d_conv < 1 || c.dt_rank <= 0)
-            fail("mamba", "degenerate shapes in " + file.path().string());
+            fail(ErrorKind::BadFile, "mamba", "degenerate shapes in " + file.path().string());
         return c;
     }
 
@@ -92,7 +92,7 @@ public:
     /// Loads the backbone from an opened file (shared with other heads loading from the same file).
     static Mamba load(std::shared_ptr<const io::SafeTensors> file, const LoadOptions& opts = {}, int max_tokens = 512) {
         auto prefix = find_prefix(*file);
-        if (!prefix) fail("mamba", file->path().string() + ": no backbone (expected tensor 'backbone.embeddings.weight')");
+        if (!prefix) fail(ErrorKind::BadFile, "mamba", file->path().string() + ": no backbone (expected tensor 'backbone.embeddings.weight')");
         return Mamba(file, *prefix, opts, max_tokens);
     }
 

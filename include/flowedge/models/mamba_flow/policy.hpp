@@ -31,10 +31,10 @@ public:
         if (Mamba<B>::find_prefix(*file)) p.m_backbone.emplace(Mamba<B>::load(file, opts, max_tokens));
         if (FlowHead<B>::present(*file)) p.m_head.emplace(FlowHead<B>::load(file, opts, max_batch));
         if (!p.m_backbone && !p.m_head)
-            fail("mamba_flow", file->path().string() +
+            fail(ErrorKind::BadFile, "mamba_flow", file->path().string() +
                                    ": neither a backbone nor a flow head (expected 'backbone.embeddings.weight' or 'flow.in_proj.weight')");
         if (p.m_backbone && p.m_head && p.m_head->config().cond_dim != p.m_backbone->config().d_model)
-            fail("mamba_flow", "flow head condition width must equal the backbone width" +
+            fail(ErrorKind::BadFile, "mamba_flow", "flow head condition width must equal the backbone width" +
                                    expected_got(p.m_backbone->config().d_model, p.m_head->config().cond_dim));
         return p;
     }
@@ -44,12 +44,12 @@ public:
 
     /// The backbone; an Error for a head-only file.
     Mamba<B>& backbone() {
-        if (!m_backbone) fail("mamba_flow", "this checkpoint has no backbone (head-only file)");
+        if (!m_backbone) fail(ErrorKind::Unsupported, "mamba_flow", "this checkpoint has no backbone (head-only file)");
         return *m_backbone;
     }
     /// The flow head; an Error for a backbone-only file.
     FlowHead<B>& head() {
-        if (!m_head) fail("mamba_flow", "this checkpoint has no flow head (backbone-only file)");
+        if (!m_head) fail(ErrorKind::Unsupported, "mamba_flow", "this checkpoint has no flow head (backbone-only file)");
         return *m_head;
     }
 
@@ -80,7 +80,7 @@ public:
         FlowHead<B>& h = head();
         const int A = h.config().action_dim;
         if (!(!noise.empty() && noise.size() % std::size_t(A) == 0)) [[unlikely]]
-            fail("mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
+            fail(ErrorKind::BadShape, "mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
         const int batch = int(noise.size() / std::size_t(A));
         const float* last = m.prefill_last_device(tokens);  // only the last row feeds the head
         h.begin_device(last, noise, solver, steps, batch, /*cond_stride=*/0);  // every row reads the same condition

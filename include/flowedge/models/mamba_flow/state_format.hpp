@@ -73,17 +73,17 @@ struct MambaStateFormat {
     static void check(std::span<const std::byte> in, const MambaStateHeader& want) {
         const std::size_t total = kHeaderBytes + want.payload_bytes;
         if (in.size() < kHeaderBytes)
-            fail("mamba", "import_state: truncated state" + expected_got(total, in.size()));
+            fail(ErrorKind::BadState, "mamba", "import_state: truncated state" + expected_got(total, in.size()));
         const MambaStateHeader got = read(in.data());
         if (std::memcmp(got.magic, want.magic, sizeof got.magic) != 0)
-            fail("mamba", "import_state: not a flowedge Mamba state (bad magic)");
+            fail(ErrorKind::BadState, "mamba", "import_state: not a flowedge Mamba state (bad magic)");
         if (got.version != kVersion)
-            fail("mamba", "import_state: unsupported state version" + expected_got(kVersion, got.version));
+            fail(ErrorKind::BadState, "mamba", "import_state: unsupported state version" + expected_got(kVersion, got.version));
         if (got.header_bytes != kHeaderBytes)
-            fail("mamba", "import_state: bad header size field" + expected_got(kHeaderBytes, got.header_bytes));
+            fail(ErrorKind::BadState, "mamba", "import_state: bad header size field" + expected_got(kHeaderBytes, got.header_bytes));
         for (std::size_t i = kHeaderUsedBytes; i < kHeaderBytes; ++i)
             if (in[i] != std::byte{0})
-                fail("mamba", "import_state: reserved header byte " + std::to_string(i) + " is not zero" +
+                fail(ErrorKind::BadState, "mamba", "import_state: reserved header byte " + std::to_string(i) + " is not zero" +
                                   expected_got(0, std::to_integer<int>(in[i])));
         auto shape_str = [](const MambaStateHeader& h) {
             return "n_layers " + std::to_string(h.n_layers) + ", d_model " + std::to_string(h.d_model) + ", d_inner " +
@@ -92,15 +92,15 @@ struct MambaStateFormat {
         };
         if (got.n_layers != want.n_layers || got.d_model != want.d_model || got.d_inner != want.d_inner ||
             got.d_state != want.d_state || got.d_conv != want.d_conv || got.dt_rank != want.dt_rank)
-            fail("mamba", "import_state: state of a model with another shape" + expected_got(shape_str(want), shape_str(got)));
+            fail(ErrorKind::BadState, "mamba", "import_state: state of a model with another shape" + expected_got(shape_str(want), shape_str(got)));
         if (got.model_id != want.model_id)
-            fail("mamba", "import_state: state of another model (same shape, other weights)" +
+            fail(ErrorKind::BadState, "mamba", "import_state: state of another model (same shape, other weights)" +
                               expected_got(std::to_string(want.model_id), std::to_string(got.model_id)));
         if (got.payload_bytes != want.payload_bytes || in.size() != total)
-            fail("mamba", "import_state: wrong state size" + expected_got(total, in.size()));
+            fail(ErrorKind::BadState, "mamba", "import_state: wrong state size" + expected_got(total, in.size()));
         const std::uint64_t sum = detail::fnv1a(in.data() + kHeaderBytes, std::size_t(want.payload_bytes));
         if (sum != got.checksum)
-            fail("mamba", "import_state: checksum mismatch, the state is corrupted" +
+            fail(ErrorKind::BadState, "mamba", "import_state: checksum mismatch, the state is corrupted" +
                               expected_got(std::to_string(got.checksum), std::to_string(sum)));
     }
 };

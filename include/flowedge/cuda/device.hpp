@@ -1,5 +1,5 @@
 // Plain-C++ entry points into the CUDA runtime wrapper of flowedge::cuda (device query, counted
-// allocations, failure injection, graph capture); defined in kernels/cuda/runtime.cu.
+// allocations, failure injection, graph capture); defined in kernels/cuda/device.cu.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -36,7 +36,7 @@ std::atomic<std::size_t>& allocation_counter() noexcept;
 std::atomic<std::size_t>& free_counter() noexcept;
 
 /// Test hook: the next `n_next` device_allocate() calls throw flowedge::Error exactly as a failed
-/// cudaMalloc would (message contains "out of memory"), without calling cudaMalloc. 0 disarms it.
+/// cudaMalloc would (message contains "out of memory", kind DeviceOutOfMemory), without calling cudaMalloc. 0 disarms it.
 void inject_allocation_failure(int n_next) noexcept;
 
 /// Page-locked host memory (cudaMallocHost) for staging copies that may be captured in a graph.

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "common.cuh"
-#include "flowedge/cuda/runtime.hpp"
+#include "flowedge/cuda/device.hpp"
 
 namespace flowedge::cuda {
 namespace detail {
@@ -46,7 +46,8 @@ const char* error_advice(cudaError_t err) { return no_gpu_or_driver(err) ? "; us
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     throw Error(std::string("flowedge: cuda: ") + what + " failed: " + error_text(err) + " [" + file + ":" +
-                std::to_string(line) + "]" + error_advice(err));
+                std::to_string(line) + "]" + error_advice(err),
+                err == cudaErrorMemoryAllocation ? ErrorKind::DeviceOutOfMemory : ErrorKind::Device);
 }
 
 cudaStream_t resolve(Stream s) noexcept {
@@ -151,7 +152,7 @@ void* device_allocate(std::size_t bytes) {
     int pending = inj.load();
     while (pending > 0) {
         if (inj.compare_exchange_weak(pending, pending - 1))
-            fail("cuda", "cudaMalloc of " + std::to_string(bytes) +
+            fail(ErrorKind::DeviceOutOfMemory, "cuda", "cudaMalloc of " + std::to_string(bytes) +
                              " bytes failed: out of memory (cudaErrorMemoryAllocation, injected by "
                              "flowedge::cuda::inject_allocation_failure)");
     }
@@ -160,7 +161,8 @@ void* device_allocate(std::size_t bytes) {
     const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        fail("cuda", "cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + detail::error_text(err) + " [" + __FILE__ +
+        fail(err == cudaErrorMemoryAllocation ? ErrorKind::DeviceOutOfMemory : ErrorKind::Device, "cuda",
+             "cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + detail::error_text(err) + " [" + __FILE__ +
                          ":" + std::to_string(__LINE__) + "]" + detail::error_advice(err));
     }
     return p;
