@@ -125,7 +125,7 @@ TEST_CASE("SIMD loads widen bf16/f16 exactly like the scalar conversions (every 
     for (cpu::Isa set : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512}) {
         if (int(set) > int(cpu::best_isa(f))) continue;
         CAPTURE(cpu::isa_name(set));
-        const int n = set == cpu::Isa::Avx512 ? 16 : set == cpu::Isa::Avx2 ? 8 : 1;
+        const int n = set == cpu::Isa::Avx512 ? 16 : 8;  // kLanes of the set (the portable set has 8 plain lanes)
         for (int off = 0; off + n <= 64; off += n) {
             float wb[64], wh[64];
             switch (set) {
