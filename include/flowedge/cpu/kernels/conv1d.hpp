@@ -153,7 +153,7 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
     const int ns = std::min(N, 64);
     const std::size_t per_col = (kPanelBh / std::size_t(ns)) / 32 * 32;
     const int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), per_col / std::size_t(K)));
-    const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
 #pragma omp parallel if (par)
     {
         alignas(64) bf16 panel[kPanelBh];
