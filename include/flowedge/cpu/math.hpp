@@ -28,6 +28,23 @@ inline float activate(Activation act, float x) {
     return x;
 }
 
+/// Applies `act` in place to n contiguous values one at a time (the portable set, and the SIMD sets' non-vector
+/// fallback), the switch hoisted out of the loop.
+inline void activate_scalar(Activation act, float* v, long long n) {
+    switch (act) {
+        case Activation::None: return;
+        case Activation::Silu:
+            for (long long i = 0; i < n; ++i) v[i] = silu(v[i]);
+            return;
+        case Activation::Mish:
+            for (long long i = 0; i < n; ++i) v[i] = mish(v[i]);
+            return;
+        case Activation::Softplus:
+            for (long long i = 0; i < n; ++i) v[i] = softplus(v[i]);
+            return;
+    }
+}
+
 /// Scalar widening of one stored element (tails and small ops).
 inline float widen(float v) { return v; }
 inline float widen(bf16 v) { return to_float(v); }

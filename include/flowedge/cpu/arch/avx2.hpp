@@ -137,18 +137,7 @@ inline void activate_inplace(Activation act, float* v, long long n) {
         else run([](__m256 x) { return vmish(x); });
         return;
     }
-    switch (act) {
-        case Activation::None: return;
-        case Activation::Silu:
-            for (long long i = 0; i < n; ++i) v[i] = silu(v[i]);
-            return;
-        case Activation::Mish:
-            for (long long i = 0; i < n; ++i) v[i] = mish(v[i]);
-            return;
-        case Activation::Softplus:
-            for (long long i = 0; i < n; ++i) v[i] = softplus(v[i]);
-            return;
-    }
+    activate_scalar(act, v, n);
 }
 
 /// Packed small-row linear vocabulary (kernels/packed_linear.hpp): 32-bit pair lanes and masked row tails.

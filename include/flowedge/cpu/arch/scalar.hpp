@@ -46,16 +46,5 @@ inline float vsum(VecF a) {
 
 /// Applies `act` in place to n contiguous values.
 inline void activate_inplace(Activation act, float* v, long long n) {
-    switch (act) {
-        case Activation::None: return;
-        case Activation::Silu:
-            for (long long i = 0; i < n; ++i) v[i] = silu(v[i]);
-            return;
-        case Activation::Mish:
-            for (long long i = 0; i < n; ++i) v[i] = mish(v[i]);
-            return;
-        case Activation::Softplus:
-            for (long long i = 0; i < n; ++i) v[i] = softplus(v[i]);
-            return;
-    }
+    activate_scalar(act, v, n);
 }
