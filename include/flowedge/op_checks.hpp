@@ -262,4 +262,114 @@ inline void check_args(const UnnormalizeParams& p) {
     if (p.rows > 0 && !(p.x && p.y && p.min && p.max)) [[unlikely]] fail(op, "null x, y, min or max pointer");
 }
 
+/// Ops::conv2d: positive sizes, a known weight dtype, out_h/out_w = (in + 2 pad - kernel) / stride + 1, x/w/y set.
+inline void check_args(const Conv2dParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "conv2d";
+    if (!(p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.in_h > 0 && p.in_w > 0 && p.kernel_h > 0 &&
+          p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0)) [[unlikely]]
+        fail(op, "sizes must be positive" +
+                     expected_got("batch, channels, in_h, in_w, kernel, stride > 0 and pad >= 0",
+                                  fields({{"batch", p.batch}, {"in_channels", p.in_channels}, {"out_channels", p.out_channels},
+                                          {"in_h", p.in_h}, {"in_w", p.in_w}, {"kernel_h", p.kernel_h}, {"kernel_w", p.kernel_w},
+                                          {"stride_h", p.stride_h}, {"stride_w", p.stride_w}, {"pad_h", p.pad_h}, {"pad_w", p.pad_w}})));
+    if (!known_dtype(p.w.dtype)) [[unlikely]] fail(op, "unknown weight dtype" + expected_got("F32, BF16 or F16", int(p.w.dtype)));
+    const long long ph = (long long)p.in_h + 2LL * p.pad_h, pw = (long long)p.in_w + 2LL * p.pad_w;
+    if (ph < p.kernel_h || pw < p.kernel_w) [[unlikely]]
+        fail(op, "kernel larger than the padded input" +
+                     expected_got("kernel <= in + 2 * pad = " + std::to_string(ph) + " x " + std::to_string(pw),
+                                  std::to_string(p.kernel_h) + " x " + std::to_string(p.kernel_w)));
+    const long long oh = (ph - p.kernel_h) / p.stride_h + 1, ow = (pw - p.kernel_w) / p.stride_w + 1;
+    if (p.out_h != oh || p.out_w != ow) [[unlikely]]
+        fail(op, "output size inconsistent with input, kernel, stride and pad" +
+                     expected_got(std::to_string(oh) + " x " + std::to_string(ow),
+                                  std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
+    if (!(p.x && (p.w.data || p.w.prepared) && p.y)) [[unlikely]] fail(op, "null x, w or y pointer");
+    if (p.x == p.y) [[unlikely]] fail(op, "y aliases x (the output must be a separate buffer)");
+}
+
+/// Ops::max_pool2d: positive sizes, pad <= kernel / 2 (as PyTorch), out = (in + 2 pad - kernel) / stride + 1, x/y set.
+inline void check_args(const MaxPool2dParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "max_pool2d";
+    if (!(p.batch > 0 && p.channels > 0 && p.in_h > 0 && p.in_w > 0 && p.kernel > 0 && p.stride > 0 && p.pad >= 0))
+        [[unlikely]]
+        fail(op, "sizes must be positive" +
+                     expected_got("batch, channels, in_h, in_w, kernel, stride > 0 and pad >= 0",
+                                  fields({{"batch", p.batch}, {"channels", p.channels}, {"in_h", p.in_h}, {"in_w", p.in_w},
+                                          {"kernel", p.kernel}, {"stride", p.stride}, {"pad", p.pad}})));
+    if (2 * p.pad > p.kernel) [[unlikely]]
+        fail(op, "padding wider than half the kernel" + expected_got("pad <= " + std::to_string(p.kernel / 2), p.pad));
+    const long long oh = ((long long)p.in_h + 2LL * p.pad - p.kernel) / p.stride + 1;
+    const long long ow = ((long long)p.in_w + 2LL * p.pad - p.kernel) / p.stride + 1;
+    if (oh < 1 || ow < 1 || p.out_h != oh || p.out_w != ow) [[unlikely]]
+        fail(op, "output size inconsistent with input, kernel, stride and pad" +
+                     expected_got(std::to_string(oh) + " x " + std::to_string(ow),
+                                  std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
+    if (!(p.x && p.y)) [[unlikely]] fail(op, "null x or y pointer");
+}
+
+/// Ops::spatial_softmax: rows >= 0, positions > 0, x/pos_grid/y set when rows > 0.
+inline void check_args(const SpatialSoftmaxParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "spatial_softmax";
+    if (!(p.rows >= 0 && p.positions > 0)) [[unlikely]]
+        fail(op, "sizes must be positive" +
+                     expected_got("rows >= 0, positions > 0", fields({{"rows", p.rows}, {"positions", p.positions}})));
+    if (p.rows > 0 && !(p.x && p.pos_grid && p.y)) [[unlikely]] fail(op, "null x, pos_grid or y pointer");
+}
+
+/// Ops::normalize: rows >= 0, dim > 0, a known NormKind; x/y set when rows > 0, offset/denom too unless Identity.
+inline void check_args(const NormalizeParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "normalize";
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail(op, "sizes must be positive" + expected_got("rows >= 0, dim > 0", fields({{"rows", p.rows}, {"dim", p.dim}})));
+    if (!(p.kind == NormKind::Identity || p.kind == NormKind::MeanStd || p.kind == NormKind::MinMax)) [[unlikely]]
+        fail(op, "unknown normalisation kind" + expected_got("Identity (0), MeanStd (1) or MinMax (2)", int(p.kind)));
+    if (p.rows > 0 && !(p.x && p.y && (p.kind == NormKind::Identity || (p.offset && p.denom)))) [[unlikely]]
+        fail(op, "null x, y, offset or denom pointer");
+}
+
+/// Ops::image_to_tensor: positive sizes, a known layout and NormKind, the window inside the frame, pointers set.
+inline void check_args(const ImageToTensorParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "image_to_tensor";
+    if (!(p.batch > 0 && p.channels > 0 && p.height > 0 && p.width > 0 && p.out_h > 0 && p.out_w > 0)) [[unlikely]]
+        fail(op, "sizes must be positive" +
+                     expected_got("batch, channels, height, width, out_h, out_w > 0",
+                                  fields({{"batch", p.batch}, {"channels", p.channels}, {"height", p.height}, {"width", p.width},
+                                          {"out_h", p.out_h}, {"out_w", p.out_w}})));
+    if (!(p.layout == ImageLayout::U8Hwc || p.layout == ImageLayout::F32Chw)) [[unlikely]]
+        fail(op, "unknown image layout" + expected_got("U8Hwc (0) or F32Chw (1)", int(p.layout)));
+    if (!(p.kind == NormKind::Identity || p.kind == NormKind::MeanStd || p.kind == NormKind::MinMax)) [[unlikely]]
+        fail(op, "unknown normalisation kind" + expected_got("Identity (0), MeanStd (1) or MinMax (2)", int(p.kind)));
+    if (!(p.top >= 0 && p.left >= 0 && (long long)p.top + p.out_h <= p.height && (long long)p.left + p.out_w <= p.width))
+        [[unlikely]]
+        fail(op, "window outside the frame" +
+                     expected_got("inside " + std::to_string(p.height) + " x " + std::to_string(p.width),
+                                  fields({{"top", p.top}, {"left", p.left}, {"out_h", p.out_h}, {"out_w", p.out_w}})));
+    if (!(p.x && p.y && (p.kind == NormKind::Identity || (p.offset && p.denom)))) [[unlikely]]
+        fail(op, "null x, y, offset or denom pointer");
+}
+
+/// Ops::resize: positive sizes, the window inside the resized image, x/y set and distinct.
+inline void check_args(const ResizeParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "resize";
+    if (!(p.planes > 0 && p.in_h > 0 && p.in_w > 0 && p.resized_h > 0 && p.resized_w > 0 && p.out_h > 0 && p.out_w > 0))
+        [[unlikely]]
+        fail(op, "sizes must be positive" +
+                     expected_got("planes, in_h, in_w, resized_h, resized_w, out_h, out_w > 0",
+                                  fields({{"planes", p.planes}, {"in_h", p.in_h}, {"in_w", p.in_w}, {"resized_h", p.resized_h},
+                                          {"resized_w", p.resized_w}, {"out_h", p.out_h}, {"out_w", p.out_w}})));
+    if (!(p.top >= 0 && p.left >= 0 && (long long)p.top + p.out_h <= p.resized_h &&
+          (long long)p.left + p.out_w <= p.resized_w)) [[unlikely]]
+        fail(op, "window outside the resized image" +
+                     expected_got("inside " + std::to_string(p.resized_h) + " x " + std::to_string(p.resized_w),
+                                  fields({{"top", p.top}, {"left", p.left}, {"out_h", p.out_h}, {"out_w", p.out_w}})));
+    if (!(p.x && p.y)) [[unlikely]] fail(op, "null x or y pointer");
+    if (p.x == p.y) [[unlikely]] fail(op, "y aliases x (the output must be a separate buffer)");
+}
+
 }  // namespace flowedge

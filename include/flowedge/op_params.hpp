@@ -28,6 +28,7 @@ enum class Activation : std::uint8_t {
     Silu,      ///< x * sigmoid(x)                       (torch.nn.SiLU)
     Mish,      ///< x * tanh(softplus(x))                (torch.nn.Mish)
     Softplus,  ///< log1p(exp(x)), stable for large |x|  (torch.nn.functional.softplus, beta 1, threshold 20)
+    Relu,      ///< max(x, 0), NaN stays NaN              (torch.nn.ReLU)
 };
 
 /// Arithmetic a backend may use for the big contractions (Conv1d, Linear). A request: F32 is the exact path (float
@@ -108,9 +109,10 @@ struct ConvTranspose1dParams {
 ///   a = act(groupnorm(x) * gamma[c] + beta[c]);
 ///   if film:     a = film[b, c] * a + film[b, channels + c]      (FiLM scale|bias, plain scale)
 ///   if residual: a = a + residual[b, c, t]
-///   y = a.
-/// x, y, residual: [batch, channels, length]; film: [batch, 2*channels] with row stride film_stride (0 = 2*channels).
-/// Statistics over (channels/groups) x length elements per group, biased variance.
+///   y = post_act(a).
+/// x, y, residual: [batch, channels, length] (images: length = H * W); film: [batch, 2*channels] with row stride
+/// film_stride (0 = 2*channels). Statistics over (channels/groups) x length elements per group, biased variance.
+/// The U-Net uses act = Mish with FiLM/residual; a ResNet BasicBlock's second norm uses residual + post_act = Relu.
 struct GroupNormParams {
     const float* x = nullptr;
     const float* gamma = nullptr;
@@ -122,6 +124,7 @@ struct GroupNormParams {
     const float* film = nullptr;
     int film_stride = 0;
     const float* residual = nullptr;
+    Activation post_act = Activation::None;
 };
 
 /// RMSNorm as in Mamba: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. x, y: [rows, dim].
@@ -240,6 +243,97 @@ struct DiffusionStepParams {
     /// channel-major [per_sample / L, L] (the U-Net's [action_dim, horizon], L = horizon), and element a*L + h takes
     /// the draw of its sample-layout index h * (per_sample / L) + a, so DDPM noise does not depend on the layout.
     int channel_major_length = 0;
+};
+
+/// torch.nn.Conv2d (groups 1, dilation 1, zero padding) with a fused epilogue (a ResNet conv with its eval-mode
+/// BatchNorm folded into w and bias, plus the block's residual and ReLU):
+///   y[b, o, r, c] = act(bias[o] + sum_{i,kh,kw} w[o, i, kh, kw] * x[b, i, r*stride_h + kh - pad_h, c*stride_w + kw - pad_w]
+///                       + residual[b, o, r, c]),
+/// x outside the image reads as zero. x: [batch, in_channels, in_h, in_w]; w: [out, in, kernel_h, kernel_w];
+/// bias: [out] or null; residual, y: [batch, out, out_h, out_w], residual null for none (y must not alias x).
+struct Conv2dParams {
+    const float* x = nullptr;
+    WeightRef w{};
+    const float* bias = nullptr;
+    const float* residual = nullptr;
+    float* y = nullptr;
+    int batch = 1, in_channels = 0, out_channels = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+    int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+    Activation act = Activation::None;
+};
+
+/// torch.nn.MaxPool2d(kernel, stride, padding) (dilation 1, ceil_mode off): y[b, c, r, q] = max over the window
+/// rows r*stride - pad .. + kernel-1, columns q*stride - pad .. + kernel-1 inside the image (padding never wins;
+/// NaN propagates as in PyTorch). x: [batch, channels, in_h, in_w]; y: [batch, channels, out_h, out_w].
+struct MaxPool2dParams {
+    const float* x = nullptr;
+    float* y = nullptr;
+    int batch = 1, channels = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+    int kernel = 3, stride = 2, pad = 1;
+};
+
+/// LeRobot SpatialSoftmax after its 1x1 keypoint conv: per row, attention = softmax(x[r, :]) over the positions
+/// (float, max-subtracted, as torch.softmax), then y[r, j] = sum_p attention[p] * pos_grid[p, j], j = 0 (x), 1 (y).
+/// x: [rows, positions] (rows = batch * keypoints, positions = H * W); pos_grid: [positions, 2] (the module's
+/// `pos_grid` buffer); y: [rows, 2].
+struct SpatialSoftmaxParams {
+    const float* x = nullptr;
+    const float* pos_grid = nullptr;
+    float* y = nullptr;
+    int rows = 0, positions = 0;
+};
+
+/// How a feature is normalised (LeRobot NormalizationMode), with the per-element `offset` / `denom` prepared at load:
+///   MeanStd: y = (x - mean) / (std + eps)              offset = mean, denom = std + eps   (float32, as LeRobot)
+///   MinMax:  y = 2 * (x - min) / denom - 1             offset = min,  denom = max - min, or eps where that is 0
+/// QUANTILES / QUANTILE10 are MinMax with their quantiles as min and max.
+enum class NormKind : std::uint8_t { Identity = 0, MeanStd, MinMax };
+
+/// LeRobot's NormalizerProcessorStep on a [rows, dim] feature (state, environment state): per column d,
+/// y[r, d] = norm(x[r, d]; offset[d], denom[d]) (NormKind). x may equal y.
+struct NormalizeParams {
+    const float* x = nullptr;
+    float* y = nullptr;
+    const float* offset = nullptr;
+    const float* denom = nullptr;
+    int rows = 0, dim = 0;
+    NormKind kind = NormKind::MinMax;
+};
+
+/// How a camera frame is laid out in memory.
+enum class ImageLayout : std::uint8_t {
+    U8Hwc = 0,  ///< uint8 [batch, height, width, channels], value v -> float(v) / 255 (LeRobot's env preprocessing)
+    F32Chw,     ///< float32 [batch, channels, height, width], already in [0, 1]
+};
+
+/// Camera frames to normalised float CHW, cut to a window (the center crop when no resize follows):
+///   y[b, c, r, q] = norm(v(x, b, c, top + r, left + q); offset[c], denom[c])   (NormKind per channel, as NormalizeParams)
+/// x: [batch, height, width, channels] uint8 or [batch, channels, height, width] float (ImageLayout);
+/// offset, denom: [channels] (ignored for Identity); y: [batch, channels, out_h, out_w], the window
+/// top..top+out_h-1, left..left+out_w-1 of the frame (inside it).
+struct ImageToTensorParams {
+    const void* x = nullptr;
+    ImageLayout layout = ImageLayout::U8Hwc;
+    float* y = nullptr;
+    const float* offset = nullptr;
+    const float* denom = nullptr;
+    NormKind kind = NormKind::MeanStd;
+    int batch = 1, channels = 3, height = 0, width = 0;
+    int top = 0, left = 0, out_h = 0, out_w = 0;
+};
+
+/// torchvision.transforms.Resize((resized_h, resized_w)) on float CHW images (torch.nn.functional.interpolate,
+/// bilinear, align_corners False, antialias as given; torchvision's default for tensors is antialias on), then the
+/// window top..top+out_h-1, left..left+out_w-1 of the resized image (torchvision CenterCrop after it):
+/// x: [planes, in_h, in_w] (planes = batch * channels); y: [planes, out_h, out_w].
+/// With antialias, each output takes the triangle filter stretched by the scale when downsampling (support
+/// scale = in / out per axis, weights normalised to sum 1, separable, as PyTorch's _upsample_bilinear2d_aa).
+struct ResizeParams {
+    const float* x = nullptr;
+    float* y = nullptr;
+    int planes = 0, in_h = 0, in_w = 0, resized_h = 0, resized_w = 0;
+    int top = 0, left = 0, out_h = 0, out_w = 0;
+    bool antialias = true;
 };
 
 /// MIN_MAX un-normalisation: y[r, d] = (x[r, d] + 1) / 2 * (max[d] - min[d]) + min[d]. x, y: [rows, dim].

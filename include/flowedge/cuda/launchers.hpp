@@ -56,5 +56,12 @@ void causal_conv(const CausalConvParams& p, Stream s);
 void selective_scan(const SelectiveScanParams& p, Stream s);
 void diffusion_step(const DiffusionStepParams& p, Stream s);
 void unnormalize(const UnnormalizeParams& p, Stream s);
+// Image ops (the RGB encoder and its preprocessing).
+void conv2d(const Conv2dParams& p, Stream s);
+void max_pool2d(const MaxPool2dParams& p, Stream s);
+void spatial_softmax(const SpatialSoftmaxParams& p, Stream s);
+void normalize(const NormalizeParams& p, Stream s);
+void image_to_tensor(const ImageToTensorParams& p, Stream s);
+void resize(const ResizeParams& p, Stream s);
 
 }  // namespace flowedge::cuda

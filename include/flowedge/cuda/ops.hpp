@@ -44,6 +44,12 @@ struct Ops<Cuda> {
     static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { check_args(p); cuda::selective_scan(p, s); }
     static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { check_args(p); cuda::diffusion_step(p, s); }
     static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { check_args(p); cuda::unnormalize(p, s); }
+    static void conv2d(const Conv2dParams& p, Stream s = {}) { check_args(p); cuda::conv2d(p, s); }
+    static void max_pool2d(const MaxPool2dParams& p, Stream s = {}) { check_args(p); cuda::max_pool2d(p, s); }
+    static void spatial_softmax(const SpatialSoftmaxParams& p, Stream s = {}) { check_args(p); cuda::spatial_softmax(p, s); }
+    static void normalize(const NormalizeParams& p, Stream s = {}) { check_args(p); cuda::normalize(p, s); }
+    static void image_to_tensor(const ImageToTensorParams& p, Stream s = {}) { check_args(p); cuda::image_to_tensor(p, s); }
+    static void resize(const ResizeParams& p, Stream s = {}) { check_args(p); cuda::resize(p, s); }
 };
 
 }  // namespace flowedge
