@@ -90,7 +90,7 @@ stage_gputests() {
     ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 -j 1
     local rc=$?
     # Per-test detail (doctest MESSAGEs: measured errors, free bytes) of the model tests, even when they pass.
-    [ -x "$BUILD/test/cuda/test_cuda_models" ] && "$BUILD/test/cuda/test_cuda_models" > "$LOGS/test_cuda_models_verbose.log" 2>&1
+    [ -x "$BUILD/test/cuda/cuda_models" ] && "$BUILD/test/cuda/cuda_models" > "$LOGS/cuda_models_verbose.log" 2>&1
     return $rc
 }
 
@@ -210,7 +210,7 @@ stage_sanitize() {
     local cs rc=0
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 3; }
-    local models="$BUILD/test/cuda/test_cuda_models" family
+    local models="$BUILD/test/cuda/cuda_models" family
     # The op tests' Cuda instances (test/ops, one binary per op family; -tc picks the TEST_CASE_TEMPLATE<flowedge::Cuda>).
     local op_families="linear conv1d conv_transpose1d norm elementwise mamba diffusion_step"
     # memcheck: the model tests (small fixtures) and the op tests; leak check on the model tests.
