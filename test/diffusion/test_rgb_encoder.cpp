@@ -46,7 +46,7 @@ float round_bf16(float v) {
 
 /// numpy.linspace(-1, 1, n) as float64.
 Vec linspace(int n) {
-    Vec v(std::size_t(n));
+    Vec v(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) v[std::size_t(i)] = n == 1 ? -1.0 : -1.0 + 2.0 * i / (n - 1);
     if (n > 1) v.back() = 1.0;
     return v;
@@ -215,7 +215,7 @@ Image conv_norm(const Checkpoint& ck, const DiffusionRgbEncoderConfig& c, bool f
         const Vec mean = widen(get(ck, norm + "running_mean").value), var = widen(get(ck, norm + "running_var").value);
         if (folded_bf16) {
             const std::size_t per = wt.value.size() / std::size_t(out);
-            Vec w(wt.value.size()), b(std::size_t(out));
+            Vec w(wt.value.size()), b(static_cast<std::size_t>(out));
             for (std::size_t o = 0; o < std::size_t(out); ++o) {
                 const double scale = gamma[o] / std::sqrt(var[o] + 1e-5);
                 for (std::size_t i = 0; i < per; ++i) w[o * per + i] = round_bf16(float(double(wt.value[o * per + i]) * scale));
