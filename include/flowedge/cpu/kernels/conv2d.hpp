@@ -91,6 +91,10 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 const int base = c * p.stride_w + kw - p.pad_w;
                 if (p.stride_w == 1 && base >= 0 && base + seg <= p.in_w) {
                     std::memcpy(row + q, xr + base, std::size_t(seg) * sizeof(float));
+                } else if (base >= 0 && base + (seg - 1) * p.stride_w < p.in_w) {
+                    // Strided but inside the row (the stem's stride-2 interior): no bounds test per element.
+                    const int sw = p.stride_w;
+                    for (int s = 0; s < seg; ++s) row[q + s] = xr[base + s * sw];
                 } else {
                     for (int s = 0; s < seg; ++s) {
                         const int iw = base + s * p.stride_w;
