@@ -220,11 +220,13 @@ template <class WT>
 inline void conv2d_dot_part(const Conv2dParams& p, const WT* w, int o0, int o1) {
     const int N = p.out_h * p.out_w, R = p.in_channels * p.kernel_h * p.kernel_w;
     alignas(64) float panel[kScratchFloats];
-    const int len_chunk = int(std::min<std::size_t>(std::size_t(R), (kScratchFloats / std::size_t(N)) / 16 * 16));
+    // Column stride: the chunk rounded up to 16 floats plus 16, so that columns (and the weight rows, whose stride
+    // is often a multiple of 2 KiB) do not all fall on the same few L1 sets.
+    const int len_chunk = int(std::min<std::size_t>(std::size_t(R), (kScratchFloats / std::size_t(N)) / 16 * 16 - 16));
     for (int b = 0; b < p.batch; ++b) {
         for (int j0 = 0; j0 < R; j0 += len_chunk) {
             const int len = std::min(len_chunk, R - j0);
-            const std::size_t ldp = round_up16(std::size_t(len));
+            const std::size_t ldp = round_up16(std::size_t(len)) + 16;
             // conv2d_im2col writes [j][position] rows of width W: build one position at a time into its column.
             for (int n = 0; n < N; ++n) {
                 float* dst = panel + std::size_t(n) * ldp;
