@@ -33,6 +33,9 @@
 #             breaks the import of lerobot.policies, whose groot config dataclass it rejects). PyAV (a 40 MB
 #             wheel: video decoding, never called with live or recorded array observations) does not fit the 64 MiB
 #             carry, so an import-only stand-in is written whose functions raise if anything ever calls them.
+#   policy    issue 19: diffusion_policy / diffusion_rgb_encoder tests (CPU and CUDA instances), bench/policy_bench on
+#             the PushT-size image policy (F32, BF16) and LeRobot's select_action from carried wheels -> $OUT/policy.txt,
+#             policy_bench_cuda_{f32,bf16}.json, lerobot_policy_cuda.json
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -305,6 +308,29 @@ PYEOF
     return "$rc"
 }
 
+# Issue 19 on the GPU: the whole-policy tests' CUDA instances, then the PushT-size image policy (rebuilt from the
+# weightless fixture in POLICY_FIXTURE, default .bench-fixtures/dp_pusht_image, written by
+# tools/make_reference_dp_image.py --pusht) timed by bench/policy_bench (F32 and BF16 weights) and, when LeRobot's
+# wheels are carried in .whl (tools/fetch_lerobot_wheels.sh), LeRobot's own select_action on the same folder.
+stage_policy() {
+    local rc=0 fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image} folder=/tmp/dp_pusht_image site=/tmp/site_lerobot
+    for t in diffusion_policy diffusion_rgb_encoder; do
+        "$BUILD/test/diffusion/$t" > "$LOGS/test_$t.log" 2>&1 || rc=$?
+        grep -E "MESSAGE|ERROR|test cases|skipped" "$LOGS/test_$t.log" | tee -a "$OUT/policy.txt"
+    done
+    [ -d "$fix" ] || { echo "no $fix: skipping the PushT-size benchmark" | tee -a "$OUT/policy.txt"; return "$rc"; }
+    for dt in f32 bf16; do
+        "$BUILD/policy_bench" "$folder" --rebuild-from "$fix" --device cuda --dtype "$dt" --ticks ${POLICY_TICKS:-200} \
+            --json "$OUT/policy_bench_cuda_$dt.json" 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
+    done
+    if ls .whl/*.whl > /dev/null 2>&1 && [ -f bench/lerobot_policy_bench.py ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
+        PYTHONPATH=$site python3 bench/lerobot_policy_bench.py "$folder" --device cuda --ticks ${POLICY_TICKS:-200} \
+            --json "$OUT/lerobot_policy_cuda.json" 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
+    fi
+    return "$rc"
+}
+
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
 EXPANDED=()
@@ -312,8 +338,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

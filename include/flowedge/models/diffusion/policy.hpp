@@ -137,7 +137,8 @@ public:
     }
 
     /// LeRobot's select_action(): normalises the observation and pushes it on the n_obs_steps queue (the first call
-    /// after reset() fills the queue with it), encodes its frames once (their features stay in the queue), and when the
+    /// after reset() fills the queue with it), encodes its frames once if the next chunk will use them (their features
+    /// stay in the queue), and when the
     /// action queue is empty samples a chunk from `noise` ([horizon, action_dim] standard normal, when given) or from
     /// seeded noise (chunk k after reset: normals 0.. of SplitMix stream seed + 2k; DDPM step noise: stream seed + 2k + 1),
     /// keeps rows [n_obs_steps - 1, n_obs_steps - 1 + n_action_steps) un-normalised, and pops the next: `action` [action_dim].
@@ -150,10 +151,14 @@ public:
         const Stream stream = m_exec.stream();
         const bool fill = !m_obs_filled;
         const bool chunk = m_queue_pos == m_queue_len;
+        // A frame is encoded only if it will still be in the observation window when the next chunk is sampled (that
+        // chunk comes after the actions left in the queue run out): LeRobot's amount of encoder work, and a chunk tick
+        // encodes only its own frame because the older ones in the window were encoded as they arrived.
+        const bool encode = fill || m_queue_len - m_queue_pos < c.n_obs_steps;
         Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
         if (m_meta.env_dim > 0) Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
-        std::uint64_t key = (fill ? 1u : 0u) | (chunk ? 2u : 0u);
-        for (std::size_t cam = 0; cam < m_encoders.size(); ++cam) {
+        std::uint64_t key = (fill ? 1u : 0u) | (chunk ? 2u : 0u) | (encode ? 4u : 0u);
+        for (std::size_t cam = 0; encode && cam < m_encoders.size(); ++cam) {
             const PolicyFrame& f = obs.images[cam];
             Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
             m_layouts[cam] = f.layout;
@@ -166,7 +171,7 @@ public:
             Memory<B>::copy_from_host(m_noise.data(), m_noise_host.data(), m_noise_host.size() * sizeof(float), stream);
             m_head.stage_seed(stream_seed + 1);
         }
-        m_exec.run(0, key, [&] { enqueue_tick(fill, chunk); });
+        m_exec.run(0, key, [&] { enqueue_tick(fill, chunk, encode); });
         if (chunk) {
             Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
             Memory<B>::synchronize(stream);
@@ -260,10 +265,11 @@ private:
     }
 
     /// The recorded part of one select_action: shift the observation queue (or, on the first call, fill it), write the
-    /// newest step's normalised state, image features and environment state into the condition rows, and sample when
+    /// newest step's normalised state, image features (when `encode`; otherwise that row's features are never read, the
+    /// row leaves the window before the next chunk) and environment state into the condition rows, and sample when
     /// the action queue is empty. The condition buffer is LeRobot's global_cond: [n_obs_steps, state | cam0 features
     /// | cam1 features | ... | env state], flattened.
-    void enqueue_tick(bool fill, bool chunk) {
+    void enqueue_tick(bool fill, bool chunk, bool encode) {
         const DiffusionConfig& c = m_head.config();
         Context<B> ctx = m_exec.context();
         const Stream stream = m_exec.stream();
@@ -273,7 +279,7 @@ private:
         if (!fill)
             for (std::size_t r = 0; r + 1 < rows; ++r) Memory<B>::copy(cond + r * P, cond + (r + 1) * P, P * sizeof(float), stream);
         normalize(m_state_in.data(), last, m_meta.state_dim, m_state_norm, stream);
-        for (std::size_t cam = 0; cam < m_encoders.size(); ++cam) {
+        for (std::size_t cam = 0; encode && cam < m_encoders.size(); ++cam) {
             m_exec.workspace().reset();
             float* feat = last + m_meta.state_dim + cam * std::size_t(m_feature_dim);
             m_encoders[cam].forward(ctx, m_frames[cam].data(), m_layouts[cam], 1, View<float, B>{feat, Shape{1, m_feature_dim}});
