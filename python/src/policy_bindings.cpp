@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -145,6 +146,41 @@ void frame_arg(nb::handle obj, const PyWholePolicy& s, std::size_t cam, FrameArg
                             is_u8 ? ImageLayout::U8Hwc : ImageLayout::F32Chw, int(h), int(w)};
 }
 
+/// The arrays of one select_action call, viewed (or converted once) and checked against the policy's features.
+struct ParsedObservation {
+    F32 state, env, noise;
+    std::array<FrameArg, kMaxCameras> frames;
+    std::array<PolicyFrame, kMaxCameras> views;
+
+    PolicyObservation view(const PyWholePolicy& s) const {
+        return PolicyObservation{span_of(state), s.env_dim > 0 ? span_of(env) : std::span<const float>{},
+                                 std::span<const PolicyFrame>(views.data(), s.cameras.size())};
+    }
+    std::span<const float> noise_span() const { return noise.is_valid() ? span_of(noise) : std::span<const float>{}; }
+};
+
+void parse_observation(const PyWholePolicy& s, nb::handle obs, nb::handle noise_obj, ParsedObservation& in) {
+    in.state = feature_vector(lookup(obs, s.state_key, [&] { return "[" + std::to_string(s.state_dim) + "] float32"; }),
+                              s.state_name, s.state_dim);
+    if (s.env_dim > 0)
+        in.env = feature_vector(lookup(obs, s.env_key, [&] { return "[" + std::to_string(s.env_dim) + "] float32"; }), s.env_name,
+                                s.env_dim);
+    for (std::size_t c = 0; c < s.cameras.size(); ++c) {
+        frame_arg(lookup(obs, s.camera_keys[c], [&] { return s.camera_shapes_text(c); }), s, c, in.frames[c]);
+        in.views[c] = in.frames[c].frame;
+    }
+    if (!noise_obj.is_none()) {
+        in.noise = as_f32(noise_obj, "noise");
+        const F32& noise = in.noise;
+        const std::size_t H = std::size_t(s.horizon), A = std::size_t(s.action_dim);
+        const bool ok = (noise.ndim() == 2 && noise.shape(0) == H && noise.shape(1) == A) ||
+                        (noise.ndim() == 3 && noise.shape(0) == 1 && noise.shape(1) == H && noise.shape(2) == A);
+        if (!ok)
+            bad_arg("noise has the wrong shape (expected [horizon, action_dim] = [" + std::to_string(H) + ", " + std::to_string(A) +
+                    "], got " + shape_str(noise) + ")");
+    }
+}
+
 std::optional<int> steps_arg(nb::handle steps) {
     if (steps.is_none()) return std::nullopt;
     int v = 0;
@@ -237,33 +273,12 @@ void bind_diffusion_policy(nb::module_& m) {
         .def(
             "select_action",
             [](PyWholePolicy& s, nb::handle obs, nb::handle noise_obj) {
-                const F32 state = feature_vector(lookup(obs, s.state_key, [&] { return "[" + std::to_string(s.state_dim) + "] float32"; }),
-                                                 s.state_name, s.state_dim);
-                F32 env;
-                if (s.env_dim > 0) {
-                    env = feature_vector(lookup(obs, s.env_key, [&] { return "[" + std::to_string(s.env_dim) + "] float32"; }), s.env_name, s.env_dim);
-                }
-                std::array<FrameArg, kMaxCameras> frames;
-                std::array<PolicyFrame, kMaxCameras> views;
-                for (std::size_t c = 0; c < s.cameras.size(); ++c) {
-                    frame_arg(lookup(obs, s.camera_keys[c], [&] { return s.camera_shapes_text(c); }), s, c, frames[c]);
-                    views[c] = frames[c].frame;
-                }
-                F32 noise;
-                if (!noise_obj.is_none()) {
-                    noise = as_f32(noise_obj, "noise");
-                    const std::size_t H = std::size_t(s.horizon), A = std::size_t(s.action_dim);
-                    const bool ok = (noise.ndim() == 2 && noise.shape(0) == H && noise.shape(1) == A) ||
-                                    (noise.ndim() == 3 && noise.shape(0) == 1 && noise.shape(1) == H && noise.shape(2) == A);
-                    if (!ok) bad_arg("noise has the wrong shape (expected [horizon, action_dim] = [" + std::to_string(H) + ", " +
-                                     std::to_string(A) + "], got " + shape_str(noise) + ")");
-                }
-                const PolicyObservation o{span_of(state), s.env_dim > 0 ? span_of(env) : std::span<const float>{},
-                                          std::span<const PolicyFrame>(views.data(), s.cameras.size())};
-                const std::span<const float> ns = noise.is_valid() ? span_of(noise) : std::span<const float>{};
+                ParsedObservation in;
+                parse_observation(s, obs, noise_obj, in);
+                const PolicyObservation o = in.view(s);
                 OutArray out = new_array({std::size_t(s.action_dim)});
                 float* a = out.data();
-                s.run([&](auto& p) { p.select_action(o, std::span<float>(a, std::size_t(s.action_dim)), ns); });
+                s.run([&](auto& p) { p.select_action(o, std::span<float>(a, std::size_t(s.action_dim)), in.noise_span()); });
                 return out;
             },
             "obs"_a, "noise"_a = nb::none(),
@@ -273,7 +288,33 @@ void bind_diffusion_policy(nb::module_& m) {
             "([H, W, 3] uint8 or [3, H, W] float32 in [0, 1]); each may carry a leading batch of 1. float32 state and\n"
             "uint8/float32 C-contiguous frames are read in place. noise: [horizon, action_dim] standard normal, the\n"
             "initial sample when this call generates a chunk (ignored otherwise). Returns the next un-normalised\n"
-            "action [action_dim]. Missing keys, wrong shapes/dtypes and NaN/Inf raise FlowEdgeValueError (a ValueError).");
+            "action [action_dim]. Missing keys, wrong shapes/dtypes raise FlowEdgeValueError (a ValueError); NaN/Inf\n"
+            "values FlowEdgeError (a RuntimeError), as does select_action before reset().")
+        .def(
+            "_time_select_action",
+            [](PyWholePolicy& s, nb::handle obs, int n) {
+                // The C++ call alone, timed inside the module: the baseline the Python call's overhead is measured
+                // against (python/tests/time_select_action.py).
+                if (n < 1) bad_arg("n must be >= 1 (got " + std::to_string(n) + ")");
+                ParsedObservation in;
+                parse_observation(s, obs, nb::none(), in);
+                const PolicyObservation o = in.view(s);
+                std::vector<double> secs(std::size_t(n));
+                std::vector<float> a(std::size_t(s.action_dim));
+                s.run([&](auto& p) {
+                    for (double& t : secs) {
+                        const auto t0 = std::chrono::steady_clock::now();
+                        p.select_action(o, a);
+                        t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                    }
+                });
+                OutArray out = new_array({secs.size()});
+                for (std::size_t i = 0; i < secs.size(); ++i) out.data()[i] = float(secs[i]);
+                return out;
+            },
+            "obs"_a, "n"_a,
+            "Times n select_action(obs) calls of the C++ policy in a loop (seconds per call, float32 [n]); for overhead "
+            "measurements.");
 }
 
 }  // namespace flowedge::python
