@@ -95,6 +95,7 @@ fe_status select(fe_policy* policy, const fe_observation* obs, const float* nois
                  float* action, std::size_t action_len) {
     return guarded(Phase::Call, [&] {
         fe_policy& p = policy_of(policy);
+        std::lock_guard lock(p.mutex);  // observation_of fills the policy's frame table
         const PolicyObservation o = observation_of(p, obs);
         std::span<const float> ns;
         if (with_noise) {
@@ -102,7 +103,6 @@ fe_status select(fe_policy* policy, const fe_observation* obs, const float* nois
             ns = std::span<const float>(noise, noise_len);
         }
         check_output(action, action_len, std::size_t(p.info.action_dim), "action");
-        std::lock_guard lock(p.mutex);
         p.model->visit([&](auto& m) { m.select_action(o, std::span<float>(action, std::size_t(p.info.action_dim)), ns); });
     });
 }
