@@ -299,7 +299,7 @@ void bind_diffusion_policy(nb::module_& m) {
                 ParsedObservation in;
                 parse_observation(s, obs, nb::none(), in);
                 const PolicyObservation o = in.view(s);
-                std::vector<double> secs(std::size_t(n));
+                std::vector<double> secs(static_cast<std::size_t>(n));
                 std::vector<float> a(std::size_t(s.action_dim));
                 s.run([&](auto& p) {
                     for (double& t : secs) {
