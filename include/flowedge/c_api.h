@@ -204,6 +204,119 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_diffusion_denoise(fe_engine* engine, const
                                                         const float* sample, size_t sample_len, int32_t batch,
                                                         int32_t timestep, float* eps, size_t eps_len);
 
+/* ---- whole LeRobot Diffusion Policy (RGB encoder + queues + normalisation + U-Net) ---- */
+
+/**
+ * A LeRobot DiffusionPolicy pretrained_model folder as LeRobot's reset() / select_action() run it (observation
+ * normalisation, RGB encoders, the n_obs_steps observation queue, the sampler, the n_action_steps action queue and
+ * un-normalisation); opaque. Like fe_engine it may be used from any thread; calls on one policy are serialised.
+ */
+typedef struct fe_policy fe_policy;
+
+/** How one camera frame is laid out in host memory. */
+typedef enum fe_image_layout {
+    FE_IMAGE_U8_HWC = 0,  /**< uint8 [height, width, channels], as a camera delivers it (value / 255) */
+    FE_IMAGE_F32_CHW = 1  /**< float32 [channels, height, width], values in [0, 1] */
+} fe_image_layout;
+
+/** One camera frame. data holds height * width * channels elements of the layout's type. */
+typedef struct fe_frame {
+    const void* data;
+    int32_t layout; /**< an fe_image_layout */
+    int32_t height, width;
+} fe_frame;
+
+/**
+ * One observation step. state: [state_dim] (LeRobot "observation.state"); env_state: [env_dim]
+ * ("observation.environment_state"; NULL and 0 when the policy has none); frames: one per camera in
+ * fe_policy_camera() index order. Everything is read during the call only.
+ */
+typedef struct fe_observation {
+    const float* state;
+    size_t state_len;
+    const float* env_state;
+    size_t env_state_len;
+    const fe_frame* frames;
+    size_t n_frames;
+} fe_observation;
+
+/** Load-time choices of fe_policy_load_ex; zero-initialise and set what you need. */
+typedef struct fe_policy_options {
+    const char* dtype;     /**< weight storage: NULL or "f32" (default), "bf16", "f16" */
+    int32_t steps;         /**< inference steps; 0 = the checkpoint's num_inference_steps (else num_train_timesteps) */
+    const char* scheduler; /**< "ddim" | "ddpm"; NULL = the checkpoint's noise_scheduler_type */
+    uint64_t seed;         /**< seed of the generated noise when select_action gets none */
+} fe_policy_options;
+
+/**
+ * Loads a LeRobot DiffusionPolicy pretrained_model folder (config.json, model.safetensors and the
+ * policy_preprocessor/postprocessor files, or the legacy normalize_* buffers). device: as fe_engine_load ("cpu",
+ * "cuda" which fails with FE_ERR_DEVICE unless resident, "auto" with the CPU fallback reported by
+ * fe_policy_fallback_reason; NULL = "cpu"). Scheduler and steps default to the checkpoint's, seed 0, F32 weights.
+ * The policy must be reset before its first select_action. On failure *out is set to NULL.
+ */
+FLOWEDGE_C_EXPORT fe_status fe_policy_load(const char* folder, const char* device, fe_policy** out);
+
+/** fe_policy_load with options (NULL = the defaults). Unknown dtype/scheduler names and steps outside
+ *  [0, num_train_timesteps] are FE_ERR_INVALID_ARGUMENT. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_load_ex(const char* folder, const char* device, const fe_policy_options* options,
+                                              fe_policy** out);
+
+/** Frees a policy and everything it holds. NULL is a no-op. */
+FLOWEDGE_C_EXPORT void fe_policy_free(fe_policy* policy);
+
+/** LeRobot's reset(): empties the observation and action queues; call at every episode start. seed: NULL keeps
+ *  the current seed of the generated noise, otherwise it replaces it. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_reset(fe_policy* policy, const uint64_t* seed);
+
+/**
+ * LeRobot's select_action(): pushes the observation on the queue and writes the next action, un-normalised:
+ * action [action_dim] (action_len >= action_dim). A new chunk is generated when the action queue is empty (every
+ * n_action_steps calls), from seeded noise (fe_policy_options.seed). Errors: select_action before fe_policy_reset,
+ * a NULL or undersized field (FE_ERR_INVALID_ARGUMENT, naming the feature key and the needed size), a state or
+ * frame list longer than the policy's, a frame of the wrong height/width (FE_ERR_SHAPE, naming the camera key and
+ * the expected size), a NaN/Inf state or float frame (FE_ERR_NON_FINITE). A failed call leaves the queues as they were.
+ */
+FLOWEDGE_C_EXPORT fe_status fe_policy_select_action(fe_policy* policy, const fe_observation* obs, float* action,
+                                                    size_t action_len);
+
+/** fe_policy_select_action with caller noise: noise [horizon, action_dim] standard normal (normalised units) is the
+ *  initial sample of the chunk when this call generates one, and is ignored otherwise. For replay, pass the k-th
+ *  chunk's noise with k = fe_policy_chunks_generated() before the call. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_select_action_noise(fe_policy* policy, const fe_observation* obs,
+                                                          const float* noise, size_t noise_len, float* action,
+                                                          size_t action_len);
+
+/* ---- policy introspection: value, 0 when the policy has no such quantity, -1 (and fe_last_error) for NULL ---- */
+
+FLOWEDGE_C_EXPORT int32_t fe_policy_action_dim(const fe_policy* policy);
+FLOWEDGE_C_EXPORT int32_t fe_policy_state_dim(const fe_policy* policy);
+/** Width of "observation.environment_state" (0 when the policy has none). */
+FLOWEDGE_C_EXPORT int32_t fe_policy_env_dim(const fe_policy* policy);
+FLOWEDGE_C_EXPORT int32_t fe_policy_n_cameras(const fe_policy* policy);
+FLOWEDGE_C_EXPORT int32_t fe_policy_horizon(const fe_policy* policy);
+FLOWEDGE_C_EXPORT int32_t fe_policy_n_obs_steps(const fe_policy* policy);
+FLOWEDGE_C_EXPORT int32_t fe_policy_n_action_steps(const fe_policy* policy);
+/** Inference steps used per chunk (the options' or the checkpoint's). */
+FLOWEDGE_C_EXPORT int32_t fe_policy_steps(const fe_policy* policy);
+/** Chunks generated since the last reset (the last select_action generated one when this grew). */
+FLOWEDGE_C_EXPORT int32_t fe_policy_chunks_generated(fe_policy* policy);
+/** Feature keys: "observation.state" and the environment-state key ("" when none). Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_policy_state_key(const fe_policy* policy);
+FLOWEDGE_C_EXPORT const char* fe_policy_env_key(const fe_policy* policy);
+/** Camera `index` (0 <= index < n_cameras): its feature key ("observation.image", "observation.images.<cam>"; valid
+ *  until the policy is freed) and frame shape. Any output pointer may be NULL. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_camera(const fe_policy* policy, int32_t index, const char** key,
+                                             int32_t* channels, int32_t* height, int32_t* width);
+/** "cpu" or "cuda" ("" for NULL). Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_policy_backend(const fe_policy* policy);
+/** 1 when the policy runs on the GPU, 0 otherwise (also for NULL). */
+FLOWEDGE_C_EXPORT int fe_policy_cuda_resident(const fe_policy* policy);
+/** Why a device "auto" policy runs on the CPU ("" otherwise). Never NULL; valid until the policy is freed. */
+FLOWEDGE_C_EXPORT const char* fe_policy_fallback_reason(const fe_policy* policy);
+/** Bytes the policy holds on its backend (weights, buffers, workspaces); 0 for NULL. */
+FLOWEDGE_C_EXPORT size_t fe_policy_device_bytes(fe_policy* policy);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,4 +1,5 @@
-"""flowedge: robot policy inference (Mamba backbone, flow-matching head, LeRobot Diffusion Policy head).
+"""flowedge: robot policy inference (Mamba backbone, flow-matching head, LeRobot Diffusion Policy head and the whole
+LeRobot Diffusion Policy with its RGB encoders, normalisation and queues: ``DiffusionPolicy``).
 
 numpy in, numpy out (float32). Every model loads once and allocates all its buffers at load; calls release
 the GIL, and calls on one object from several threads are serialised. ``device="cuda"`` uploads the model and
@@ -9,6 +10,7 @@ skips the upload.
 """
 from ._flowedge import (  # noqa: F401
     DiffusionHead,
+    DiffusionPolicy,
     FlowEdgeError,
     FlowEdgeValueError,
     FlowHead,
@@ -21,6 +23,7 @@ from ._flowedge import (  # noqa: F401
 
 __all__ = [
     "DiffusionHead",
+    "DiffusionPolicy",
     "FlowEdgeError",
     "FlowEdgeValueError",
     "FlowHead",

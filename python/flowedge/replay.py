@@ -1,5 +1,8 @@
 """flowedge-lerobot-replay: the same recorded observations and noise through LeRobot's sampler and flowedge's (docs/contracts.md#matched-replay).
 
+``--backend flowedge-policy`` instead replays the observations through the whole policy in flowedge.DiffusionPolicy
+(reset, then select_action per step with the k-th chunk's noise) without importing torch or lerobot.
+
 Both runs use one LeRobot policy object (same PyTorch encoder, same pre/post-processors, same device); only
 ``DiffusionModel.conditional_sample`` differs: LeRobot's diffusers loop, or flowedge via :mod:`flowedge.lerobot`.
 Every replay step is one full inference: the newest raw frame goes through LeRobot's preprocessor, the last
@@ -373,16 +376,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--save-obs", help="where to save the synthetic observations (default: next to --output)")
     ap.add_argument("--steps", type=int, default=None, help="replay steps (synthetic default 20; file default all)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps per backend (default 1)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--diffusion-steps", type=int, default=10)
-    ap.add_argument("--scheduler", choices=("ddim", "ddpm"), default="ddim")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                    help="auto is for --backend flowedge-policy (the GPU when usable, else the CPU)")
+    ap.add_argument("--diffusion-steps", type=int, default=None,
+                    help="default 10; with --backend flowedge-policy the checkpoint's num_inference_steps")
+    ap.add_argument("--scheduler", choices=("ddim", "ddpm"), default=None,
+                    help="default ddim; with --backend flowedge-policy the checkpoint's noise_scheduler_type")
     ap.add_argument("--seed", type=int, default=0, help="synthetic observations / noise seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads for PyTorch and flowedge")
     ap.add_argument("--output", help="JSON result path (default: print to stdout)")
     ap.add_argument("--markdown", help="markdown summary path")
+    ap.add_argument("--backend", choices=("both", "flowedge-policy"), default="both",
+                    help="both: LeRobot's sampler vs flowedge's inside one LeRobot policy (needs torch + lerobot); "
+                         "flowedge-policy: the whole policy in flowedge.DiffusionPolicy, no torch or lerobot: --obs holds "
+                         "[T, ...] arrays per feature key (camera frames [T, H, W, 3] uint8 or [T, 3, H, W] float32 in "
+                         "[0, 1]) and optionally noise [K, horizon, action_dim], the k-th chunk's initial noise")
+    ap.add_argument("--actions-out", help="flowedge-policy: write the [T, action_dim] actions here (.npy)")
+    ap.add_argument("--reference-actions", help="flowedge-policy: [T, action_dim] .npy to compare the actions with")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None, help="flowedge-policy: weight storage")
     args = ap.parse_args(argv)
+    if args.backend == "flowedge-policy":
+        return main_policy(args)
     require_lerobot("lerobot-replay")
 
+    if args.device == "auto":
+        ap.error("--device auto is for --backend flowedge-policy")
+    args.diffusion_steps = 10 if args.diffusion_steps is None else args.diffusion_steps
+    args.scheduler = args.scheduler or "ddim"
     check_device(args.device, "replay")
     threads = set_threads(args.threads)
     bk = Backends(args.policy_dir, args.device, args.scheduler, args.diffusion_steps)
@@ -452,6 +472,74 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"replay: policy p50 LeRobot {res_lr['policy_ms']['p50']} ms, flowedge {res_fe['policy_ms']['p50']} ms; "
           f"max abs diff {dn:.3e} normalised ({da:.3e} action units)", file=sys.stderr)
     return 0 if (result["parity_ok"] is not False) else 1
+
+
+def policy_observations(policy, n: int, seed: int) -> Dict[str, np.ndarray]:
+    """Deterministic numpy observations for flowedge.DiffusionPolicy: states standard normal, frames uint8 noise."""
+    rng = np.random.default_rng(seed)
+    obs = {policy.state_key: rng.standard_normal((n, policy.state_dim)).astype(np.float32)}
+    if policy.env_key:
+        obs[policy.env_key] = rng.standard_normal((n, policy.env_dim)).astype(np.float32)
+    for key, (c, h, w) in policy.camera_shapes.items():
+        obs[key] = rng.integers(0, 256, size=(n, h, w, c), dtype=np.uint8)
+    return obs
+
+
+def main_policy(args) -> int:
+    """--backend flowedge-policy: reset() + select_action per step through flowedge.DiffusionPolicy; no torch."""
+    import flowedge
+
+    from . import policy_loop as pl
+
+    t0 = time.perf_counter()
+    policy = flowedge.DiffusionPolicy(args.policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
+                                      scheduler=args.scheduler, seed=args.seed)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    noise = None
+    if args.obs:
+        with np.load(args.obs) as z:
+            obs = {k: np.asarray(z[k]) for k in z.files}
+        noise = obs.pop("noise", None)
+        if noise is not None:
+            noise = np.ascontiguousarray(noise, dtype=np.float32)
+        obs_desc = f"file {args.obs}"
+    else:
+        obs = policy_observations(policy, args.steps if args.steps is not None else 20, args.seed)
+        obs_desc = f"synthetic (seed {args.seed}), seeded noise"
+    if args.steps is not None:
+        obs = {k: v[:args.steps] for k, v in obs.items()}
+    res = pl.replay(policy, obs, noise, args.warmup)
+    actions = res.pop("actions")
+    result: Dict[str, Any] = {
+        "tool": "flowedge-lerobot-replay", "backend": "flowedge-policy", "policy": args.policy_dir,
+        "device": args.device, "flowedge_backend": policy.backend, "cuda_resident": bool(policy.cuda_resident),
+        "fallback_reason": policy.fallback_reason, "scheduler": policy.scheduler, "diffusion_steps": policy.steps,
+        "steps": int(actions.shape[0]), "warmup": args.warmup, "observations": obs_desc,
+        "caller_noise": noise is not None, "load_ms": round(load_ms, 1), **res, "cpu": cpu_name(),
+        "peak_rss_mib": peak_rss_mib(), "torch_imported": "torch" in sys.modules,
+        "lerobot_imported": "lerobot" in sys.modules,
+    }
+    if args.actions_out:
+        Path(args.actions_out).parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.actions_out, actions)
+        result["actions_out"] = args.actions_out
+    if args.reference_actions:
+        ref = np.load(args.reference_actions)
+        if ref.shape != actions.shape:
+            raise SystemExit(f"flowedge: replay: --reference-actions shape (expected {list(actions.shape)}, got "
+                             f"{list(ref.shape)})")
+        result["max_abs_diff_actions"] = float(np.abs(ref - actions).max())
+    text = json.dumps(result, indent=1)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    print(f"replay (flowedge-policy on {policy.backend}): {result['steps']} steps, select_action p50 "
+          f"{res['select_action_ms']['p50']} ms, chunk p50 {res['chunk_ms']['p50']} ms"
+          + (f"; max abs diff vs reference {result['max_abs_diff_actions']:.3e}" if args.reference_actions else ""),
+          file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

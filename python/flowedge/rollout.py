@@ -15,6 +15,9 @@ Environments: ``pusht`` (gym-pusht, ``obs_type="pixels_agent_pos"``, needs a pol
 [3, 96, 96] + observation.state [2]) or ``synthetic`` (deterministic closed-loop observations of the policy's
 input shapes: the state moves toward the commanded action, images show the state as a bright spot).
 ``--backend both`` runs the same seeded episodes with LeRobot and flowedge and reports the trajectory difference.
+``--backend flowedge-policy`` runs the whole policy in ``flowedge.DiffusionPolicy`` (flowedge.policy_loop): numpy
+observations (uint8 HWC camera frames), no torch and no lerobot imported; the JSON adds latency p99.9, resident and
+device memory at start and end, and the environments are numpy versions of the two above.
 """
 from __future__ import annotations
 
@@ -381,7 +384,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--env", choices=("auto", "pusht", "synthetic"), default="auto",
                     help="auto: pusht when gym-pusht imports and the policy has PushT inputs, else synthetic")
     ap.add_argument("--policy", help="LeRobot pretrained_model folder (default: the built-in demo test/fixtures/dp_small)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                    help="auto (flowedge-policy only): the GPU when usable, else the CPU (fallback_reason in the JSON)")
     ap.add_argument("--steps", type=int, default=300, help="control ticks per episode (default 300, PushT's limit)")
     ap.add_argument("--episodes", type=int, default=1)
     ap.add_argument("--diffusion-steps", type=int, default=10)
@@ -395,11 +399,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-pace", action="store_true", help="do not sleep out the rest of each period")
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed select_action calls per backend before the episodes (default 1; 0 = none)")
-    ap.add_argument("--backend", choices=("flowedge", "lerobot", "both"), default="flowedge")
+    ap.add_argument("--backend", choices=("flowedge", "lerobot", "both", "flowedge-policy"), default="flowedge",
+                    help="flowedge: LeRobot's policy with the U-Net sampled by flowedge; lerobot: LeRobot alone; both: "
+                         "the two on the same episodes; flowedge-policy: the whole policy (encoders, normalisation, "
+                         "queues, sampler) in flowedge.DiffusionPolicy with numpy observations: no torch, no lerobot")
     ap.add_argument("--output", help="JSON result path (default: stdout)")
     ap.add_argument("--histogram", help="PNG histogram of tick latencies (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None,
+                    help="flowedge-policy: weight storage (default f32)")
     args = ap.parse_args(argv)
+    if args.backend == "flowedge-policy":
+        return main_policy(args, ap, t_start)
+    if args.device == "auto":
+        ap.error("--device auto is for --backend flowedge-policy (the LeRobot backends need a torch device)")
     require_lerobot("lerobot-rollout")
     if args.steps < 1 or args.episodes < 1:
         ap.error("--steps and --episodes must be >= 1")
@@ -505,6 +518,83 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"max {s['max_ms']} ms, missed {s['missed_deadlines']}" + (f"; stopped: {err}" if err else ""),
           file=sys.stderr)
     return 3 if err else 0
+
+
+def main_policy(args, ap, t_start: float) -> int:
+    """--backend flowedge-policy: flowedge.DiffusionPolicy in the loop, numpy observations, no torch or lerobot."""
+    from . import policy_loop as pl
+    from .replay import cpu_name as _cpu_name
+
+    if args.steps < 1 or args.episodes < 1:
+        ap.error("--steps and --episodes must be >= 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    policy_dir = args.policy or default_policy_dir()
+    if policy_dir is None:
+        ap.error("no --policy given and the demo policy test/fixtures/dp_small was not found (set FLOWEDGE_DEMO_POLICY)")
+    import flowedge
+
+    t0 = time.perf_counter()
+    policy = flowedge.DiffusionPolicy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
+                                      scheduler=args.scheduler, seed=args.seed)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    pusht_missing = gym_pusht_available()
+    env_name, env_reason = args.env, None
+    if env_name == "auto":
+        if pusht_missing is None and pl.fits_pusht(policy):
+            env_name = "pusht"
+        else:
+            env_name = "synthetic"
+            env_reason = (f"gym-pusht unavailable ({pusht_missing})" if pusht_missing
+                          else "policy inputs are not PushT's (observation.image 3x96x96 + observation.state 2)")
+    if env_name == "pusht":
+        if pusht_missing:
+            raise SystemExit(f"flowedge: rollout: --env pusht needs gym-pusht (pip install gym-pusht): {pusht_missing}")
+        if not pl.fits_pusht(policy):
+            raise SystemExit("flowedge: rollout: --env pusht needs a policy with observation.image [3, 96, 96] and "
+                             f"observation.state [2] inputs and a 2-D action (got cameras {policy.camera_shapes}, "
+                             f"state [{policy.state_dim}], env [{policy.env_dim}], action [{policy.action_dim}])")
+        make_env = lambda: pl.NumpyPushTEnv(args.steps)  # noqa: E731
+    else:
+        make_env = lambda: pl.NumpySyntheticEnv(policy, policy_dir)  # noqa: E731
+    startup_ms = (time.perf_counter() - t_start) * 1e3
+    prog = Progress(args.episodes * args.steps, "flowedge-policy rollout", not args.no_progress)
+    try:
+        run = pl.run_episodes(policy, make_env, args, prog)
+    finally:
+        prog.close()
+    summary = pl.summarise(run)
+    result: Dict[str, Any] = {
+        "tool": "flowedge-lerobot-rollout", "env": env_name, "policy": policy_dir, "device": args.device,
+        "flowedge_backend": policy.backend, "cuda_resident": bool(policy.cuda_resident),
+        "fallback_reason": policy.fallback_reason, "cameras": policy.camera_shapes, "cpu": _cpu_name(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "scheduler": policy.scheduler,
+        "diffusion_steps": policy.steps, "period_ms": args.period_ms, "on_miss": args.on_miss, "paced": not args.no_pace,
+        "episodes_requested": args.episodes, "steps_per_episode": args.steps, "seed": args.seed,
+        "startup_ms": round(startup_ms, 1), "load_ms": {"flowedge_policy": round(load_ms, 1)},
+        "torch_imported": "torch" in sys.modules, "lerobot_imported": "lerobot" in sys.modules,
+        **summary,
+    }
+    if env_reason:
+        result["env_reason"] = env_reason
+    if args.histogram:
+        warn = write_histogram(args.histogram, {"flowedge-policy": run}, args.period_ms)
+        result["histogram"] = warn or args.histogram
+    result["peak_rss_mib"] = peak_rss_mib()
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    result["versions"] = {"flowedge_module": flowedge.__version__, "numpy": np.__version__}
+    text = json.dumps(result, indent=1)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    mem = run["memory"]
+    print(f"rollout (flowedge-policy on {policy.backend}, {env_name}): {summary['steps']} ticks, p50 {summary['p50_ms']} "
+          f"ms, p99 {summary['p99_ms']} ms, p99.9 {summary['p99_9_ms']} ms, max {summary['max_ms']} ms, missed "
+          f"{summary['missed_deadlines']}; RSS {mem['start']['rss_mib']} -> {mem['end']['rss_mib']} MiB"
+          + (f"; stopped: {run['error']}" if run["error"] else ""), file=sys.stderr)
+    return 3 if run["error"] else 0
 
 
 if __name__ == "__main__":

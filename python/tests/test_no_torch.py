@@ -1,11 +1,16 @@
 # Without PyTorch/LeRobot: the LeRobot tools and flowedge.lerobot end in one friendly line with the install advice
 # of python/LEROBOT.md, never a raw ModuleNotFoundError traceback. Runs in a subprocess whose import system hides
 # torch and lerobot, so it checks the same path whether or not they are installed here.
+import json
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+
+from conftest import FIXTURES
+from lerobot_fixture import rebuild
 
 HIDE = textwrap.dedent("""
     import importlib.abc, sys
@@ -62,3 +67,82 @@ def test_flowedge_lerobot_import_names_the_same_advice():
     # the core package stays importable without them
     r = run_hidden("import flowedge; print(flowedge.__version__)")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+# ---- --backend flowedge-policy: the whole policy in flowedge, with torch and lerobot unimportable ----
+
+@pytest.fixture(scope="module")
+def image_policy(tmp_path_factory):
+    src = FIXTURES / "dp_image_bn"  # two cameras, environment state, BatchNorm, separate encoders
+    if not (src / "manifest.json").is_file():
+        pytest.skip(f"fixture {src} not present")
+    return rebuild(src, tmp_path_factory.mktemp("dp_image_bn"))
+
+
+@pytest.mark.parametrize("which", ["dp_small", "image"])
+def test_rollout_flowedge_policy_runs_without_torch(which, image_policy, tmp_path):
+    folder = FIXTURES / "dp_small" if which == "dp_small" else image_policy
+    out, png = tmp_path / "r.json", tmp_path / "h.png"
+    r = run_hidden(f"""
+        import sys
+        from flowedge import rollout
+        rc = rollout.main(['--backend', 'flowedge-policy', '--policy', {str(folder)!r}, '--env', 'synthetic',
+                           '--steps', '20', '--episodes', '2', '--period-ms', '1000', '--on-miss', 'hold', '--no-pace',
+                           '--histogram', {str(png)!r}, '--output', {str(out)!r}, '--no-progress'])
+        assert 'torch' not in sys.modules and 'lerobot' not in sys.modules
+        sys.exit(rc)
+    """)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["torch_imported"] is False and res["lerobot_imported"] is False
+    assert res["steps"] == 40 and res["missed_deadlines"] == 0
+    assert res["inference_ms"]["n"] == 2 * 3  # 20 ticks, n_action_steps 8: 3 chunks per episode
+    assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["p99_9_ms"] <= res["max_ms"]
+    mem = res["memory"]
+    assert mem["start"]["rss_mib"] > 0 and mem["end"]["rss_mib"] > 0
+    assert mem["start"]["policy_device_bytes"] == mem["end"]["policy_device_bytes"] > 0
+    assert all(e["steps"] == 20 and e["chunks"] == 3 for e in res["episodes"])
+    if which == "image":
+        assert sorted(res["cameras"]) == ["observation.images.top", "observation.images.wrist"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in res["histogram"]
+    else:
+        assert res["histogram"] == str(png) and png.stat().st_size > 0
+
+
+def test_rollout_flowedge_policy_counts_misses_and_holds(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_hidden(f"""
+        import sys
+        from flowedge import rollout
+        sys.exit(rollout.main(['--backend', 'flowedge-policy', '--policy', {str(FIXTURES / "dp_small")!r},
+                               '--steps', '16', '--period-ms', '1e-6', '--on-miss', 'hold', '--no-pace', '--warmup', '0',
+                               '--output', {str(out)!r}, '--no-progress']))
+    """)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["missed_deadlines"] == 16 and res["episodes"][0]["misses"] == 16
+
+
+def test_replay_flowedge_policy_matches_lerobot_without_torch(image_policy, tmp_path):
+    ref = FIXTURES / "dp_image_bn_ref"
+    obs = {p.stem: np.load(p) for p in ref.glob("observation*.npy")}
+    np.savez(tmp_path / "obs.npz", noise=np.load(ref / "noise.npy"), **obs)
+    out, acts = tmp_path / "r.json", tmp_path / "a.npy"
+    r = run_hidden(f"""
+        import sys
+        from flowedge import replay
+        rc = replay.main([{str(image_policy)!r}, '--backend', 'flowedge-policy', '--obs', {str(tmp_path / "obs.npz")!r},
+                          '--reference-actions', {str(ref / "actions.npy")!r}, '--actions-out', {str(acts)!r},
+                          '--output', {str(out)!r}])
+        assert 'torch' not in sys.modules and 'lerobot' not in sys.modules
+        sys.exit(rc)
+    """)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["steps"] == 20 and res["chunks"] == 3 and res["caller_noise"]
+    # LeRobot's own actions; this fixture's action half-ranges are >= 0.5, so 3e-4 is within 6e-4 normalised.
+    assert res["max_abs_diff_actions"] <= 3e-4, res["max_abs_diff_actions"]
+    assert np.load(acts).shape == (20, 4)

@@ -919,6 +919,51 @@ static void test_diffusion(const char* path, const char* compact, const char* di
     fe_engine_free(e);
 }
 
+/* fe_policy from C: the observation structs, reset, a full episode of select_action (3 chunks), a wrong state length.
+ * Numbers against the C++ class are checked by test_policy_capi.cpp. */
+static void test_policy(const char* folder) {
+    fe_policy* p = NULL;
+    fe_policy_options opts;
+    float state[2], env[4], action[2], first[2];
+    fe_observation obs;
+    uint64_t seed = 3;
+    int t, i, finite = 1;
+    memset(&opts, 0, sizeof opts);
+    opts.steps = 10;
+    opts.scheduler = "ddim";
+    CHECK_STATUS(fe_policy_load_ex(folder, "cpu", &opts, &p), FE_OK);
+    if (p == NULL) return;
+    CHECK(fe_policy_action_dim(p) == 2 && fe_policy_state_dim(p) == 2 && fe_policy_env_dim(p) == 4, "dims");
+    CHECK(fe_policy_n_cameras(p) == 0 && fe_policy_steps(p) == 10, "cameras %d steps %d", fe_policy_n_cameras(p),
+          fe_policy_steps(p));
+    CHECK(strcmp(fe_policy_state_key(p), "observation.state") == 0, "state key %s", fe_policy_state_key(p));
+    memset(&obs, 0, sizeof obs);
+    obs.state = state;
+    obs.state_len = 2;
+    obs.env_state = env;
+    obs.env_state_len = 4;
+    CHECK_STATUS(fe_policy_reset(p, &seed), FE_OK);
+    for (t = 0; t < 20; ++t) {
+        for (i = 0; i < 2; ++i) state[i] = 100.f + 20.f * (float)t + (float)i;
+        for (i = 0; i < 4; ++i) env[i] = 0.1f * (float)(t - i);
+        CHECK_STATUS(fe_policy_select_action(p, &obs, action, 2), FE_OK);
+        finite = finite && all_finite(action, 2);
+        if (t == 0) memcpy(first, action, sizeof first);
+    }
+    CHECK(finite, "actions finite");
+    CHECK(fe_policy_chunks_generated(p) == 3, "chunks %d", fe_policy_chunks_generated(p));
+    /* same seed, same first observation: the same first action */
+    CHECK_STATUS(fe_policy_reset(p, &seed), FE_OK);
+    for (i = 0; i < 2; ++i) state[i] = 100.f + (float)i;
+    for (i = 0; i < 4; ++i) env[i] = 0.1f * (float)(-i);
+    CHECK_STATUS(fe_policy_select_action(p, &obs, action, 2), FE_OK);
+    CHECK(action[0] == first[0] && action[1] == first[1], "repeat %g %g vs %g %g", action[0], action[1], first[0], first[1]);
+    obs.state_len = 1;
+    CHECK_STATUS(fe_policy_select_action(p, &obs, action, 2), FE_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("'observation.state') is too small: needs 2 floats");
+    fe_policy_free(p);
+}
+
 int main(int argc, char** argv) {
     const char *mamba, *diffusion, *compact, *backbone_only, *head_only;
     const char *flow_sample = NULL, *mamba_forward = NULL, *diffusion_sample = NULL, *mamba_ref = NULL, *diffusion_ref = NULL;
@@ -954,6 +999,8 @@ int main(int argc, char** argv) {
     test_split_files(mamba, backbone_only, head_only);
     test_device(mamba);
     test_diffusion(diffusion, compact, diffusion_sample);
+    if (strstr(diffusion, "dp_small") != NULL) test_policy(diffusion); /* the committed LeRobot folder with processors */
+    else printf("note: no dp_small fixture; fe_policy C test skipped\n");
     if (usable(mamba_ref)) test_mamba_refs(mamba, mamba_ref);
     else printf("note: no mamba_flow reference arrays; PyTorch comparison skipped\n");
     if (usable(diffusion_ref)) test_diffusion_refs(diffusion, diffusion_ref);

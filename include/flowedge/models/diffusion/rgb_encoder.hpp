@@ -237,6 +237,13 @@ public:
     std::int64_t n_parameters() const {
         return m_backbone.n_parameters() + m_keypoint_conv.n_parameters() + m_out.n_parameters();
     }
+    /// Bytes held on B: the loaded parameters (convolutions with BatchNorm folded, pos_grid, out) and the
+    /// [channels] normalisation statistics. Encoders sharing one checkpoint's tensors each count them.
+    std::size_t device_bytes() {
+        std::size_t n = m_offset.bytes() + m_denom.bytes();
+        visit_parameters([&](const std::string&, Parameter<B>& p, const Shape&, Storage) { n += p.loaded() ? p.bytes() : 0; });
+        return n;
+    }
     /// Multiply-adds of one forward() over `n` frames (convolutions and the output Linear; the resize, norms,
     /// pooling and softmax are not counted).
     std::int64_t macs(int n) const {

@@ -1,0 +1,270 @@
+// The fe_policy part of the C API (include/flowedge/c_api.h): a LeRobot DiffusionPolicy folder behind reset() /
+// select_action(), with the observation struct checked field by field before the C++ class sees it.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "boundary.hpp"
+#include "flowedge/c_api.h"
+#include "flowedge/models/diffusion/policy.hpp"
+#include "flowedge/residency.hpp"
+
+using namespace flowedge;
+using namespace flowedge::capi;
+
+/// Shapes and keys cached at load so introspection needs neither the lock nor a visit.
+struct PolicyInfo {
+    int action_dim = 0, state_dim = 0, env_dim = 0, horizon = 0, n_obs_steps = 0, n_action_steps = 0, steps = 0;
+    std::string state_key, env_key;
+    std::vector<io::PolicyCamera> cameras;
+};
+
+struct fe_policy {
+    PolicyInfo info;
+    std::optional<Resident<DiffusionPolicy>> model;
+    std::vector<PolicyFrame> frames;  ///< per camera, reused by every select_action (no allocation per call)
+    std::mutex mutex;
+};
+
+namespace {
+
+std::optional<DType> dtype_arg(const char* s) {
+    if (s == nullptr) return std::nullopt;
+    const std::string_view d = s;
+    if (d == "f32" || d == "float32") return DType::F32;
+    if (d == "bf16" || d == "bfloat16") return DType::BF16;
+    if (d == "f16" || d == "float16") return DType::F16;
+    raise(FE_ERR_INVALID_ARGUMENT, "unknown weight dtype '" + std::string(d) + "' (expected f32, bf16 or f16)");
+}
+
+fe_policy& policy_of(fe_policy* p) {
+    need_ptr(p, "policy");
+    return *p;
+}
+
+/// A feature buffer of the observation: exactly `need` floats, non-NULL when `need` > 0; messages name the key.
+void check_feature(const float* p, std::size_t len, std::size_t need, const char* field, const std::string& key) {
+    const std::string what = std::string("obs->") + field + " ('" + key + "')";
+    if (need == 0) {
+        if (len != 0) raise(FE_ERR_SHAPE, what + ": the policy has no such input" + expected_got(0, len));
+        return;
+    }
+    if (p == nullptr) raise(FE_ERR_INVALID_ARGUMENT, what + " is NULL (expected " + std::to_string(need) + " floats)");
+    if (len < need)
+        raise(FE_ERR_INVALID_ARGUMENT, what + " is too small: needs " + std::to_string(need) + " floats" + expected_got(need, len));
+    if (len > need) raise(FE_ERR_SHAPE, what + " has more elements than the policy uses" + expected_got(need, len));
+}
+
+/// The observation as the C++ class takes it; frames are copied into the policy's own PolicyFrame array.
+PolicyObservation observation_of(fe_policy& p, const fe_observation* obs) {
+    need_ptr(obs, "obs");
+    const PolicyInfo& info = p.info;
+    check_feature(obs->state, obs->state_len, std::size_t(info.state_dim), "state", info.state_key);
+    check_feature(obs->env_state, obs->env_state_len, std::size_t(info.env_dim), "env_state",
+                  info.env_dim > 0 ? info.env_key : std::string("observation.environment_state"));
+    const std::size_t n_cam = info.cameras.size();
+    if (obs->n_frames < n_cam)
+        raise(FE_ERR_INVALID_ARGUMENT, "obs->frames: no frame for camera " + std::to_string(obs->n_frames) + " ('" +
+                                           info.cameras[obs->n_frames].key + "')" + expected_got(n_cam, obs->n_frames));
+    if (obs->n_frames > n_cam)
+        raise(FE_ERR_SHAPE, "obs->frames: more frames than the policy has cameras" + expected_got(n_cam, obs->n_frames));
+    if (n_cam > 0) need_ptr(obs->frames, "obs->frames");
+    for (std::size_t c = 0; c < n_cam; ++c) {
+        const fe_frame& f = obs->frames[c];
+        const io::PolicyCamera& cam = info.cameras[c];
+        if (f.data == nullptr)
+            raise(FE_ERR_INVALID_ARGUMENT, "obs->frames[" + std::to_string(c) + "].data ('" + cam.key + "') is NULL");
+        if (f.layout != FE_IMAGE_U8_HWC && f.layout != FE_IMAGE_F32_CHW)
+            raise(FE_ERR_INVALID_ARGUMENT, "obs->frames[" + std::to_string(c) + "].layout ('" + cam.key + "') is unknown" +
+                                               expected_got("FE_IMAGE_U8_HWC (0) or FE_IMAGE_F32_CHW (1)", f.layout));
+        p.frames[c] = PolicyFrame{f.data, f.layout == FE_IMAGE_U8_HWC ? ImageLayout::U8Hwc : ImageLayout::F32Chw, f.height,
+                                  f.width};  // the size is checked by DiffusionPolicy, with the key
+    }
+    return PolicyObservation{std::span<const float>(obs->state, obs->state_len),
+                             std::span<const float>(obs->env_state, info.env_dim > 0 ? obs->env_state_len : 0),
+                             std::span<const PolicyFrame>(p.frames.data(), n_cam)};
+}
+
+fe_status select(fe_policy* policy, const fe_observation* obs, const float* noise, std::size_t noise_len, bool with_noise,
+                 float* action, std::size_t action_len) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        std::lock_guard lock(p.mutex);  // observation_of fills the policy's frame table
+        const PolicyObservation o = observation_of(p, obs);
+        std::span<const float> ns;
+        if (with_noise) {
+            check_input(noise, noise_len, std::size_t(p.info.horizon) * std::size_t(p.info.action_dim), "noise");
+            ns = std::span<const float>(noise, noise_len);
+        }
+        check_output(action, action_len, std::size_t(p.info.action_dim), "action");
+        p.model->visit([&](auto& m) { m.select_action(o, std::span<float>(action, std::size_t(p.info.action_dim)), ns); });
+    });
+}
+
+}  // namespace
+
+extern "C" {
+
+fe_status fe_policy_load_ex(const char* folder, const char* device, const fe_policy_options* options, fe_policy** out) {
+    if (out != nullptr) *out = nullptr;
+    return guarded(Phase::Load, [&] {
+        need_ptr(out, "out");
+        need_ptr(folder, "folder");
+        const DeviceRequest req = device_arg(device);
+        PolicyOptions opts;
+        if (options != nullptr) {
+            opts.load.weight_dtype = dtype_arg(options->dtype);
+            if (options->steps < 0) raise(FE_ERR_INVALID_ARGUMENT, "options->steps must be >= 0 (0 = the checkpoint's)" +
+                                                                     expected_got(">= 0", options->steps));
+            opts.steps = options->steps;
+            if (options->scheduler != nullptr) {
+                try {
+                    opts.scheduler = parse_scheduler(options->scheduler);
+                } catch (const Error& e) {
+                    raise(FE_ERR_INVALID_ARGUMENT, std::string("options->scheduler: ") + e.what());
+                }
+            }
+            opts.seed = options->seed;
+        }
+        const ResidencyFlags flags = ResidencyFlags::from_env();
+        if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
+            raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
+                                 "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
+        const std::filesystem::path dir(folder);
+        std::error_code ec;
+        if (!std::filesystem::exists(dir, ec)) raise(FE_ERR_IO, dir.string() + ": no such folder");
+        auto p = std::make_unique<fe_policy>();
+        try {
+            p->model.emplace(Resident<DiffusionPolicy>::load(req.want, flags, [&](auto tag) {
+                return DiffusionPolicy<decltype(tag)>::load(dir, opts);
+            }));
+        } catch (const Error& e) {
+            // A step count the schedule rejects is the caller's value, not a bad file.
+            if (opts.steps > 0 && std::string_view(e.what()).find("steps out of range") != std::string_view::npos)
+                throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
+            throw;
+        }
+        p->model->visit([&](auto& m) {
+            const DiffusionConfig& c = m.config();
+            PolicyInfo& i = p->info;
+            i.action_dim = c.action_dim;
+            i.horizon = c.horizon;
+            i.n_obs_steps = c.n_obs_steps;
+            i.n_action_steps = c.n_action_steps;
+            i.steps = m.steps();
+            i.state_dim = m.state_dim();
+            i.env_dim = m.env_dim();
+            i.state_key = m.state_key();
+            i.env_key = m.env_dim() > 0 ? m.env_key() : std::string();
+            i.cameras = m.cameras();
+        });
+        p->frames.resize(p->info.cameras.size());
+        if (req.want == Device::Cuda && !req.fallback_allowed && !p->model->cuda_resident())
+            raise(FE_ERR_DEVICE, "device \"cuda\" requested but the policy is not resident on the GPU (" +
+                                     p->model->fallback_reason() + ")" + kUseAuto);
+        *out = p.release();
+    });
+}
+
+fe_status fe_policy_load(const char* folder, const char* device, fe_policy** out) {
+    return fe_policy_load_ex(folder, device, nullptr, out);
+}
+
+void fe_policy_free(fe_policy* policy) {
+    try {
+        delete policy;
+    } catch (...) {
+    }
+}
+
+fe_status fe_policy_reset(fe_policy* policy, const uint64_t* seed) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        std::optional<std::uint64_t> s;
+        if (seed != nullptr) s = *seed;
+        std::lock_guard lock(p.mutex);
+        p.model->visit([&](auto& m) { m.reset(s); });
+    });
+}
+
+fe_status fe_policy_select_action(fe_policy* policy, const fe_observation* obs, float* action, size_t action_len) {
+    return select(policy, obs, nullptr, 0, false, action, action_len);
+}
+
+fe_status fe_policy_select_action_noise(fe_policy* policy, const fe_observation* obs, const float* noise, size_t noise_len,
+                                        float* action, size_t action_len) {
+    return select(policy, obs, noise, noise_len, true, action, action_len);
+}
+
+// ---- introspection ----
+
+#define FLOWEDGE_C_POLICY_INFO(fn, field)                                           \
+    int32_t fn(const fe_policy* p) {                                                \
+        if (p == nullptr) {                                                         \
+            t_last_error = "flowedge: capi: " #fn ": argument 'policy' is NULL";    \
+            return -1;                                                              \
+        }                                                                           \
+        return int32_t(p->info.field);                                              \
+    }
+FLOWEDGE_C_POLICY_INFO(fe_policy_action_dim, action_dim)
+FLOWEDGE_C_POLICY_INFO(fe_policy_state_dim, state_dim)
+FLOWEDGE_C_POLICY_INFO(fe_policy_env_dim, env_dim)
+FLOWEDGE_C_POLICY_INFO(fe_policy_n_cameras, cameras.size())
+FLOWEDGE_C_POLICY_INFO(fe_policy_horizon, horizon)
+FLOWEDGE_C_POLICY_INFO(fe_policy_n_obs_steps, n_obs_steps)
+FLOWEDGE_C_POLICY_INFO(fe_policy_n_action_steps, n_action_steps)
+FLOWEDGE_C_POLICY_INFO(fe_policy_steps, steps)
+#undef FLOWEDGE_C_POLICY_INFO
+
+int32_t fe_policy_chunks_generated(fe_policy* p) {
+    if (p == nullptr) {
+        t_last_error = "flowedge: capi: fe_policy_chunks_generated: argument 'policy' is NULL";
+        return -1;
+    }
+    std::lock_guard lock(p->mutex);
+    return p->model->visit([](auto& m) { return int32_t(m.chunks_generated()); });
+}
+
+const char* fe_policy_state_key(const fe_policy* p) { return p == nullptr ? "" : p->info.state_key.c_str(); }
+
+const char* fe_policy_env_key(const fe_policy* p) { return p == nullptr ? "" : p->info.env_key.c_str(); }
+
+fe_status fe_policy_camera(const fe_policy* policy, int32_t index, const char** key, int32_t* channels, int32_t* height,
+                           int32_t* width) {
+    return guarded(Phase::Call, [&] {
+        need_ptr(policy, "policy");
+        const auto& cams = policy->info.cameras;
+        if (index < 0 || std::size_t(index) >= cams.size())
+            raise(FE_ERR_INVALID_ARGUMENT, "camera index out of range" +
+                                               expected_got("0.." + std::to_string(int(cams.size()) - 1), index));
+        const io::PolicyCamera& c = cams[std::size_t(index)];
+        if (key != nullptr) *key = c.key.c_str();
+        if (channels != nullptr) *channels = c.channels;
+        if (height != nullptr) *height = c.height;
+        if (width != nullptr) *width = c.width;
+    });
+}
+
+const char* fe_policy_backend(const fe_policy* p) { return p == nullptr ? "" : p->model->backend(); }
+
+int fe_policy_cuda_resident(const fe_policy* p) { return p != nullptr && p->model->cuda_resident() ? 1 : 0; }
+
+const char* fe_policy_fallback_reason(const fe_policy* p) { return p == nullptr ? "" : p->model->fallback_reason().c_str(); }
+
+size_t fe_policy_device_bytes(fe_policy* p) {
+    if (p == nullptr) return 0;
+    try {
+        std::lock_guard lock(p->mutex);
+        return p->model->visit([](auto& m) { return m.device_bytes(); });
+    } catch (...) {
+        return 0;
+    }
+}
+
+}  // extern "C"
