@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,26 @@ public:
         Memory<B>::copy_from_host(m_owned.data(), values.data(), m_owned.bytes());
         Memory<B>::synchronize();
         m_data = m_owned.data();
+    }
+
+    /// Sets a tensor computed on the host at load (e.g. a convolution with its BatchNorm folded in), stored in `dtype`
+    /// (round-to-nearest-even from F32) and prepared by the backend like a loaded tensor of kind `storage`.
+    void assign(std::span<const float> values, const Shape& shape, DType dtype, Storage storage, const std::string& name,
+                std::string_view component) {
+        check(values.size() == static_cast<std::size_t>(shape.numel()), component,
+              "tensor '" + name + "': computed value count does not match its shape " + shape.str() +
+                  expected_got(shape.numel(), values.size()));
+        m_shape = shape;
+        m_dtype = storage == Storage::Vector ? DType::F32 : dtype;
+        m_keeper.reset();
+        m_prepared.reset();
+        std::vector<std::byte> stored(values.size() * dtype_size(m_dtype));
+        convert(values.data(), DType::F32, stored.data(), m_dtype, values.size());
+        m_owned = Buffer<std::byte, B>(stored.size());
+        Memory<B>::copy_from_host(m_owned.data(), stored.data(), stored.size());
+        Memory<B>::synchronize();
+        m_data = m_owned.data();
+        prepare(storage, name, component);
     }
 
     /// Element-wise dtype conversion on the host (exact widening, round-to-nearest-even narrowing).

@@ -188,6 +188,8 @@ __device__ __forceinline__ void load_w8(const T* p, float (&out)[Vec8<T>::n]) {
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float mish(float x) { return x * tanhf(softplus(x)); }
+/// max(x, 0) with NaN passed through (torch.relu keeps NaN; fmaxf would turn it into 0).
+__device__ __forceinline__ float relu(float x) { return x > 0.f ? x : (x != x ? x : 0.f); }
 
 /// Pointwise activation with precise (non-intrinsic) math, so results track the CPU within 2e-6.
 __device__ __forceinline__ float apply_act(Activation a, float x) {
@@ -196,6 +198,7 @@ __device__ __forceinline__ float apply_act(Activation a, float x) {
         case Activation::Silu: return silu(x);
         case Activation::Mish: return mish(x);
         case Activation::Softplus: return softplus(x);
+        case Activation::Relu: return relu(x);
     }
     return x;
 }

@@ -1,7 +1,7 @@
 // GroupNorm (with the fused act -> FiLM -> residual epilogue of the U-Net residual block) and Mamba's RMSNorm.
 //
 // group_norm: one block of 256 threads per (batch, group); the group's (channels/groups) x length
-//   elements are contiguous. Groups of up to 2048 elements are read once into registers together with the
+//   elements are contiguous. Epilogue order: act, FiLM, residual, post_act (GroupNormParams). Groups of up to 2048 elements are read once into registers together with the
 //   epilogue's operands (one round of loads), and sum and sum of squares are reduced in double in one fixed-order
 //   block reduction (deterministic); larger groups take two passes (mean, then the variance around it). At
 //   batch 1 a GroupNorm is latency-bound (8 blocks, ~1024 elements each), so one round of loads and one reduction
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
         a = detail::apply_act(p.act, a);
         if (film) a = f_scale * a + f_bias;
         if (p.residual) a += res;
-        p.y[base + i] = a;
+        p.y[base + i] = detail::apply_act(p.post_act, a);  // after the residual (ResNet BasicBlock: ReLU)
     };
     if (n <= std::int64_t(kThreads) * kRegs) {  // every PushT group (<= 1024 elements)
         // One batch of loads: the group's elements and everything the epilogue needs (gamma, beta, FiLM, residual),

@@ -196,6 +196,7 @@ inline double ref_act(Activation a, double x) {
         case Activation::Silu: return x / (1 + std::exp(-x));
         case Activation::Mish: return x * std::tanh(ref_softplus(x));
         case Activation::Softplus: return ref_softplus(x);
+        case Activation::Relu: return std::isnan(x) ? x : (x > 0 ? x : 0.0);
     }
     return x;
 }

@@ -12,10 +12,26 @@
 using namespace optest;
 
 namespace {
-constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Mish, Activation::Softplus};
+constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Mish, Activation::Softplus, Activation::Relu};
 }  // namespace
 
-TEST_CASE_TEMPLATE("activation: SiLU, Mish, Softplus (threshold 20) over a wide range", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("activation: ReLU keeps NaN and inf like torch.relu, zeroes negatives", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // 19 values: a full vector on both SIMD widths plus a masked tail, with the special values in both parts.
+    const std::vector<float> x = {NAN, -NAN, INFINITY, -INFINITY, -0.f, 0.f, -1e-40f, 1e-40f, -3.5f, 2.25f,
+                                  -1.f, 1.f, NAN, -7.f, 7.f, -FLT_MAX, FLT_MAX, NAN, -2.f};
+    Dev<float, B> dx(x), dy(x.size());
+    Ops<B>::activation({dx.ptr(), dy.ptr(), std::int64_t(x.size()), Activation::Relu});
+    const auto y = dy.host(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        CAPTURE(i);
+        CAPTURE(x[i]);
+        if (std::isnan(x[i])) CHECK(std::isnan(y[i]));
+        else CHECK(y[i] == (x[i] > 0.f ? x[i] : 0.f));
+    }
+}
+
+TEST_CASE_TEMPLATE("activation: SiLU, Mish, Softplus (threshold 20), ReLU over a wide range", B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
     std::vector<float> x;
     for (float v = -90.f; v <= 90.f; v += 0.37f) x.push_back(v);
@@ -416,6 +432,12 @@ TEST_CASE("vector SiLU / Softplus / Mish: close to the definitions over +-130, N
         CHECK(std::isnan(act(Activation::Mish, NAN)));
         CHECK(act(Activation::Mish, INFINITY) == INFINITY);
         CHECK(std::isnan(act(Activation::Mish, -INFINITY)));
+        // ReLU: NaN stays NaN (torch.relu), infinities and signed zeros as max(0, x).
+        CHECK(std::isnan(act(Activation::Relu, NAN)));
+        CHECK(act(Activation::Relu, INFINITY) == INFINITY);
+        CHECK(same_bits(act(Activation::Relu, -INFINITY), 0.f));
+        CHECK(same_bits(act(Activation::Relu, -5.f), 0.f));
+        CHECK(act(Activation::Relu, 3.f) == 3.f);
     }
 }
 #endif

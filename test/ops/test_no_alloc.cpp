@@ -92,6 +92,35 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
         UnnormalizeParams u;
         u.x = x.data(); u.y = y.data(); u.min = small.data(); u.max = z.data(); u.rows = 16; u.dim = 2;
         Ops<Cpu>::unnormalize(u);
+        // The image ops: conv2d on its position-split (stem) and channel-split, two-chunk (layer4) paths, 16-bit
+        // weights (widened on the stack), pooling, resize with a strong antialiased shrink, the rest.
+        Conv2dParams c2;
+        c2.x = x.data(); c2.w = {w.data(), DType::F32}; c2.bias = small.data(); c2.y = y.data();
+        c2.in_channels = 3; c2.out_channels = 32; c2.in_h = 84; c2.in_w = 84; c2.out_h = 42; c2.out_w = 42;
+        c2.kernel_h = 7; c2.kernel_w = 7; c2.stride_h = 2; c2.stride_w = 2; c2.pad_h = 3; c2.pad_w = 3; c2.act = Activation::Relu;
+        Ops<Cpu>::conv2d(c2);
+        c2.in_channels = 512; c2.out_channels = 512; c2.in_h = 3; c2.in_w = 3; c2.out_h = 3; c2.out_w = 3;
+        c2.kernel_h = 3; c2.kernel_w = 3; c2.stride_h = 1; c2.stride_w = 1; c2.pad_h = 1; c2.pad_w = 1; c2.residual = x.data();
+        Ops<Cpu>::conv2d(c2);
+        c2.w = {w16.data(), DType::BF16};
+        Ops<Cpu>::conv2d(c2);
+        MaxPool2dParams mp;
+        mp.x = x.data(); mp.y = y.data(); mp.channels = 32; mp.in_h = 42; mp.in_w = 42; mp.out_h = 21; mp.out_w = 21;
+        Ops<Cpu>::max_pool2d(mp);
+        ResizeParams rs;
+        rs.x = x.data(); rs.y = y.data(); rs.planes = 3; rs.in_h = 96; rs.in_w = 128; rs.resized_h = 24; rs.resized_w = 32;
+        rs.top = 2; rs.left = 4; rs.out_h = 20; rs.out_w = 24;
+        Ops<Cpu>::resize(rs);
+        ImageToTensorParams it;
+        it.x = w16.data(); it.layout = ImageLayout::U8Hwc; it.y = y.data(); it.offset = small.data(); it.denom = z.data();
+        it.height = 96; it.width = 96; it.top = 6; it.left = 6; it.out_h = 84; it.out_w = 84;
+        Ops<Cpu>::image_to_tensor(it);
+        NormalizeParams nm;
+        nm.x = x.data(); nm.y = y.data(); nm.offset = small.data(); nm.denom = z.data(); nm.rows = 4; nm.dim = 10;
+        Ops<Cpu>::normalize(nm);
+        SpatialSoftmaxParams ss;
+        ss.x = x.data(); ss.pos_grid = x.data(); ss.y = y.data(); ss.rows = 32; ss.positions = 9;
+        Ops<Cpu>::spatial_softmax(ss);
     }
     CHECK(fe_test::g_operator_new_calls.load() == before_new);
     CHECK(Memory<Cpu>::allocation_count().load() == before_mem);

@@ -6,13 +6,19 @@ using namespace optest;
 
 namespace {
 
-struct GroupNormCase { int batch, channels, length, groups; Activation act; bool film, residual, affine; int film_pad; };
+struct GroupNormCase {
+    int batch, channels, length, groups;
+    Activation act;
+    bool film, residual, affine;
+    int film_pad;
+    Activation post = Activation::None;  // post_act, after the residual (ResNet BasicBlock: residual + ReLU)
+};
 
 /// Out of place, then in place (y == x): both must match the reference.
 template <class B>
 void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.channels); CAPTURE(k.length); CAPTURE(k.groups); CAPTURE(int(k.act)); CAPTURE(k.film);
-    CAPTURE(k.residual); CAPTURE(k.affine); CAPTURE(k.film_pad);
+    CAPTURE(k.residual); CAPTURE(k.affine); CAPTURE(k.film_pad); CAPTURE(int(k.post));
     const std::size_t n = std::size_t(k.batch) * k.channels * k.length;
     auto x = random_vec(n, seed, -2.f, 3.f);
     for (auto& v : x) v += 5.f;  // a large mean: the normalisation must not lose precision to it
@@ -49,6 +55,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
                         a += res[i];
                         sc += std::fabs(res[i]);
                     }
+                    a = ref_act(k.post, a);
                     ref[i] = a;
                     scale[i] = sc + 1.0;  // normalised values are O(1): absolute floor
                 }
@@ -64,6 +71,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     p.film = k.film ? df.ptr() : nullptr;
     p.film_stride = k.film_pad ? fstride : 0;
     p.residual = k.residual ? dr.ptr() : nullptr;
+    p.post_act = k.post;
     Ops<B>::group_norm(p);
     const auto got = dy.host(n);
     check_all(got, ref, scale, 2e-6, "group_norm");
@@ -85,7 +93,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("group_norm with fused act -> FiLM -> residual matches a naive loop", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("group_norm with fused act -> FiLM -> residual -> post_act matches a naive loop", B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
     using A = Activation;
     const GroupNormCase cases[] = {
@@ -103,6 +111,13 @@ TEST_CASE_TEMPLATE("group_norm with fused act -> FiLM -> residual matches a naiv
         {3, 21, 7, 3, A::Silu, true, true, true, 5},
         {1, 37, 1, 37, A::None, false, false, true, 0},
         {2, 64, 129, 4, A::Softplus, true, false, true, 0},
+        // post_act after the residual: the ResNet BasicBlock tail (residual + ReLU), and every other activation.
+        {1, 64, 21 * 21, 32, A::None, false, true, true, 0, A::Relu},
+        {2, 24, 37, 6, A::Relu, false, true, true, 0, A::Relu},
+        {1, 16, 9, 4, A::Mish, true, true, true, 1, A::Silu},
+        {3, 12, 7, 3, A::None, true, true, false, 0, A::Mish},
+        {1, 8, 33, 2, A::Silu, false, true, true, 0, A::Softplus},
+        {1, 32, 5, 8, A::None, false, false, true, 0, A::Relu},
     };
     std::uint32_t seed = 3000;
     for (const auto& k : cases) run_group_norm<B>(k, seed += 10);

@@ -17,6 +17,9 @@ inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); 
 /// torch.nn.Mish: x * tanh(softplus(x)).
 inline float mish(float x) { return x * std::tanh(softplus(x)); }
 
+/// torch.nn.ReLU: max(x, 0) with NaN passed through (x < 0 is false for NaN) and -0 kept, as vmaxps(0, x).
+inline float relu(float x) { return x < 0.f ? 0.f : x; }
+
 /// Applies `act` to one value.
 inline float activate(Activation act, float x) {
     switch (act) {
@@ -24,6 +27,7 @@ inline float activate(Activation act, float x) {
         case Activation::Silu: return silu(x);
         case Activation::Mish: return mish(x);
         case Activation::Softplus: return softplus(x);
+        case Activation::Relu: return relu(x);
     }
     return x;
 }
@@ -41,6 +45,9 @@ inline void activate_scalar(Activation act, float* v, long long n) {
             return;
         case Activation::Softplus:
             for (long long i = 0; i < n; ++i) v[i] = softplus(v[i]);
+            return;
+        case Activation::Relu:
+            for (long long i = 0; i < n; ++i) v[i] = relu(v[i]);
             return;
     }
 }

@@ -194,6 +194,59 @@ struct Ops<Cpu> {
         if (p.rows == 0) return;
         FLOWEDGE_CPU_KERNEL(unnormalize(p));
     }
+
+    /// torch.nn.Conv2d (groups 1, dilation 1, zero padding) + bias + residual + act (kernels/conv2d.hpp).
+    /// x: [batch, in, in_h, in_w] -> y: [batch, out, out_h, out_w]; weights row-major [out, in, kh, kw].
+    static void conv2d(const Conv2dParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_REQUIRE(p.w.data, "conv2d", "weights must be stored row-major [out, in, kh, kw] (no prepared form on the CPU)");
+        FLOWEDGE_CPU_REQUIRE(!p.residual || (p.residual != p.y), "conv2d", "residual aliases y (the residual is read after y is written)");
+        FLOWEDGE_CPU_KERNEL(conv2d(p));
+    }
+
+    /// torch.nn.MaxPool2d(kernel, stride, pad), NaN propagating. x: [batch, c, in_h, in_w] -> y: [batch, c, out_h, out_w].
+    static void max_pool2d(const MaxPool2dParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_KERNEL(max_pool2d(p));
+    }
+
+    /// LeRobot SpatialSoftmax keypoints: softmax over positions, expected pos_grid coordinates. x: [rows, positions] -> y: [rows, 2].
+    static void spatial_softmax(const SpatialSoftmaxParams& p, Stream = {}) {
+        check_args(p);
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_KERNEL(spatial_softmax(p));
+    }
+
+    /// LeRobot feature normalisation (MeanStd / MinMax / Identity per column). x, y: [rows, dim] (x may equal y).
+    static void normalize(const NormalizeParams& p, Stream = {}) {
+        check_args(p);
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_KERNEL(normalize(p));
+    }
+
+    /// Camera frames (uint8 HWC / 255 or float CHW) to normalised float CHW, cut to a window.
+    static void image_to_tensor(const ImageToTensorParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_KERNEL(image_to_tensor(p));
+    }
+
+    /// torchvision Resize (bilinear, align_corners False, antialias as given) + the crop window. x: [planes, in_h, in_w]
+    /// -> y: [planes, out_h, out_w]. The taps of both axes and one output row's width-pass rows live in stack scratch.
+    static void resize(const ResizeParams& p, Stream = {}) {
+        check_args(p);
+        const int max_out = cpu::scalar::kResizeMaxOut;
+        FLOWEDGE_CPU_REQUIRE(p.out_h <= max_out && p.out_w <= max_out, "resize",
+                             "window too large for the stack taps" +
+                                 expected_got("out_h, out_w <= " + std::to_string(max_out),
+                                              std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
+        const std::size_t kw = std::size_t(cpu::scalar::resize_max_taps(p.in_w, p.resized_w, p.antialias));
+        const std::size_t kh = std::size_t(cpu::scalar::resize_max_taps(p.in_h, p.resized_h, p.antialias));
+        const std::size_t need = std::size_t(p.out_w) * kw + std::size_t(p.out_h) * kh + kh * std::size_t(p.out_w);
+        FLOWEDGE_CPU_REQUIRE(need <= cpu::kScratchFloats, "resize",
+                             "downscale too strong for the stack scratch" +
+                                 expected_got("<= " + std::to_string(cpu::kScratchFloats) + " floats of taps and rows", need));
+        FLOWEDGE_CPU_KERNEL(resize(p));
+    }
 };
 
 }  // namespace flowedge

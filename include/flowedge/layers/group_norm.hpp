@@ -9,14 +9,16 @@
 
 namespace flowedge {
 
-/// Optional epilogue fused after a GroupNorm (order: activation, FiLM, residual; see GroupNormParams).
+/// Optional epilogue fused after a GroupNorm (order: activation, FiLM, residual, post-activation; see GroupNormParams).
 struct GroupNormEpilogue {
     Activation act = Activation::None;
     /// FiLM [batch, 2*channels] (scale | bias, plain scale) with row stride film_stride (0 = 2*channels), or null.
     const float* film = nullptr;
     int film_stride = 0;
-    /// Residual [batch, channels, length] added last, or null.
+    /// Residual [batch, channels, length] added after the activation and FiLM, or null.
     const float* residual = nullptr;
+    /// Activation applied last, after the residual (a ResNet BasicBlock's relu(bn2(x) + identity)).
+    Activation post_act = Activation::None;
 };
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine=True) on x: [batch, channels, length] (biased variance),
@@ -66,6 +68,7 @@ public:
         p.film = epi.film;
         p.film_stride = epi.film_stride;
         p.residual = epi.residual;
+        p.post_act = epi.post_act;
         Ops<B>::group_norm(p, ctx.stream);
     }
 

@@ -119,6 +119,9 @@ inline __m256 vmish(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(20.f), _CMP_GT_OQ));
 }
 
+/// ReLU of 8 floats: vmaxps returns its second operand when either is NaN, so max(0, x) keeps a NaN x (torch.relu).
+inline __m256 vrelu(__m256 x) { return _mm256_max_ps(_mm256_setzero_ps(), x); }
+
 /// Applies `act` in place to n contiguous values (the switch hoisted out of the loop; vectorised, masked tail).
 inline void activate_inplace(Activation act, float* v, long long n) {
     if (act != Activation::None) {
@@ -133,6 +136,7 @@ inline void activate_inplace(Activation act, float* v, long long n) {
             }
         };
         if (act == Activation::Silu) run([](__m256 x) { return vsilu(x); });
+        else if (act == Activation::Relu) run([](__m256 x) { return vrelu(x); });
         else if (act == Activation::Softplus) run([](__m256 x) { return vsoftplus(x); });
         else run([](__m256 x) { return vmish(x); });
         return;

@@ -158,6 +158,9 @@ inline __m512 vmish(__m512 x) {
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(20.f), _CMP_GT_OQ), x);
 }
 
+/// ReLU of 16 floats: vmaxps returns its second operand when either is NaN, so max(0, x) keeps a NaN x (torch.relu).
+inline __m512 vrelu(__m512 x) { return _mm512_max_ps(_mm512_setzero_ps(), x); }
+
 /// Applies `act` in place to n contiguous values (the switch hoisted out of the loop; vectorised, masked tail).
 inline void activate_inplace(Activation act, float* v, long long n) {
     if (act != Activation::None) {
@@ -170,6 +173,7 @@ inline void activate_inplace(Activation act, float* v, long long n) {
             }
         };
         if (act == Activation::Silu) run([](__m512 x) { return vsilu(x); });
+        else if (act == Activation::Relu) run([](__m512 x) { return vrelu(x); });
         else if (act == Activation::Softplus) run([](__m512 x) { return vsoftplus(x); });
         else run([](__m512 x) { return vmish(x); });
         return;
@@ -194,6 +198,7 @@ inline VecF activate_vec(Activation act, VecF v) {
         case Activation::Silu: return vsilu(v);
         case Activation::Softplus: return vsoftplus(v);
         case Activation::Mish: return vmish(v);
+        case Activation::Relu: return vrelu(v);
     }
     return v;
 }

@@ -1,6 +1,6 @@
 // GroupNorm (+ activation, FiLM, residual) and RMSNorm. Kernel-set body: included once per instruction set by
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
-/// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual epilogue. Statistics in double.
+/// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual -> post_act epilogue. Statistics in double.
 inline void group_norm(const GroupNormParams& p) {
     const int cpg = p.channels / p.groups, L = p.length;
     const std::size_t fstride = p.film_stride ? std::size_t(p.film_stride) : 2 * std::size_t(p.channels);
@@ -47,6 +47,7 @@ inline void group_norm(const GroupNormParams& p) {
                     }
                 }
             }
+            activate_inplace(p.post_act, p.y + base, static_cast<long long>(n));
         }
     }
 }

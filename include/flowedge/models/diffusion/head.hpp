@@ -187,6 +187,25 @@ public:
         return (x + 1.f) / 2.f * (m_max_host[std::size_t(a)] - m_min_host[std::size_t(a)]) + m_min_host[std::size_t(a)];
     }
 
+    /// For models that run the head inside their own recorded graph (DiffusionPolicy): enqueues a whole sample on this
+    /// head's stream and workspace from buffers on B, cond [batch, global_cond_dim] and noise [batch, horizon,
+    /// action_dim] (normalised units), into out [batch, horizon, action_dim] (un-normalised when unnormalize_out); no
+    /// staging, graph or synchronisation. A DDPM seed must have been set with stage_seed() earlier on the stream.
+    void enqueue_sample_on_device(const float* cond, const float* noise, float* out, const SampleOptions& opts, int batch,
+                                  bool unnormalize_out) {
+        check_live("enqueue_sample_on_device");
+        check_batch(batch);
+        m_schedule.check_steps(opts.steps);
+        if (!(opts.scheduler == Scheduler::Ddim || opts.scheduler == Scheduler::Ddpm)) [[unlikely]] fail("diffusion",
+              "unknown scheduler" + expected_got("ddim or ddpm", int(opts.scheduler)));
+        enqueue_sample(cond, noise, out, opts, batch, unnormalize_out, NoStepHook{});
+    }
+    /// Enqueues the copy of a DDPM seed into the device-side seed the recorded samplers read (see DiffusionStepParams).
+    void stage_seed(std::uint64_t seed) {
+        m_seed_host = seed;
+        Memory<B>::copy_from_host(m_seed.data(), &m_seed_host, sizeof(std::uint64_t), m_exec.stream());
+    }
+
 private:
     View<const float, B> cond_in(int batch) const { return {m_cond_in.data(), Shape{batch, m_cfg.global_cond_dim}}; }
 
@@ -247,17 +266,23 @@ private:
     /// layout (only the non-finite diagnosis passes one).
     template <class Hook>
     void enqueue_sample(const SampleOptions& opts, int batch, bool unnormalize_out, Hook&& after_step) {
+        enqueue_sample(m_cond_in.data(), m_x_in.data(), m_out.data(), opts, batch, unnormalize_out, std::forward<Hook>(after_step));
+    }
+    template <class Hook>
+    void enqueue_sample(const float* cond, const float* noise, float* out, const SampleOptions& opts, int batch,
+                        bool unnormalize_out, Hook&& after_step) {
         constexpr bool kHook = !std::is_same_v<std::decay_t<Hook>, NoStepHook>;
         Context<B> ctx = m_exec.context();
         const Stream stream = m_exec.stream();
         m_exec.workspace().reset();
         const SamplerBuffers s = take_sampler_buffers(m_exec.workspace(), batch);
         const std::size_t per = std::size_t(m_cfg.horizon) * m_cfg.action_dim;
-        m_layout.to_unet(ctx, m_x_in.data(), s.state.data, batch);
+        const View<const float, B> cond_view{cond, Shape{batch, m_cfg.global_cond_dim}};
+        m_layout.to_unet(ctx, noise, s.state.data, batch);
         std::uint64_t draws = 0;
         for (int i = 0; i < opts.steps; ++i) {
             const int t = m_schedule.timestep(i, opts.steps);
-            m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, float(t), cond_in(batch),
+            m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, float(t), cond_view,
                            View<float, B>{s.eps.data, s.unet_eps.shape});
             DiffusionStepParams p;
             p.x = s.state.data;
@@ -278,12 +303,12 @@ private:
             }
         }
         // The final state in the sample layout (into the output directly when nothing else is applied).
-        float* final_state = unnormalize_out ? s.eps.data : m_out.data();
+        float* final_state = unnormalize_out ? s.eps.data : out;
         m_layout.to_sample(ctx, s.state.data, final_state, batch);
         if (unnormalize_out) {
             UnnormalizeParams u;
             u.x = final_state;
-            u.y = m_out.data();
+            u.y = out;
             u.min = m_action_min.data();
             u.max = m_action_max.data();
             u.rows = batch * m_cfg.horizon;
@@ -301,7 +326,7 @@ private:
               "unknown scheduler" + expected_got("ddim or ddpm", int(opts.scheduler)));
         check_inputs(cond, noise, result, batch, "noise");
         stage_inputs(cond, noise, batch);
-        Memory<B>::copy_from_host(m_seed.data(), &opts.seed, sizeof(std::uint64_t), m_exec.stream());
+        stage_seed(opts.seed);
         const std::uint64_t key = (unnormalize_out ? 1u : 2u) | (std::uint64_t(opts.scheduler) << 4) |
                                   (std::uint64_t(opts.steps) << 8) | (std::uint64_t(batch) << 32);
         m_exec.run(0, key, [&] { enqueue_sample(opts, batch, unnormalize_out, NoStepHook{}); });
@@ -335,6 +360,7 @@ private:
     NoiseSchedule m_schedule;
     Buffer<float, B> m_cond_in, m_x_in, m_out;
     Buffer<std::uint64_t, B> m_seed;
+    std::uint64_t m_seed_host = 0;  ///< source of the seed's asynchronous upload (must outlive the copy)
     Buffer<float, B> m_action_min, m_action_max;
     std::vector<float> m_min_host, m_max_host;
     Execution m_exec;

@@ -1,0 +1,231 @@
+// torch.nn.Conv2d on the CPU (the ResNet18 image encoder): an im2col panel of output positions, laid out in tiles of
+// kConv2dMaxVecs vectors so the positions run along the vector lanes, times MR output channels whose weights are
+// broadcast one reduction step at a time (an outer-product micro-kernel: MR x NV accumulators, every panel vector
+// loaded once per MR FMAs). Weights stay row-major [out, in*kh*kw]; BF16/F16 rows are widened per MR-row block into
+// stack scratch. Kernel-set body: included once per instruction set by cpu/kernels.hpp; the checks are in Ops<Cpu>.
+
+/// Position vectors per panel tile: 4 x 16 on AVX-512 (32 registers), 2 x 8 elsewhere (16 registers).
+inline constexpr int kConv2dMaxVecs = FLOWEDGE_ISA_AVX512 ? 4 : 2;
+/// Positions per full panel tile.
+inline constexpr int kConv2dTile = kConv2dMaxVecs * kLanes;
+/// Longest reduction chunk (input channels * kh * kw) one pass takes: bounds the widened-weight scratch (MR rows).
+inline constexpr int kConv2dMaxLen = 2304;
+
+/// Output channels per micro-kernel for nv position vectors: MR * nv accumulators + nv panel vectors + one
+/// broadcast fill the register file, at most 8.
+constexpr int conv2d_rows(int nv) {
+    const int r = (kRegisters - nv - 1) / nv;
+    return r > 8 ? 8 : r;
+}
+inline constexpr int kConv2dMaxRows = conv2d_rows(1);
+
+/// out[r][q] = sum_{j < len} w[min(r, nrows-1)*ldw + j] * panel[j*NV*kLanes + q] for MR rows and NV*kLanes positions
+/// (rows at or past nrows repeat the last valid row; the caller ignores them).
+template <int MR, int NV>
+inline void conv2d_tile(const float* w, std::size_t ldw, int nrows, const float* panel, int len, float* out) {
+    constexpr int W = NV * kLanes;
+    VecF acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
+    const float* wr[MR];
+    for (int r = 0; r < MR; ++r) wr[r] = w + std::size_t(std::min(r, nrows - 1)) * ldw;
+    for (int j = 0; j < len; ++j) {
+        VecF xv[NV];
+        for (int v = 0; v < NV; ++v) xv[v] = vload(panel + std::size_t(j) * W + v * kLanes);
+        for (int r = 0; r < MR; ++r) {
+            const VecF wb = vset1(wr[r][j]);
+            for (int v = 0; v < NV; ++v) acc[r][v] = vfma(wb, xv[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) vstore(out + r * W + v * kLanes, acc[r][v]);
+}
+
+/// conv2d_tile for a run-time (MR, nv): MR = conv2d_rows(nv0) of the block's widest tile, nv <= nv0.
+inline void conv2d_tile_any(int MR, int nv, const float* w, std::size_t ldw, int nrows, const float* panel, int len, float* out) {
+    constexpr int M1 = conv2d_rows(1), M2 = conv2d_rows(2);
+#if FLOWEDGE_ISA_AVX512
+    constexpr int M3 = conv2d_rows(3), M4 = conv2d_rows(4);
+    static_assert(M1 == 8 && M2 == 8 && M3 == 8 && M4 == 6, "conv2d: the (MR, nv) table below assumes 32 registers");
+    if (MR == M4) {
+        switch (nv) {
+            case 1: conv2d_tile<M4, 1>(w, ldw, nrows, panel, len, out); return;
+            case 2: conv2d_tile<M4, 2>(w, ldw, nrows, panel, len, out); return;
+            case 3: conv2d_tile<M4, 3>(w, ldw, nrows, panel, len, out); return;
+            default: conv2d_tile<M4, 4>(w, ldw, nrows, panel, len, out); return;
+        }
+    }
+    switch (nv) {
+        case 1: conv2d_tile<M1, 1>(w, ldw, nrows, panel, len, out); return;
+        case 2: conv2d_tile<M2, 2>(w, ldw, nrows, panel, len, out); return;
+        default: conv2d_tile<M3, 3>(w, ldw, nrows, panel, len, out); return;
+    }
+#else
+    static_assert(M1 == 8 && M2 == 6, "conv2d: the (MR, nv) table below assumes 16 registers");
+    if (MR == M2) {
+        if (nv == 1) conv2d_tile<M2, 1>(w, ldw, nrows, panel, len, out);
+        else conv2d_tile<M2, 2>(w, ldw, nrows, panel, len, out);
+        return;
+    }
+    conv2d_tile<M1, 1>(w, ldw, nrows, panel, len, out);
+#endif
+}
+
+/// Im2col of one tile: dst[(j - j0) * W + q] = x[b, i, r*sh + kh - ph, c*sw + kw - pw] for the tile's positions
+/// q < cnt (position n0 + q = r * out_w + c of image b), j = (i * kh_count + kh) * kw_count + kw in [j0, j0 + len);
+/// zero outside the image (PyTorch's zero padding) and for q in [cnt, W).
+inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, int j0, int len, float* dst) {
+    const int KH = p.kernel_h, KW = p.kernel_w, KK = KH * KW, OW = p.out_w;
+    int i = j0 / KK, kh = (j0 % KK) / KW, kw = j0 % KW;
+    for (int jj = 0; jj < len; ++jj) {
+        float* row = dst + std::size_t(jj) * W;
+        const float* xi = p.x + (std::size_t(b) * p.in_channels + std::size_t(i)) * std::size_t(p.in_h) * std::size_t(p.in_w);
+        int q = 0, r = n0 / OW, c = n0 % OW;
+        while (q < cnt) {
+            const int seg = std::min(cnt - q, OW - c);
+            const int ih = r * p.stride_h + kh - p.pad_h;
+            if (ih < 0 || ih >= p.in_h) {
+                for (int s = 0; s < seg; ++s) row[q + s] = 0.f;
+            } else {
+                const float* xr = xi + std::size_t(ih) * p.in_w;
+                const int base = c * p.stride_w + kw - p.pad_w;
+                if (p.stride_w == 1 && base >= 0 && base + seg <= p.in_w) {
+                    std::memcpy(row + q, xr + base, std::size_t(seg) * sizeof(float));
+                } else {
+                    for (int s = 0; s < seg; ++s) {
+                        const int iw = base + s * p.stride_w;
+                        row[q + s] = (iw >= 0 && iw < p.in_w) ? xr[iw] : 0.f;
+                    }
+                }
+            }
+            q += seg;
+            ++r;
+            c = 0;
+        }
+        for (; q < W; ++q) row[q] = 0.f;
+        if (++kw == KW) {
+            kw = 0;
+            if (++kh == KH) {
+                kh = 0;
+                ++i;
+            }
+        }
+    }
+}
+
+/// Writes one tile's sums for rows [o, o + rows) and positions [0, cnt): the first reduction chunk stores
+/// bias + v, later chunks add v; the last adds the residual and applies the activation (the torch order
+/// act(conv + bias + residual), the sum itself in chunk order).
+inline void conv2d_epilogue(const Conv2dParams& p, int b, int n0, int cnt, int o, int rows, const float* out, int W,
+                            bool first, bool last) {
+    const std::size_t N = std::size_t(p.out_h) * std::size_t(p.out_w);
+    for (int r = 0; r < rows; ++r) {
+        const std::size_t base = (std::size_t(b) * p.out_channels + std::size_t(o + r)) * N + std::size_t(n0);
+        float* y = p.y + base;
+        const float* v = out + std::size_t(r) * W;
+        if (first) {
+            const float bias = p.bias ? p.bias[o + r] : 0.f;
+            for (int q = 0; q < cnt; ++q) y[q] = v[q] + bias;
+        } else {
+            for (int q = 0; q < cnt; ++q) y[q] += v[q];
+        }
+        if (last) {
+            if (p.residual) {
+                const float* res = p.residual + base;
+                for (int q = 0; q < cnt; ++q) y[q] += res[q];
+            }
+            activate_inplace(p.act, y, cnt);
+        }
+    }
+}
+
+/// This thread's share of a conv2d: position tiles [t0, t1) of the flattened (image, tile) index and output channels
+/// [o0, o1). Panels are built per block of consecutive tiles of one image and reduction chunk, then every MR-row
+/// block of weights runs over every tile of the block (its widened copy, for 16-bit weights, made once per block).
+template <class WT>
+inline void conv2d_part(const Conv2dParams& p, const WT* w, int t0, int t1, int o0, int o1) {
+    constexpr bool kF32 = std::is_same_v<WT, float>;
+    const int N = p.out_h * p.out_w, tiles_per_image = (N + kConv2dTile - 1) / kConv2dTile;
+    const int R = p.in_channels * p.kernel_h * p.kernel_w;
+    alignas(64) float panel[kScratchFloats];
+    alignas(64) float wide[kF32 ? 1 : kConv2dMaxRows * kConv2dMaxLen];
+    alignas(64) float out[kConv2dMaxRows * kConv2dTile];
+    // The longest chunk that still lets one full tile into the panel scratch.
+    const int len0 = std::min({R, kConv2dMaxLen, int(kScratchFloats / kConv2dTile)});
+    for (int t = t0; t < t1;) {
+        const int b = t / tiles_per_image, tb = t % tiles_per_image, n0 = tb * kConv2dTile;
+        const int tiles_left = std::min(t1 - t, tiles_per_image - tb);
+        const int block_tiles = std::max(1, std::min(tiles_left, int(kScratchFloats / (std::size_t(kConv2dTile) * len0))));
+        const int nb = std::min(block_tiles * kConv2dTile, N - n0);
+        const int nb_pad = (nb + kLanes - 1) / kLanes * kLanes;  // panel floats per reduction step
+        // A short block (the late ResNet layers: 9 or 36 positions) takes a longer chunk.
+        const int len_chunk = std::min({R, kConv2dMaxLen, int(kScratchFloats / std::size_t(nb_pad))});
+        const int nv0 = (std::min(kConv2dTile, nb) + kLanes - 1) / kLanes;
+        const int MR = conv2d_rows(nv0);
+        for (int j0 = 0; j0 < R; j0 += len_chunk) {
+            const int len = std::min(len_chunk, R - j0);
+            const bool first = j0 == 0, last = j0 + len == R;
+            std::size_t off = 0;
+            for (int q0 = 0; q0 < nb; q0 += kConv2dTile) {
+                const int cnt = std::min(kConv2dTile, nb - q0);
+                const int W = (cnt + kLanes - 1) / kLanes * kLanes;
+                conv2d_im2col(p, b, n0 + q0, cnt, W, j0, len, panel + off);
+                off += std::size_t(W) * len;
+            }
+            for (int o = o0; o < o1; o += MR) {
+                const int rows = std::min(MR, o1 - o);
+                const float* wr;
+                std::size_t ldw;
+                if constexpr (kF32) {
+                    wr = w + std::size_t(o) * R + j0;
+                    ldw = std::size_t(R);
+                } else {
+                    for (int r = 0; r < rows; ++r) {
+                        const WT* src = w + std::size_t(o + r) * R + j0;
+                        float* dst = wide + std::size_t(r) * len;
+                        int j = 0;
+                        for (; j + kLanes <= len; j += kLanes) vstore(dst + j, vload(src + j));
+                        for (; j < len; ++j) dst[j] = widen(src[j]);
+                    }
+                    wr = wide;
+                    ldw = std::size_t(len);
+                }
+                off = 0;
+                for (int q0 = 0; q0 < nb; q0 += kConv2dTile) {
+                    const int cnt = std::min(kConv2dTile, nb - q0);
+                    const int nv = (cnt + kLanes - 1) / kLanes, W = nv * kLanes;
+                    conv2d_tile_any(MR, nv, wr, ldw, rows, panel + off, len, out);
+                    conv2d_epilogue(p, b, n0 + q0, cnt, o, rows, out, W, first, last);
+                    off += std::size_t(W) * len;
+                }
+            }
+        }
+        t += block_tiles;
+    }
+}
+
+/// Ops<Cpu>::conv2d after its checks: OpenMP over position tiles when there are enough of them (the early, large
+/// layers: no panel is built twice), else over output channels (the late layers, 9-36 positions: each thread builds
+/// the same small panel and streams its own weight rows).
+inline void conv2d(const Conv2dParams& p) {
+    const int N = p.out_h * p.out_w, tiles = p.batch * ((N + kConv2dTile - 1) / kConv2dTile);
+    const double macs = double(p.batch) * N * double(p.in_channels) * p.kernel_h * p.kernel_w * p.out_channels;
+    [[maybe_unused]] const bool par = macs >= kParallelMacs;
+    with_weights(p.w, [&](auto w) {
+#pragma omp parallel if (par)
+        {
+            const int tid = thread_index(), nth = thread_count();
+            if (nth == 1) {
+                conv2d_part(p, w, 0, tiles, 0, p.out_channels);
+            } else if (tiles >= 2 * nth) {
+                conv2d_part(p, w, int(std::int64_t(tiles) * tid / nth), int(std::int64_t(tiles) * (tid + 1) / nth), 0, p.out_channels);
+            } else {
+                // Output-channel split in units of 8 rows.
+                const int units = (p.out_channels + 7) / 8;
+                const int o0 = std::min(p.out_channels, int(std::int64_t(units) * tid / nth) * 8);
+                const int o1 = std::min(p.out_channels, int(std::int64_t(units) * (tid + 1) / nth) * 8);
+                if (o0 < o1) conv2d_part(p, w, 0, tiles, o0, o1);
+            }
+        }
+    });
+}

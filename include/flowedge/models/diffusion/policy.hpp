@@ -1,0 +1,329 @@
+// LeRobot's whole DiffusionPolicy on any backend: observation normalisation, the RGB encoders, the n_obs_steps
+// observation queue, the U-Net sampler and the n_action_steps action queue — reset() / select_action() as LeRobot's
+// policy plus its pre/post-processors do them, from a pretrained_model folder, with no Python.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "flowedge/error.hpp"
+#include "flowedge/models/diffusion/head.hpp"
+#include "flowedge/models/diffusion/lerobot_policy_folder.hpp"
+#include "flowedge/models/diffusion/rgb_encoder.hpp"
+#include "flowedge/models/model_execution.hpp"
+#include "flowedge/noise.hpp"
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+
+namespace flowedge {
+
+/// One camera frame as the robot has it, in host memory: uint8 [height, width, 3] (HWC) or float32 [3, height,
+/// width] (CHW, values in [0, 1]); ImageLayout says which.
+struct PolicyFrame {
+    const void* data = nullptr;
+    ImageLayout layout = ImageLayout::U8Hwc;
+    int height = 0, width = 0;
+};
+
+/// One observation step: the robot state, the environment state (when the policy has one) and one frame per camera
+/// in DiffusionPolicy::cameras() order. Spans point at host memory and are read during the call only.
+struct PolicyObservation {
+    std::span<const float> state;
+    std::span<const float> env_state;
+    std::span<const PolicyFrame> images;
+};
+
+/// Load-time choices of a DiffusionPolicy.
+struct PolicyOptions {
+    LoadOptions load{};                     ///< weight storage dtype (F32 default, BF16/F16 opt-in)
+    int steps = 0;                          ///< inference steps; 0 = the checkpoint's num_inference_steps (LeRobot's rule)
+    std::optional<Scheduler> scheduler{};   ///< default: the checkpoint's noise_scheduler_type
+    std::uint64_t seed = 0;                 ///< seeded noise when the caller gives none (see select_action)
+};
+
+/// The whole LeRobot Diffusion Policy. Everything is allocated at load; reset() and select_action() never allocate.
+/// On CUDA each select_action enqueues one recorded graph (normalise, encode the new frames, and when the action
+/// queue is empty: the 10-step sampler and un-normalisation) after uploading the observation.
+template <Backend B>
+class DiffusionPolicy {
+public:
+    /// Opens a LeRobot DiffusionPolicy pretrained_model folder (config.json, model.safetensors, processors).
+    static DiffusionPolicy load(const std::filesystem::path& folder, const PolicyOptions& opts = {}) {
+        return DiffusionPolicy(io::open_lerobot_diffusion_policy(folder), opts);
+    }
+
+    DiffusionPolicy(io::LeRobotDiffusionPolicy folder, const PolicyOptions& opts)
+        : m_meta(std::move(folder)), m_head(DiffusionHead<B>::load(m_meta.head, opts.load, 1)) {
+        const DiffusionConfig& c = m_head.config();
+        m_sample.scheduler = opts.scheduler.value_or(c.scheduler);
+        m_sample.steps = opts.steps > 0 ? opts.steps : (c.num_inference_steps > 0 ? c.num_inference_steps : c.num_train_timesteps);
+        m_head.schedule().check_steps(m_sample.steps);
+        m_seed = opts.seed;
+        std::size_t ws = 0;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            const io::PolicyCamera& pc = m_meta.cameras[cam];
+            DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(m_meta.config, pc.height, pc.width));
+            // Shared encoder: every camera binds the same tensors (zero-copy on the CPU); separate: rgb_encoder.N.
+            const std::string prefix = m_meta.separate_encoders ? "diffusion.rgb_encoder." + std::to_string(cam) + "." : "diffusion.rgb_encoder.";
+            enc.load(m_meta.head.weights, prefix, opts.load);
+            enc.set_normalization(pc.norm.kind, pc.norm.offset.data(), pc.norm.denom.data());
+            ws = std::max(ws, enc.workspace_bytes(1));
+            m_encoders.push_back(std::move(enc));
+            m_frames.emplace_back(std::size_t(pc.channels) * pc.height * pc.width * sizeof(float));
+        }
+        m_feature_dim = m_encoders.empty() ? 0 : m_encoders.front().feature_dim();
+        m_per_step = m_meta.per_step_dim(m_feature_dim);
+        if (c.global_cond_dim != m_per_step * c.n_obs_steps)
+            fail(ErrorKind::BadFile, "policy", "condition width of the U-Net disagrees with the observation features" +
+                                                   expected_got(m_per_step * c.n_obs_steps, c.global_cond_dim));
+        m_cond = Buffer<float, B>(std::size_t(c.n_obs_steps) * m_per_step);
+        m_state_in = Buffer<float, B>(std::size_t(m_meta.state_dim));
+        m_env_in = Buffer<float, B>(std::size_t(std::max(m_meta.env_dim, 1)));
+        const std::size_t ha = std::size_t(c.horizon) * c.action_dim;
+        m_noise = Buffer<float, B>(ha);
+        m_chunk = Buffer<float, B>(ha);
+        upload_norm(m_meta.state_norm, m_state_norm);
+        upload_norm(m_meta.env_norm, m_env_norm);
+        m_noise_host.resize(ha);
+        m_chunk_host.resize(ha);
+        m_actions.resize(std::size_t(c.n_action_steps) * c.action_dim);
+        m_exec = Execution("policy", std::max<std::size_t>(ws, 256));
+        Memory<B>::synchronize();
+    }
+
+    DiffusionPolicy(DiffusionPolicy&&) noexcept = default;
+    DiffusionPolicy& operator=(DiffusionPolicy&&) noexcept = default;
+
+    const DiffusionConfig& config() const { return m_head.config(); }
+    int action_dim() const { return m_head.config().action_dim; }
+    int state_dim() const { return m_meta.state_dim; }
+    int env_dim() const { return m_meta.env_dim; }
+    const std::string& state_key() const { return m_meta.state_key; }
+    const std::string& env_key() const { return m_meta.env_key; }
+    const std::vector<io::PolicyCamera>& cameras() const { return m_meta.cameras; }
+    int image_feature_dim() const { return m_feature_dim; }
+    int steps() const { return m_sample.steps; }
+    Scheduler scheduler() const { return m_sample.scheduler; }
+    /// Chunks generated since the last reset(); the last select_action generated one when it grew.
+    int chunks_generated() const { return m_chunk_index; }
+    DiffusionHead<B>& head() { return m_head; }
+
+    /// All ops run on `s` from now on (the recorded graphs are dropped).
+    void set_stream(Stream s) {
+        m_exec.set_stream(s);
+        m_head.set_stream(s);
+    }
+    /// Arithmetic of the U-Net (see DiffusionHead::set_math); the encoder stays exact.
+    void set_math(MathMode m) {
+        m_head.set_math(m);
+        m_exec.drop_graphs();
+    }
+
+    /// LeRobot's reset(): empties the observation and action queues (call at every episode start). `seed` replaces
+    /// the seed of the generated noise when given.
+    void reset(std::optional<std::uint64_t> seed = std::nullopt) {
+        m_exec.check_live("reset", "DiffusionPolicy");
+        if (seed) m_seed = *seed;
+        m_was_reset = true;
+        m_obs_filled = false;
+        m_queue_len = m_queue_pos = 0;
+        m_chunk_index = 0;
+    }
+
+    /// LeRobot's select_action(): normalises the observation and pushes it on the n_obs_steps queue (the first call
+    /// after reset() fills the queue with it), encodes its frames once (their features stay in the queue), and when the
+    /// action queue is empty samples a chunk from `noise` ([horizon, action_dim] standard normal, when given) or from
+    /// seeded noise (chunk k after reset: normals 0.. of SplitMix stream seed + 2k; DDPM step noise: stream seed + 2k + 1),
+    /// keeps rows [n_obs_steps - 1, n_obs_steps - 1 + n_action_steps) un-normalised, and pops the next: `action` [action_dim].
+    void select_action(const PolicyObservation& obs, std::span<float> action, std::span<const float> noise = {}) {
+        m_exec.check_live("select_action", "DiffusionPolicy");
+        if (!m_was_reset) [[unlikely]]
+            fail(ErrorKind::BadInput, "policy", "select_action() before reset() (call reset() at the start of every episode)");
+        check_observation(obs, action, noise);
+        const DiffusionConfig& c = m_head.config();
+        const Stream stream = m_exec.stream();
+        const bool fill = !m_obs_filled;
+        const bool chunk = m_queue_pos == m_queue_len;
+        Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
+        if (m_meta.env_dim > 0) Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
+        std::uint64_t key = (fill ? 1u : 0u) | (chunk ? 2u : 0u);
+        for (std::size_t cam = 0; cam < m_encoders.size(); ++cam) {
+            const PolicyFrame& f = obs.images[cam];
+            Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
+            m_layouts[cam] = f.layout;
+            key |= std::uint64_t(f.layout == ImageLayout::F32Chw) << (8 + cam);
+        }
+        if (chunk) {
+            const std::uint64_t stream_seed = m_seed + 2 * std::uint64_t(m_chunk_index);
+            if (noise.empty()) fill_normal(stream_seed, 0, m_noise_host.data(), m_noise_host.size());
+            else std::copy(noise.begin(), noise.end(), m_noise_host.begin());
+            Memory<B>::copy_from_host(m_noise.data(), m_noise_host.data(), m_noise_host.size() * sizeof(float), stream);
+            m_head.stage_seed(stream_seed + 1);
+        }
+        m_exec.run(0, key, [&] { enqueue_tick(fill, chunk); });
+        if (chunk) {
+            Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
+            Memory<B>::synchronize(stream);
+            for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
+                if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
+                    fail(ErrorKind::NonFinite, "policy", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " +
+                                                             std::to_string(i) + ")");
+            const std::size_t A = std::size_t(c.action_dim), first = std::size_t(c.n_obs_steps - 1);
+            std::copy_n(m_chunk_host.begin() + std::ptrdiff_t(first * A), m_actions.size(), m_actions.begin());
+            m_queue_len = c.n_action_steps;
+            m_queue_pos = 0;
+            ++m_chunk_index;
+        } else {
+            Memory<B>::synchronize(stream);
+        }
+        m_obs_filled = true;
+        const std::size_t A = std::size_t(c.action_dim);
+        std::copy_n(m_actions.begin() + std::ptrdiff_t(std::size_t(m_queue_pos) * A), A, action.begin());
+        ++m_queue_pos;
+    }
+
+    /// Bytes held on B (weights, buffers, workspaces).
+    std::size_t device_bytes() {
+        std::size_t n = m_head.device_bytes() + m_cond.bytes() + m_state_in.bytes() + m_env_in.bytes() + m_noise.bytes() +
+                        m_chunk.bytes() + m_exec.workspace().capacity();
+        for (auto& e : m_encoders) n += e.device_bytes();
+        for (auto& f : m_frames) n += f.bytes();
+        return n;
+    }
+
+private:
+    struct NormBuffers {
+        NormKind kind = NormKind::Identity;
+        Buffer<float, B> offset, denom;
+    };
+
+    void upload_norm(const io::FeatureNorm& n, NormBuffers& b) {
+        b.kind = n.kind;
+        if (n.kind == NormKind::Identity) return;
+        b.offset = Buffer<float, B>(n.offset.size());
+        b.denom = Buffer<float, B>(n.denom.size());
+        Memory<B>::copy_from_host(b.offset.data(), n.offset.data(), n.offset.size() * sizeof(float));
+        Memory<B>::copy_from_host(b.denom.data(), n.denom.data(), n.denom.size() * sizeof(float));
+    }
+
+    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
+        const io::PolicyCamera& pc = m_meta.cameras[cam];
+        return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
+    }
+
+    /// Every input checked before anything is enqueued: sizes, layouts, finiteness (a NaN state or float frame would
+    /// otherwise come back as a silent NaN action or poison the queue).
+    void check_observation(const PolicyObservation& obs, std::span<float> action, std::span<const float> noise) const {
+        const DiffusionConfig& c = m_head.config();
+        const auto need = [](bool ok, ErrorKind k, const std::string& what) {
+            if (!ok) [[unlikely]] fail(k, "policy", what);
+        };
+        need(action.size() == std::size_t(c.action_dim), ErrorKind::BadShape,
+             "action output has the wrong size" + expected_got(c.action_dim, action.size()));
+        need(obs.state.size() == std::size_t(m_meta.state_dim), ErrorKind::BadShape,
+             "'" + m_meta.state_key + "' has the wrong length" + expected_got(m_meta.state_dim, obs.state.size()));
+        for (std::size_t i = 0; i < obs.state.size(); ++i)
+            need(std::isfinite(obs.state[i]), ErrorKind::NonFinite,
+                 "'" + m_meta.state_key + "' element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(obs.state[i])));
+        if (m_meta.env_dim > 0) {
+            need(obs.env_state.size() == std::size_t(m_meta.env_dim), ErrorKind::BadShape,
+                 "'" + m_meta.env_key + "' has the wrong length" + expected_got(m_meta.env_dim, obs.env_state.size()));
+            for (std::size_t i = 0; i < obs.env_state.size(); ++i)
+                need(std::isfinite(obs.env_state[i]), ErrorKind::NonFinite,
+                     "'" + m_meta.env_key + "' element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(obs.env_state[i])));
+        } else {
+            need(obs.env_state.empty(), ErrorKind::BadShape,
+                 "an environment state was given but the policy has none" + expected_got(0, obs.env_state.size()));
+        }
+        need(obs.images.size() == m_meta.cameras.size(), ErrorKind::BadShape,
+             "wrong number of camera frames" + expected_got(m_meta.cameras.size(), obs.images.size()));
+        for (std::size_t cam = 0; cam < obs.images.size(); ++cam) {
+            const io::PolicyCamera& pc = m_meta.cameras[cam];
+            const PolicyFrame& f = obs.images[cam];
+            need(f.data != nullptr, ErrorKind::BadInput, "'" + pc.key + "': no frame data");
+            need(f.layout == ImageLayout::U8Hwc || f.layout == ImageLayout::F32Chw, ErrorKind::BadInput,
+                 "'" + pc.key + "': unknown frame layout" + expected_got("uint8 HWC or float32 CHW", int(f.layout)));
+            need(f.height == pc.height && f.width == pc.width, ErrorKind::BadShape,
+                 "'" + pc.key + "': frame has the wrong size" +
+                     expected_got(std::to_string(pc.height) + "x" + std::to_string(pc.width),
+                                  std::to_string(f.height) + "x" + std::to_string(f.width)));
+            if (f.layout == ImageLayout::F32Chw) {
+                const float* v = static_cast<const float*>(f.data);
+                const std::size_t n = std::size_t(pc.channels) * pc.height * pc.width;
+                for (std::size_t i = 0; i < n; ++i)
+                    need(std::isfinite(v[i]), ErrorKind::NonFinite,
+                         "'" + pc.key + "': pixel value " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i])));
+            }
+        }
+        if (!noise.empty()) {
+            need(noise.size() == m_noise_host.size(), ErrorKind::BadShape,
+                 "noise has the wrong size" + expected_got("[horizon, action_dim] = " + std::to_string(m_noise_host.size()), noise.size()));
+            for (std::size_t i = 0; i < noise.size(); ++i)
+                need(std::isfinite(noise[i]), ErrorKind::NonFinite, "noise element " + std::to_string(i) + " is not finite");
+        }
+    }
+
+    /// The recorded part of one select_action: shift the observation queue (or, on the first call, fill it), write the
+    /// newest step's normalised state, image features and environment state into the condition rows, and sample when
+    /// the action queue is empty. The condition buffer is LeRobot's global_cond: [n_obs_steps, state | cam0 features
+    /// | cam1 features | ... | env state], flattened.
+    void enqueue_tick(bool fill, bool chunk) {
+        const DiffusionConfig& c = m_head.config();
+        Context<B> ctx = m_exec.context();
+        const Stream stream = m_exec.stream();
+        const std::size_t P = std::size_t(m_per_step), rows = std::size_t(c.n_obs_steps);
+        float* cond = m_cond.data();
+        float* last = cond + (rows - 1) * P;
+        if (!fill)
+            for (std::size_t r = 0; r + 1 < rows; ++r) Memory<B>::copy(cond + r * P, cond + (r + 1) * P, P * sizeof(float), stream);
+        normalize(m_state_in.data(), last, m_meta.state_dim, m_state_norm, stream);
+        for (std::size_t cam = 0; cam < m_encoders.size(); ++cam) {
+            m_exec.workspace().reset();
+            float* feat = last + m_meta.state_dim + cam * std::size_t(m_feature_dim);
+            m_encoders[cam].forward(ctx, m_frames[cam].data(), m_layouts[cam], 1, View<float, B>{feat, Shape{1, m_feature_dim}});
+        }
+        if (m_meta.env_dim > 0)
+            normalize(m_env_in.data(), last + m_meta.state_dim + m_encoders.size() * std::size_t(m_feature_dim), m_meta.env_dim,
+                      m_env_norm, stream);
+        if (fill)
+            for (std::size_t r = 0; r + 1 < rows; ++r) Memory<B>::copy(cond + r * P, last, P * sizeof(float), stream);
+        if (chunk) m_head.enqueue_sample_on_device(cond, m_noise.data(), m_chunk.data(), m_sample, 1, true);
+    }
+
+    static void normalize(const float* x, float* y, int dim, NormBuffers& n, Stream stream) {
+        NormalizeParams p;
+        p.x = x;
+        p.y = y;
+        p.offset = n.offset.data();
+        p.denom = n.denom.data();
+        p.rows = 1;
+        p.dim = dim;
+        p.kind = n.kind;
+        Ops<B>::normalize(p, stream);
+    }
+
+    using Execution = ModelExecution<B, 1>;
+
+    io::LeRobotDiffusionPolicy m_meta;
+    DiffusionHead<B> m_head;
+    std::vector<DiffusionRgbEncoder<B>> m_encoders;
+    std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
+    ImageLayout m_layouts[32]{};                  ///< per camera: the layout of the uploaded frame
+    int m_feature_dim = 0, m_per_step = 0;
+    SampleOptions m_sample{};
+    std::uint64_t m_seed = 0;
+    Buffer<float, B> m_cond, m_state_in, m_env_in, m_noise, m_chunk;
+    NormBuffers m_state_norm, m_env_norm;
+    std::vector<float> m_noise_host, m_chunk_host, m_actions;
+    int m_queue_len = 0, m_queue_pos = 0, m_chunk_index = 0;
+    bool m_was_reset = false, m_obs_filled = false;
+    Execution m_exec;
+};
+
+}  // namespace flowedge

@@ -1,0 +1,159 @@
+// conv2d on every backend vs a naive double-accumulating loop written from torch.nn.Conv2d (zero padding, stride,
+// every weight dtype, bias and residual on and off, every activation after them), a non-CPU backend also vs Ops<Cpu>;
+// the ResNet18 encoder's shapes at an 84x84 crop plus odd sizes that leave partial tiles and row blocks; and the
+// shared argument checks.
+#include "ops_test_util.hpp"
+
+using namespace optest;
+
+namespace {
+
+struct Conv2dCase {
+    int batch, cin, cout, in_h, in_w, kh, kw, sh, sw, ph, pw;
+};
+
+template <class B>
+void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, bool with_residual, std::uint32_t seed) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.kh); CAPTURE(k.kw);
+    CAPTURE(k.sh); CAPTURE(k.sw); CAPTURE(k.ph); CAPTURE(k.pw); CAPTURE(dtype_name(dt)); CAPTURE(int(act));
+    CAPTURE(with_bias); CAPTURE(with_residual);
+    const int oh = (k.in_h + 2 * k.ph - k.kh) / k.sh + 1, ow = (k.in_w + 2 * k.pw - k.kw) / k.sw + 1;
+    const std::size_t nx = std::size_t(k.batch) * k.cin * k.in_h * k.in_w;
+    const std::size_t ny = std::size_t(k.batch) * k.cout * oh * ow;
+    const auto x = random_vec(nx, seed);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+    const auto res = random_vec(ny, seed + 2, -2.f, 2.f);
+    const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kh * k.kw, dt, seed + 3, 0.3f);
+    std::vector<double> ref(ny), scale(ny);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int r = 0; r < oh; ++r)
+                for (int c = 0; c < ow; ++c) {
+                    double s = with_bias ? bias[std::size_t(o)] : 0.0, mag = std::fabs(s);
+                    for (int i = 0; i < k.cin; ++i)
+                        for (int u = 0; u < k.kh; ++u) {
+                            const int ih = r * k.sh + u - k.ph;
+                            if (ih < 0 || ih >= k.in_h) continue;
+                            for (int v = 0; v < k.kw; ++v) {
+                                const int iw = c * k.sw + v - k.pw;
+                                if (iw < 0 || iw >= k.in_w) continue;
+                                const double t = w.value[((std::size_t(o) * k.cin + i) * k.kh + u) * k.kw + v] *
+                                                 x[((std::size_t(b) * k.cin + i) * k.in_h + ih) * k.in_w + iw];
+                                s += t;
+                                mag += std::fabs(t);
+                            }
+                        }
+                    const std::size_t idx = ((std::size_t(b) * k.cout + o) * oh + r) * ow + c;
+                    if (with_residual) {
+                        s += res[idx];
+                        mag += std::fabs(res[idx]);
+                    }
+                    ref[idx] = ref_act(act, s);
+                    scale[idx] = mag * act_slope(act);
+                }
+    Dev<float, B> dx(x), db(bias), dr(res), dy(ny);
+    DevWeights<B> dw(w);
+    Conv2dParams p;
+    p.x = dx.ptr();
+    p.w = dw.ref();
+    p.bias = with_bias ? db.ptr() : nullptr;
+    p.residual = with_residual ? dr.ptr() : nullptr;
+    p.y = dy.ptr();
+    p.batch = k.batch; p.in_channels = k.cin; p.out_channels = k.cout; p.in_h = k.in_h; p.in_w = k.in_w;
+    p.out_h = oh; p.out_w = ow; p.kernel_h = k.kh; p.kernel_w = k.kw; p.stride_h = k.sh; p.stride_w = k.sw;
+    p.pad_h = k.ph; p.pad_w = k.pw; p.act = act;
+    Ops<B>::conv2d(p);
+    const auto got = dy.host(ny);
+    check_all(got, ref, scale, 2e-6, "conv2d");
+    if constexpr (!kIsCpu<B>) {
+        std::vector<float> cpu(ny);
+        p.x = x.data(); p.w = w.ref(); p.bias = with_bias ? bias.data() : nullptr;
+        p.residual = with_residual ? res.data() : nullptr; p.y = cpu.data();
+        Ops<Cpu>::conv2d(p);
+        std::vector<double> cpu_d(cpu.begin(), cpu.end());
+        check_all(got, cpu_d, scale, 4e-6, "conv2d vs cpu");
+    }
+}
+
+constexpr Activation kActs[] = {Activation::None, Activation::Relu, Activation::Silu, Activation::Mish, Activation::Softplus};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("conv2d: the ResNet18 encoder's shapes at an 84x84 crop (fused BatchNorm bias, residual, ReLU)", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    using A = Activation;
+    struct Layer { Conv2dCase k; bool residual; A act; };
+    const Layer layers[] = {
+        {{1, 3, 64, 84, 84, 7, 7, 2, 2, 3, 3}, false, A::Relu},        // conv1 -> 42x42
+        {{1, 64, 64, 21, 21, 3, 3, 1, 1, 1, 1}, false, A::Relu},       // layer1 conv a
+        {{1, 64, 64, 21, 21, 3, 3, 1, 1, 1, 1}, true, A::Relu},        // layer1 conv b + identity
+        {{1, 64, 128, 21, 21, 3, 3, 2, 2, 1, 1}, false, A::Relu},      // layer2.0 conv a -> 11x11
+        {{1, 64, 128, 21, 21, 1, 1, 2, 2, 0, 0}, false, A::None},      // layer2.0 downsample
+        {{1, 128, 128, 11, 11, 3, 3, 1, 1, 1, 1}, true, A::Relu},      // layer2 conv b + shortcut
+        {{1, 128, 256, 11, 11, 3, 3, 2, 2, 1, 1}, false, A::Relu},     // layer3.0 conv a -> 6x6
+        {{1, 256, 256, 6, 6, 3, 3, 1, 1, 1, 1}, true, A::Relu},        // layer3 conv b (reduction 2304)
+        {{1, 256, 512, 6, 6, 3, 3, 2, 2, 1, 1}, false, A::Relu},       // layer4.0 conv a -> 3x3
+        {{1, 512, 512, 3, 3, 3, 3, 1, 1, 1, 1}, true, A::Relu},        // layer4 conv b (reduction 4608: two chunks)
+        {{1, 512, 32, 3, 3, 1, 1, 1, 1, 0, 0}, false, A::None},        // SpatialSoftmax keypoint conv, with bias
+    };
+    std::uint32_t seed = 9100;
+    for (const auto& l : layers) run_conv2d<B>(l.k, DType::F32, l.act, true, l.residual, seed += 10);
+    // The 16-bit storage dtypes on a few of them.
+    for (DType dt : {DType::BF16, DType::F16}) {
+        run_conv2d<B>(layers[0].k, dt, A::Relu, true, false, seed += 10);
+        run_conv2d<B>(layers[5].k, dt, A::Relu, true, true, seed += 10);
+        run_conv2d<B>(layers[9].k, dt, A::Relu, true, true, seed += 10);
+        run_conv2d<B>(layers[10].k, dt, A::None, true, false, seed += 10);
+    }
+}
+
+TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype and activation, bias and residual on/off", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    const Conv2dCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {2, 5, 7, 9, 11, 3, 2, 2, 1, 1, 0},
+        {1, 7, 13, 17, 5, 5, 3, 3, 2, 2, 1},
+        {2, 3, 10, 20, 30, 4, 4, 2, 3, 2, 1},
+        {1, 4, 9, 10, 10, 3, 3, 1, 1, 1, 1},      // 100 positions: one full tile and a partial one
+        {1, 6, 17, 8, 8, 1, 1, 1, 1, 0, 0},       // 64 positions: exactly full tiles
+        {2, 9, 70, 13, 7, 3, 3, 1, 1, 1, 1},      // output channels past a multiple of 8 and of 6
+        {1, 2, 3, 5, 5, 5, 5, 1, 1, 2, 2},        // kernel as large as the padded input allows
+        {1, 3, 4, 6, 6, 3, 3, 4, 4, 0, 0},        // stride past the kernel (pixels skipped)
+        {2, 300, 20, 4, 5, 3, 3, 1, 1, 1, 1},     // reduction 2700: more than one chunk
+    };
+    std::uint32_t seed = 9500;
+    int n = 0;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes) {
+            const Activation act = kActs[std::size_t(n) % std::size(kActs)];
+            const bool with_bias = n % 2 == 0, with_residual = n % 3 != 1;
+            run_conv2d<B>(k, dt, act, with_bias, with_residual, seed += 10);
+            ++n;
+        }
+}
+
+TEST_CASE_TEMPLATE("conv2d rejects bad sizes, aliasing and null pointers with the shared message" * doctest::test_suite("op_checks"),
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    Dev<float, B> d(std::size_t(1024));
+    Conv2dParams p;
+    p.x = d.ptr(); p.w = {d.ptr(), DType::F32}; p.y = d.ptr() + 512;
+    p.in_channels = 2; p.out_channels = 3; p.in_h = 5; p.in_w = 5; p.out_h = 3; p.out_w = 3; p.kernel_h = 3; p.kernel_w = 3;
+    CHECK_NOTHROW(Ops<B>::conv2d(p));
+    Memory<B>::synchronize();
+    auto bad = p;
+    bad.out_w = 4;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv2d(bad), doctest::Contains("flowedge: conv2d: output size inconsistent"), Error);
+    bad = p;
+    bad.y = d.ptr();  // y == x
+    CHECK_THROWS_WITH_AS(Ops<B>::conv2d(bad), doctest::Contains("flowedge: conv2d: y aliases x"), Error);
+    bad = p;
+    bad.w = {nullptr, DType::F32};
+    CHECK_THROWS_WITH_AS(Ops<B>::conv2d(bad), doctest::Contains("flowedge: conv2d: null x, w or y pointer"), Error);
+    bad = p;
+    bad.kernel_h = 8;
+    CHECK_THROWS_WITH_AS(Ops<B>::conv2d(bad), doctest::Contains("flowedge: conv2d: kernel larger than the padded input"), Error);
+}
