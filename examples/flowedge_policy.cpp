@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <span>
@@ -157,6 +158,8 @@ int main(int argc, char** argv) {
                          "use --device cpu\n";
             return 2;
         }
+        if (!std::filesystem::exists(folder))  // the folder reader takes a file's parent: name a mistyped folder as such
+            fail(ErrorKind::Io, kProgram, folder + ": no such folder (expected a LeRobot pretrained_model folder)");
         PolicyOptions opts;
         if (dtype_arg == "f32") opts.load.weight_dtype = DType::F32;
         if (dtype_arg == "bf16") opts.load.weight_dtype = DType::BF16;

@@ -236,6 +236,9 @@ TEST_CASE("bad inputs are errors naming the key and the expected shape") {
         r = policy_run("--obs " + tmp("nowhere.npz").string() + out);
         CHECK(r.rc == 1);
         CHECK(has(r, "nowhere.npz: no such file"));
+        r = run(FLOWEDGE_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\" --obs " + tmp("ok.npz").string() + out);
+        CHECK(r.rc == 1);
+        CHECK(has(r, "flowedge: flowedge-policy: " + tmp("no_such_folder").string() + ": no such folder"));
     }
 }
 
@@ -325,5 +328,5 @@ TEST_CASE("pusht_policy (the copyable example) runs its loop on a policy folder"
     CHECK(has(r, "tick   0  action"));
     CHECK(has(r, "tick   9  action"));
     CHECK(run(PUSHT_POLICY_EXE, "").rc == 2);
-    CHECK(has(run(PUSHT_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\""), "no_such_folder"));
+    CHECK(has(run(PUSHT_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\""), "no config.json"));
 }
