@@ -1,6 +1,7 @@
 // Micro-benchmarks of the weight-streaming CPU convs at the PushT U-Net shapes, reported in GB/s of weights
 // next to this machine's measured read bandwidth (batch-1 convs are memory-bound: that ratio is the score), with the
-// exact (F32) and the opt-in BF16 arithmetic (MathMode::BF16, vdpbf16ps), plus the Mamba/flow batch-1 linears.
+// exact (F32) and the opt-in BF16 arithmetic (MathMode::BF16, vdpbf16ps), plus the Mamba/flow batch-1 linears and the
+// ResNet18 image encoder's conv2d sequence at an 84x84 crop (compute-bound: reported in GFLOP/s).
 #define CATCH_CONFIG_MAIN
 #define CATCH_CONFIG_ENABLE_BENCHMARKING
 #include <catch2/catch.hpp>
@@ -11,6 +12,10 @@
 #include <cstdio>
 #include <memory>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/ops.hpp"
@@ -115,7 +120,98 @@ void bench_linear(int rows, int in, int out, DType dt, MathMode math) {
                 std::string(dtype_name(dt)).c_str(), math_name(math), tm.best * 1e6, tm.median * 1e6);
 }
 
+/// One conv of the ResNet18 encoder: in -> out channels, kernel, stride, input side (square), residual + ReLU or not.
+struct ResNetConv { const char* name; int cin, cout, k, stride, side; bool residual; bool relu; };
+
+/// The conv2d sequence of LeRobot's ResNet18 backbone (BatchNorm folded into the conv bias) at an 84x84 crop, batch 1,
+/// plus the SpatialSoftmax keypoint conv; each layer with its own weights (44 MB at F32: more than the L3 cache,
+/// as in a real forward pass). Prints each layer's median ms and GFLOP/s over `reps` forward passes and the total.
+void bench_resnet18(DType dt, int reps) {
+    const ResNetConv layers[] = {
+        {"conv1 7x7/2", 3, 64, 7, 2, 84, false, true},
+        {"l1.0a", 64, 64, 3, 1, 21, false, true},  {"l1.0b", 64, 64, 3, 1, 21, true, true},
+        {"l1.1a", 64, 64, 3, 1, 21, false, true},  {"l1.1b", 64, 64, 3, 1, 21, true, true},
+        {"l2.0a /2", 64, 128, 3, 2, 21, false, true}, {"l2.0 ds 1x1/2", 64, 128, 1, 2, 21, false, false},
+        {"l2.0b", 128, 128, 3, 1, 11, true, true}, {"l2.1a", 128, 128, 3, 1, 11, false, true}, {"l2.1b", 128, 128, 3, 1, 11, true, true},
+        {"l3.0a /2", 128, 256, 3, 2, 11, false, true}, {"l3.0 ds 1x1/2", 128, 256, 1, 2, 11, false, false},
+        {"l3.0b", 256, 256, 3, 1, 6, true, true}, {"l3.1a", 256, 256, 3, 1, 6, false, true}, {"l3.1b", 256, 256, 3, 1, 6, true, true},
+        {"l4.0a /2", 256, 512, 3, 2, 6, false, true}, {"l4.0 ds 1x1/2", 256, 512, 1, 2, 6, false, false},
+        {"l4.0b", 512, 512, 3, 1, 3, true, true}, {"l4.1a", 512, 512, 3, 1, 3, false, true}, {"l4.1b", 512, 512, 3, 1, 3, true, true},
+        {"keypoints 1x1", 512, 32, 1, 1, 3, false, false},
+    };
+    constexpr int kLayers = int(std::size(layers));
+    std::vector<std::vector<std::uint8_t>> w;
+    std::vector<Conv2dParams> ps;
+    std::vector<std::vector<float>> bufs;
+    std::vector<float> bias(512, 0.01f);
+    double total_flops = 0;
+    for (const auto& l : layers) {
+        const std::size_t nw = std::size_t(l.cout) * l.cin * l.k * l.k;
+        w.emplace_back(nw * dtype_size(dt));
+        for (std::size_t i = 0; i < w.back().size(); i += 2) w.back()[i + 1] = 0x3c;
+        const int pad = l.k / 2, out = (l.side + 2 * pad - l.k) / l.stride + 1;
+        bufs.emplace_back(std::size_t(l.cin) * l.side * l.side, 0.5f);    // x
+        bufs.emplace_back(std::size_t(l.cout) * out * out, 0.f);           // y
+        bufs.emplace_back(l.residual ? std::size_t(l.cout) * out * out : 1, 0.25f);
+        Conv2dParams p;
+        p.batch = 1; p.in_channels = l.cin; p.out_channels = l.cout; p.in_h = p.in_w = l.side; p.out_h = p.out_w = out;
+        p.kernel_h = p.kernel_w = l.k; p.stride_h = p.stride_w = l.stride; p.pad_h = p.pad_w = pad;
+        p.act = l.relu ? Activation::Relu : Activation::None;
+        ps.push_back(p);
+        total_flops += 2.0 * nw * out * out;
+    }
+    for (int i = 0; i < kLayers; ++i) {
+        ps[std::size_t(i)].x = bufs[std::size_t(3 * i)].data();
+        ps[std::size_t(i)].y = bufs[std::size_t(3 * i + 1)].data();
+        ps[std::size_t(i)].residual = layers[i].residual ? bufs[std::size_t(3 * i + 2)].data() : nullptr;
+        ps[std::size_t(i)].bias = bias.data();
+        ps[std::size_t(i)].w = {w[std::size_t(i)].data(), dt};
+    }
+    std::vector<std::vector<double>> t(static_cast<std::size_t>(kLayers), std::vector<double>(static_cast<std::size_t>(reps)));
+    std::vector<double> tot(static_cast<std::size_t>(reps));
+    for (int r = -3; r < reps; ++r) {
+        const auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < kLayers; ++i) {
+            const auto s = std::chrono::steady_clock::now();
+            Ops<Cpu>::conv2d(ps[std::size_t(i)]);
+            if (r >= 0) t[std::size_t(i)][std::size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+        }
+        if (r >= 0) tot[std::size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    }
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    auto best = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+#else
+    const int threads = 1;
+#endif
+    std::printf("ResNet18 conv2d sequence, 84x84 crop, batch 1, %s weights, %d thread(s), %d passes:\n",
+                std::string(dtype_name(dt)).c_str(), threads, reps);
+    double sum_medians = 0;
+    for (int i = 0; i < kLayers; ++i) {
+        const auto& l = layers[i];
+        const int pad = l.k / 2, out = (l.side + 2 * pad - l.k) / l.stride + 1;
+        const double flops = 2.0 * l.cout * l.cin * l.k * l.k * out * out, m = median(t[std::size_t(i)]);
+        sum_medians += m;
+        std::printf("  %-14s %3d->%3d %dx%d %2dx%-2d -> %2dx%-2d %7.1f MFLOP: median %7.3f ms  %6.1f GFLOP/s\n", l.name, l.cin,
+                    l.cout, l.k, l.k, l.side, l.side, out, out, flops / 1e6, m * 1e3, flops / m / 1e9);
+    }
+    const double m = median(tot), b = best(tot);
+    // On a shared machine a pass that loses its core inflates the whole-pass median; the sum of the per-layer
+    // medians is the steadier figure.
+    std::printf("  total %.1f MFLOP: sum of layer medians %.3f ms = %.1f GFLOP/s; whole pass median %.3f ms, best %.3f ms\n",
+                total_flops / 1e6, sum_medians * 1e3, total_flops / sum_medians / 1e9, m * 1e3, b * 1e3);
+}
+
 }  // namespace
+
+TEST_CASE("ResNet18 encoder conv2d sequence at an 84x84 crop (OMP_NUM_THREADS picks the threads)") {
+    bench_resnet18(DType::F32, 30);
+    bench_resnet18(DType::BF16, 30);
+}
 
 TEST_CASE("machine read bandwidth") {
     std::printf("read bandwidth (best of 7 sums of 512 MiB, all threads): %.2f GB/s\n", read_bandwidth_gbs());

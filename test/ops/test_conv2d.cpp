@@ -123,6 +123,7 @@ TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype a
         {1, 2, 3, 5, 5, 5, 5, 1, 1, 2, 2},        // kernel as large as the padded input allows
         {1, 3, 4, 6, 6, 3, 3, 4, 4, 0, 0},        // stride past the kernel (pixels skipped)
         {2, 300, 20, 4, 5, 3, 3, 1, 1, 1, 1},     // reduction 2700: more than one chunk
+        {1, 600, 21, 4, 4, 3, 3, 1, 1, 1, 1},     // 16 positions (the dot path) and reduction 5400: two chunks
     };
     std::uint32_t seed = 9500;
     int n = 0;

@@ -91,6 +91,10 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 const int base = c * p.stride_w + kw - p.pad_w;
                 if (p.stride_w == 1 && base >= 0 && base + seg <= p.in_w) {
                     std::memcpy(row + q, xr + base, std::size_t(seg) * sizeof(float));
+                } else if (base >= 0 && base + (seg - 1) * p.stride_w < p.in_w) {
+                    // Strided but inside the row (the stem's stride-2 interior): no bounds test per element.
+                    const int sw = p.stride_w;
+                    for (int s = 0; s < seg; ++s) row[q + s] = xr[base + s * sw];
                 } else {
                     for (int s = 0; s < seg; ++s) {
                         const int iw = base + s * p.stride_w;
@@ -204,6 +208,62 @@ inline void conv2d_part(const Conv2dParams& p, const WT* w, int t0, int t1, int 
     }
 }
 
+/// Most output positions per image for which conv2d_dot_part runs instead (the ResNet's 3x3 layer4 and keypoint
+/// conv): there a position tile would leave most lanes empty and every weight is used only a few times, so the
+/// weight-streaming dot kernels of gemm.hpp (whole vectors of contiguous weights, positions as columns) win.
+inline constexpr int kConv2dDotPositions = 16;
+
+/// This thread's share (output channels [o0, o1)) of a conv2d with at most kConv2dDotPositions positions per image:
+/// per image and reduction chunk, the im2col panel with one column per position ([position][j], j contiguous as in
+/// the weight rows) and gemm_rows over the thread's weight rows; epilogue order as conv2d_epilogue.
+template <class WT>
+inline void conv2d_dot_part(const Conv2dParams& p, const WT* w, int o0, int o1) {
+    const int N = p.out_h * p.out_w, R = p.in_channels * p.kernel_h * p.kernel_w;
+    alignas(64) float panel[kScratchFloats];
+    // Column stride: the chunk rounded up to 16 floats plus 16, so that columns (and the weight rows, whose stride
+    // is often a multiple of 2 KiB) do not all fall on the same few L1 sets.
+    const int len_chunk = int(std::min<std::size_t>(std::size_t(R), (kScratchFloats / std::size_t(N)) / 16 * 16 - 16));
+    for (int b = 0; b < p.batch; ++b) {
+        for (int j0 = 0; j0 < R; j0 += len_chunk) {
+            const int len = std::min(len_chunk, R - j0);
+            const std::size_t ldp = round_up16(std::size_t(len)) + 16;
+            // conv2d_im2col writes [j][position] rows of width W: build one position at a time into its column.
+            for (int n = 0; n < N; ++n) {
+                float* dst = panel + std::size_t(n) * ldp;
+                const int KH = p.kernel_h, KW = p.kernel_w, KK = KH * KW;
+                const int r = n / p.out_w, c = n % p.out_w;
+                int i = j0 / KK, kh = (j0 % KK) / KW, kw = j0 % KW;
+                for (int jj = 0; jj < len; ++jj) {
+                    const int ih = r * p.stride_h + kh - p.pad_h, iw = c * p.stride_w + kw - p.pad_w;
+                    dst[jj] = (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
+                                  ? p.x[((std::size_t(b) * p.in_channels + std::size_t(i)) * p.in_h + std::size_t(ih)) * p.in_w + std::size_t(iw)]
+                                  : 0.f;
+                    if (++kw == KW) {
+                        kw = 0;
+                        if (++kh == KH) {
+                            kh = 0;
+                            ++i;
+                        }
+                    }
+                }
+            }
+            const bool first = j0 == 0, last = j0 + len == R;
+            float* yb = p.y + std::size_t(b) * p.out_channels * std::size_t(N);
+            const float* rb = p.residual ? p.residual + std::size_t(b) * p.out_channels * std::size_t(N) : nullptr;
+            auto epilogue = [&](int o, int n, float v) {
+                float& dst = yb[std::size_t(o) * N + std::size_t(n)];
+                float s = first ? v + (p.bias ? p.bias[o] : 0.f) : dst + v;
+                if (last) {
+                    if (rb) s += rb[std::size_t(o) * N + std::size_t(n)];
+                    s = activate(p.act, s);
+                }
+                dst = s;
+            };
+            gemm_rows(w + std::size_t(j0), std::size_t(R), panel, ldp, len, o0, o1, N, epilogue);
+        }
+    }
+}
+
 /// Ops<Cpu>::conv2d after its checks: OpenMP over position tiles when there are enough of them (the early, large
 /// layers: no panel is built twice), else over output channels (the late layers, 9-36 positions: each thread builds
 /// the same small panel and streams its own weight rows).
@@ -212,6 +272,17 @@ inline void conv2d(const Conv2dParams& p) {
     const double macs = double(p.batch) * N * double(p.in_channels) * p.kernel_h * p.kernel_w * p.out_channels;
     [[maybe_unused]] const bool par = macs >= kParallelMacs;
     with_weights(p.w, [&](auto w) {
+        if (N <= kConv2dDotPositions) {
+#pragma omp parallel if (par)
+            {
+                // Output channels split in units of 16 rows (whole vectors for the short-row kernels).
+                const int tid = thread_index(), nth = thread_count(), units = (p.out_channels + 15) / 16;
+                const int o0 = std::min(p.out_channels, int(std::int64_t(units) * tid / nth) * 16);
+                const int o1 = std::min(p.out_channels, int(std::int64_t(units) * (tid + 1) / nth) * 16);
+                if (o0 < o1) conv2d_dot_part(p, w, o0, o1);
+            }
+            return;
+        }
 #pragma omp parallel if (par)
         {
             const int tid = thread_index(), nth = thread_count();

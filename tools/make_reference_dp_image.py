@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""LeRobot image Diffusion Policy references: whole select_action episodes run by LeRobot itself (pip lerobot, its
+DiffusionPolicy and pre/post-processors), for flowedge's DiffusionPolicy to match.
+
+A ResNet18 encoder is 11.2 M parameters, too big to commit, so the weights are *generated*: every floating-point
+tensor of the state dict except LeRobot's constants (SpatialSoftmax pos_grid) gets
+    value = float32(a + b * n)          (rule "lin")    or    float32(a + b * n * n)   (rule "sq")
+with n the float32 SplitMix64/Box-Muller normals 0, 1, ... of stream seed (base_seed + k), k the tensor's index in
+sorted key order (tools/splitmix_noise.py; include/flowedge/noise.hpp computes the same numbers). Committed per
+fixture (test/fixtures/<name>/): config.json, the processor json + state files, constants.safetensors (the tensors
+not generated), manifest.json (key, shape, seed, rule, a, b per generated tensor), and <name>_ref/: the episode's
+uint8 frames, states, per-chunk initial noise and LeRobot's actions, plus per-camera encoder features of frame 0.
+test/support/lerobot_fixture_folder.hpp rebuilds model.safetensors from those files.
+
+Usage: make_reference_dp_image.py [--only NAME] [--pusht DIR]
+  default: the small committed fixtures dp_image_gn and dp_image_bn (CPU, float32, TF32 off)
+  --pusht DIR: the full PushT image policy (96x96, crop 84, GroupNorm, down_dims 512/1024/2048, DDIM 10) written to
+               DIR (not committed) with a 3-chunk reference episode and LeRobot's select_action timing (1 and 2 threads).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
+from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
+from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
+from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix_normals(seed: int, count: int) -> np.ndarray:
+    """Normals 0..count-1 of the SplitMix64 stream `seed` (docs/models.md#box-muller), vectorised, float32."""
+    pairs = (count + 1) // 2
+    n = np.arange(2 * pairs, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + (n + np.uint64(1)) * GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = ((z >> np.uint64(40)).astype(np.float64) + 1.0) / 16777217.0
+    u1, u2 = u[0::2], u[1::2]
+    r = np.sqrt(-2.0 * np.log(u1))
+    th = 2.0 * math.pi * u2
+    out = np.empty(2 * pairs, dtype=np.float64)
+    out[0::2] = r * np.cos(th)
+    out[1::2] = r * np.sin(th)
+    return out[:count].astype(np.float32)
+
+
+def rule_for(key: str, shape: tuple) -> tuple[str, float, float]:
+    """(rule, a, b): weights ~ N(0, 1/fan_in), norm gains ~ 1 + 0.1 N, biases / BN means ~ 0.1 N, BN vars 0.5 + 0.5 N^2."""
+    if key.endswith("running_var"):
+        return "sq", 0.5, 0.5
+    if key.endswith("running_mean"):
+        return "lin", 0.0, 0.1
+    if len(shape) >= 2:
+        fan_in = int(np.prod(shape[1:]))
+        return "lin", 0.0, 1.0 / math.sqrt(fan_in)
+    if key.endswith(".weight"):  # GroupNorm / BatchNorm gain
+        return "lin", 1.0, 0.1
+    return "lin", 0.0, 0.1
+
+
+def generate(rule: str, a: float, b: float, seed: int, shape: tuple) -> np.ndarray:
+    n = splitmix_normals(seed, int(np.prod(shape))).astype(np.float64)
+    v = a + b * (n * n if rule == "sq" else n)
+    return v.astype(np.float32).reshape(shape)
+
+
+def fill_weights(policy: DiffusionPolicy, base_seed: int) -> tuple[list, dict]:
+    """Overwrites the policy's state dict with generated values; returns the manifest and the constant tensors."""
+    sd = policy.state_dict()
+    manifest, constants, new_sd = [], {}, {}
+    for k, key in enumerate(sorted(sd)):
+        t = sd[key]
+        if not t.is_floating_point() or key.endswith("pos_grid"):
+            constants[key] = t.detach().cpu().numpy()
+            new_sd[key] = t
+            continue
+        shape = tuple(t.shape)
+        rule, a, b = rule_for(key, shape)
+        v = generate(rule, a, b, base_seed + k, shape)
+        manifest.append({"key": key, "shape": list(shape), "seed": base_seed + k, "rule": rule, "a": a, "b": b,
+                         "sum": float(v.astype(np.float64).sum()), "first": [float(x) for x in v.reshape(-1)[:4]]})
+        new_sd[key] = torch.from_numpy(v)
+    policy.load_state_dict(new_sd)
+    return manifest, constants
+
+
+def configs():
+    """The committed fixtures: small images so the C++ parity test stays cheap under ASan."""
+    gn = DiffusionConfig(
+        input_features={
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 40, 48)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        n_obs_steps=2, horizon=16, n_action_steps=8, crop_shape=(32, 40), crop_is_random=True,
+        pretrained_backbone_weights=None, use_group_norm=True, spatial_softmax_num_keypoints=32,
+        down_dims=(32, 64, 128), kernel_size=5, n_groups=8, diffusion_step_embed_dim=32,
+        noise_scheduler_type="DDIM", num_train_timesteps=100, num_inference_steps=10, device="cpu", push_to_hub=False,
+    )
+    gn_stats = {
+        "observation.image": {"mean": torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1),
+                              "std": torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)},
+        "observation.state": {"min": torch.tensor([13.456, 32.938]), "max": torch.tensor([496.146, 510.958])},
+        "action": {"min": torch.tensor([12.0, 25.0]), "max": torch.tensor([511.0, 497.0])},
+    }
+    bn = DiffusionConfig(
+        input_features={
+            "observation.images.top": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 36, 44)),
+            "observation.images.wrist": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 36, 44)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(3,)),
+            "observation.environment_state": PolicyFeature(type=FeatureType.ENV, shape=(5,)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(4,))},
+        n_obs_steps=2, horizon=16, n_action_steps=8, resize_shape=(30, 38), crop_ratio=1.0, crop_shape=None,
+        pretrained_backbone_weights=None, use_group_norm=False, use_separate_rgb_encoder_per_camera=True,
+        spatial_softmax_num_keypoints=16, down_dims=(32, 64, 128), kernel_size=5, n_groups=8,
+        diffusion_step_embed_dim=32, noise_scheduler_type="DDIM", num_train_timesteps=100, num_inference_steps=10,
+        device="cpu", push_to_hub=False,
+    )
+    bn_stats = {
+        "observation.images.top": {"mean": torch.tensor([0.5, 0.45, 0.4]).view(3, 1, 1),
+                                   "std": torch.tensor([0.25, 0.2, 0.22]).view(3, 1, 1)},
+        "observation.images.wrist": {"mean": torch.tensor([0.4, 0.5, 0.45]).view(3, 1, 1),
+                                     "std": torch.tensor([0.2, 0.27, 0.24]).view(3, 1, 1)},
+        "observation.state": {"min": torch.tensor([-1.0, 0.0, 2.0]), "max": torch.tensor([1.0, 5.0, 2.5])},
+        "observation.environment_state": {"min": torch.tensor([-3.0, -1.0, 0.0, 0.0, 4.0]),
+                                          "max": torch.tensor([3.0, 1.0, 1.0, 6.2831855, 9.0])},
+        "action": {"min": torch.tensor([-0.5, -1.0, 0.0, 10.0]), "max": torch.tensor([0.5, 1.0, 3.0, 20.0])},
+    }
+    return {"dp_image_gn": (gn, gn_stats, 1000), "dp_image_bn": (bn, bn_stats, 5000)}
+
+
+def pusht_config():
+    cfg = DiffusionConfig(
+        input_features={
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        crop_shape=(84, 84), pretrained_backbone_weights=None, use_group_norm=True,
+        noise_scheduler_type="DDIM", num_inference_steps=10, device="cpu", push_to_hub=False,
+    )
+    return cfg, configs()["dp_image_gn"][1], 9000
+
+
+def episode_inputs(cfg: DiffusionConfig, T: int, seed: int) -> dict:
+    """Deterministic observations: uint8 frames [T, H, W, 3] per camera (smooth pattern + noise), states [T, d]."""
+    rng = np.random.default_rng(seed)
+    obs = {}
+    for key, f in cfg.input_features.items():
+        if f.type == FeatureType.VISUAL:
+            _, h, w = f.shape
+            yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+            frames = []
+            for t in range(T):
+                base = 128 + 60 * np.sin(0.3 * xx[..., None] + 0.2 * yy[..., None] + 0.5 * t + np.arange(3))
+                frames.append(np.clip(base + rng.normal(0, 25, size=(h, w, 3)), 0, 255).astype(np.uint8))
+            obs[key] = np.stack(frames)
+        elif f.type in (FeatureType.STATE, FeatureType.ENV):
+            obs[key] = rng.uniform(-2, 12, size=(T, f.shape[0])).astype(np.float32)
+    return obs
+
+
+def lerobot_frame(frame_hwc: np.ndarray) -> torch.Tensor:
+    """lerobot-eval's preprocess_observation for one frame: uint8 HWC -> float32 CHW / 255 (batch dim added later)."""
+    return torch.from_numpy(frame_hwc).permute(2, 0, 1).contiguous().type(torch.float32) / 255
+
+
+def run_episode(policy, pre, post, cfg, obs: dict, noise: np.ndarray, times: list | None = None) -> np.ndarray:
+    """reset() then select_action per step with the k-th chunk's initial noise; returns un-normalised actions [T, A]."""
+    policy.reset()
+    T = next(iter(obs.values())).shape[0]
+    out, k = [], 0
+    for t in range(T):
+        batch = {}
+        for key, f in cfg.input_features.items():
+            batch[key] = lerobot_frame(obs[key][t]) if f.type == FeatureType.VISUAL else torch.from_numpy(obs[key][t])
+        t0 = time.perf_counter()
+        batch = pre(batch)
+        chunk_due = len(policy._queues["action"]) == 0
+        nz = torch.from_numpy(noise[k][None]) if chunk_due else None
+        with torch.no_grad():
+            a = policy.select_action(batch, noise=nz)
+        a = post(a)
+        if times is not None:
+            times.append(time.perf_counter() - t0)
+        k += int(chunk_due)
+        out.append(a.reshape(-1).numpy().astype(np.float32))
+    return np.stack(out)
+
+
+def encoder_features(policy, pre, cfg, obs: dict) -> dict:
+    """Per camera: LeRobot's rgb_encoder on the normalised frame 0 -> [feature_dim]."""
+    feats = {}
+    cams = [k for k, f in cfg.input_features.items() if f.type == FeatureType.VISUAL]
+    batch = {k: (lerobot_frame(obs[k][0]) if cfg.input_features[k].type == FeatureType.VISUAL else torch.from_numpy(obs[k][0]))
+             for k in cfg.input_features}
+    batch = pre(batch)
+    enc = policy.diffusion.rgb_encoder
+    with torch.no_grad():
+        for i, key in enumerate(cams):
+            e = enc[i] if isinstance(enc, torch.nn.ModuleList) else enc
+            feats[key] = e(batch[key]).reshape(-1).numpy().astype(np.float32)
+    return feats
+
+
+def build(name: str, cfg, stats, base_seed: int, out: str, ref: str, T: int, n_chunks_noise: int, timing: bool = False) -> None:
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(ref, exist_ok=True)
+    policy = DiffusionPolicy(cfg)
+    manifest, constants = fill_weights(policy, base_seed)
+    policy.eval()
+    pre, post = make_diffusion_pre_post_processors(cfg, dataset_stats=stats)
+    policy.save_pretrained(out)
+    pre.save_pretrained(out)
+    post.save_pretrained(out)
+    json.dump({"name": name, "base_seed": base_seed, "lerobot": __import__("lerobot").__version__ if hasattr(__import__("lerobot"), "__version__") else "0.4.4",
+               "generated": manifest}, open(os.path.join(out, "manifest.json"), "w"), indent=1)
+    save_file({k: np.ascontiguousarray(v) for k, v in constants.items()}, os.path.join(out, "constants.safetensors"))
+    obs = episode_inputs(cfg, T, base_seed + 1)
+    A = cfg.output_features["action"].shape[0]
+    noise = np.stack([splitmix_normals(base_seed + 100 + k, cfg.horizon * A).reshape(cfg.horizon, A) for k in range(n_chunks_noise)])
+    actions = run_episode(policy, pre, post, cfg, obs, noise)
+    for key, v in obs.items():
+        np.save(os.path.join(ref, key + ".npy"), v)
+    np.save(os.path.join(ref, "noise.npy"), noise)
+    np.save(os.path.join(ref, "actions.npy"), actions)
+    for key, f in encoder_features(policy, pre, cfg, obs).items():
+        np.save(os.path.join(ref, "features." + key + ".npy"), f)
+    info = {"T": T, "chunks": int(math.ceil(T / cfg.n_action_steps)), "scheduler": cfg.noise_scheduler_type,
+            "steps": cfg.num_inference_steps, "torch": torch.__version__}
+    if timing:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            times: list = []
+            run_episode(policy, pre, post, cfg, obs, noise, times)
+            chunk_times = [times[i] for i in range(0, T, cfg.n_action_steps)]
+            info[f"lerobot_select_action_ms_{threads}t"] = {
+                "p50_all": 1e3 * float(np.median(times)), "p50_chunk": 1e3 * float(np.median(chunk_times)),
+                "max": 1e3 * float(np.max(times))}
+    json.dump(info, open(os.path.join(ref, "info.json"), "w"), indent=1)
+    print(name, json.dumps(info), "actions[0:3]", actions[:3].tolist())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--pusht", default=None, metavar="DIR")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    if args.pusht:
+        cfg, stats, seed = pusht_config()
+        build("dp_pusht_image", cfg, stats, seed, args.pusht, args.pusht.rstrip("/") + "_ref", T=24, n_chunks_noise=3, timing=True)
+        return 0
+    for name, (cfg, stats, seed) in configs().items():
+        if args.only and name != args.only:
+            continue
+        out = os.path.join(REPO, "test", "fixtures", name)
+        build(name, cfg, stats, seed, out, out + "_ref", T=20, n_chunks_noise=3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
