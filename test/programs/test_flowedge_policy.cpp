@@ -2,7 +2,9 @@
 // as OBS.npz goes through the program; the chunk generated at step n_action_steps matches LeRobot's own
 // observation path (dp_small_ref/obs_*, docs/numerics.md#whole-head-tolerances), the defaults (checkpoint
 // scheduler and steps, seeded noise) give exactly what DiffusionPolicy<Cpu> gives in process, and every bad input
-// is an error naming the key and the expected shape. On a two-camera folder built from it (image_policy_folder.hpp):
+// is an error naming the key and the expected shape. LeRobot's own image episodes (dp_image_gn: one camera, GroupNorm,
+// crop; dp_image_bn: two cameras, BatchNorm, resize, environment state) go through the program from their recorded
+// arrays and chunk noise within the whole-episode bound. On a two-camera folder built from it (image_policy_folder.hpp):
 // uint8 HWC and float CHW frames give exactly the in-process actions. pusht_policy (the copyable example) runs on both.
 #include <doctest/doctest.h>
 
@@ -22,6 +24,7 @@
 #include "flowedge/io/npy.hpp"
 #include "flowedge/io/npz.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "../support/lerobot_fixture_folder.hpp"
 #include "image_policy_folder.hpp"
 
 using namespace flowedge;
@@ -239,6 +242,55 @@ TEST_CASE("bad inputs are errors naming the key and the expected shape") {
         r = run(FLOWEDGE_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\" --obs " + tmp("ok.npz").string() + out);
         CHECK(r.rc == 1);
         CHECK(has(r, "flowedge: flowedge-policy: " + tmp("no_such_folder").string() + ": no such folder"));
+    }
+}
+
+TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler and steps, recorded chunk noise)") {
+    // The reference folders hold the episode as flowedge-policy reads it: one .npy per feature key, noise.npy
+    // [chunks, horizon, action_dim], actions.npy [T, action_dim] from LeRobot's select_action (tools/make_reference_dp_image.py).
+    for (const std::string name : {"dp_image_gn", "dp_image_bn"}) {
+        CAPTURE(name);
+        const fs::path folder = testsupport::rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, tmp(name));
+        const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
+        auto policy = DiffusionPolicy<Cpu>::load(folder);
+        io::NpzWriter w;
+        for (const auto& cam : policy.cameras()) {
+            const io::NpyArrayU8 f = io::read_npy_u8(ref / (cam.key + ".npy"));
+            if (cam.key != "observation.images.wrist") {
+                w.add_u8(cam.key, f.shape, f.data);
+                continue;
+            }
+            // The wrist camera as float [T, 3, H, W] in [0, 1]: the program must hand it over as F32Chw.
+            const std::int64_t T = f.shape[0], H = f.shape[1], W = f.shape[2];
+            std::vector<float> chw(f.data.size());
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t c = 0; c < 3; ++c)
+                    for (std::int64_t i = 0; i < H * W; ++i)
+                        chw[std::size_t((t * 3 + c) * H * W + i)] = float(f.data[std::size_t((t * H * W + i) * 3 + c)]) / 255.f;
+            w.add_f32(cam.key, std::vector<std::int64_t>{T, 3, H, W}, chw);
+        }
+        for (const std::string& key : {policy.state_key(), policy.env_key()})
+            if (!key.empty()) {
+                const io::NpyArrayF32 a = io::read_npy_f32(ref / (key + ".npy"));
+                w.add_f32(key, a.shape, a.data);
+            }
+        w.write(tmp(name + "_obs.npz"));
+        const RunResult r = run(FLOWEDGE_POLICY_EXE, "\"" + folder.string() + "\" --obs " + tmp(name + "_obs.npz").string() + " --out " +
+                                                         tmp(name + "_actions.npy").string() + " --noise " + (ref / "noise.npy").string());
+        REQUIRE_MESSAGE(r.rc == 0, r.output);
+        CHECK(has(r, "ddim 10 steps, T=20 observations"));  // the checkpoints' noise_scheduler_type / num_inference_steps
+        CHECK(has(r, "chunks generated: 3 (--noise noise)"));
+        const io::NpyArrayF32 got = io::read_npy_f32(tmp(name + "_actions.npy"));
+        const io::NpyArrayF32 want = io::read_npy_f32(ref / "actions.npy");
+        REQUIRE(got.shape == want.shape);
+        const auto& mn = policy.head().action_min();
+        const auto& mx = policy.head().action_max();
+        const std::size_t A = std::size_t(policy.action_dim());
+        double worst = 0;
+        for (std::size_t i = 0; i < got.data.size(); ++i)
+            worst = std::max(worst, std::fabs(double(got.data[i]) - want.data[i]) / ((double(mx[i % A]) - mn[i % A]) / 2));
+        MESSAGE(name << ": flowedge-policy vs LeRobot select_action episode, max abs " << worst << " (normalised units)");
+        CHECK(worst < 6e-4);  // issue 19 / docs/numerics.md whole-episode bound
     }
 }
 
