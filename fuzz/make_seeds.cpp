@@ -4,12 +4,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
+#include "flowedge/io/npz.hpp"
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/mamba.hpp"
@@ -116,6 +119,32 @@ std::string header_only(const std::string& json) {
     const std::uint64_t n = json.size();
     for (int i = 0; i < 8; ++i) s[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
     return s + json;
+}
+/// Rewrites a stored .npz image (as NpzWriter makes it) with a zip64 end record and locator, the classic end
+/// record's counts and offsets saturated.
+std::vector<std::byte> with_zip64_end(std::vector<std::byte> b) {
+    auto get = [&](std::size_t at, int n) {
+        std::uint64_t v = 0;
+        for (int k = 0; k < n; ++k) v |= std::uint64_t(std::to_integer<unsigned>(b[at + std::size_t(k)])) << (8 * k);
+        return v;
+    };
+    auto put = [&](std::uint64_t v, int n) {
+        for (int k = 0; k < n; ++k) b.push_back(std::byte((v >> (8 * k)) & 0xFFu));
+    };
+    const std::size_t eocd = b.size() - 22;
+    const std::uint64_t n = get(eocd + 10, 2), cd_size = get(eocd + 12, 4), cd_off = get(eocd + 16, 4);
+    b.resize(eocd);
+    const std::uint64_t rec = b.size();
+    for (auto [v, w] : {std::pair<std::uint64_t, int>{0x06064b50u, 4}, {44, 8}, {45, 2}, {45, 2}, {0, 4}, {0, 4}, {n, 8}, {n, 8},
+                        {cd_size, 8}, {cd_off, 8}, {0x07064b50u, 4}, {0, 4}, {rec, 8}, {1, 4}, {0x06054b50u, 4}, {0, 4},
+                        {0xFFFFu, 2}, {0xFFFFu, 2}, {0xFFFFFFFFu, 4}, {0xFFFFFFFFu, 4}, {0, 2}})
+        put(v, w);
+    return b;
+}
+
+std::string file_text(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 }  // namespace
 
@@ -239,6 +268,32 @@ int main(int argc, char** argv) {
         std::vector<float> big(64, 3.0e38f);
         write(d / "payload_huge_values", std::string(1, '\1') + std::string(reinterpret_cast<const char*>(big.data()), big.size() * 4));
         write(d / "bad_magic", std::string(1, '\0') + "NOTMAMBA" + std::string(72, '\0'));
+    }
+    // --- npz: archives as np.savez / np.savez_compressed / a write-only stream make them, and damaged ones ---
+    {
+        const fs::path d = out / "npz";
+        io::NpzWriter w;
+        const auto a = values(6, 3, 1.f);
+        const std::vector<std::uint8_t> img = {0, 1, 2, 3, 250, 251, 252, 253, 254, 255, 128, 64};
+        const std::vector<std::int32_t> ids = {-1, 2};
+        w.add_f32("observation.state", std::vector<std::int64_t>{2, 3}, a);
+        w.add_u8("observation.image", std::vector<std::int64_t>{1, 2, 2, 3}, img);
+        w.add_i32("ids", std::vector<std::int64_t>{2}, ids);
+        const std::vector<std::byte> good = w.bytes();
+        write(d / "valid_three", str(good));
+        write(d / "valid_zip64_end", str(with_zip64_end(good)));
+        for (const char* f : {"obs_stored", "obs_deflate", "obs_stream"})
+            write(d / (std::string("numpy_") + f), file_text(fs::path(FLOWEDGE_FIXTURES_DIR) / "io" / (std::string(f) + ".npz")));
+        std::vector<std::byte> bad_crc = good;
+        bad_crc[30 + 21 + 130] ^= std::byte{0x10};  // a value of observation.state (after its local header and .npy header)
+        write(d / "bad_crc", str(bad_crc));
+        write(d / "truncated", str(std::vector<std::byte>(good.begin(), good.begin() + std::ptrdiff_t(good.size() / 2))));
+        io::NpzWriter other;
+        const std::string f8 = "\x93NUMPY\x01\x00\x3f\x00{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }     \n" +
+                               std::string(8, '\0');
+        other.add({"f64", std::vector<std::byte>(reinterpret_cast<const std::byte*>(f8.data()),
+                                                 reinterpret_cast<const std::byte*>(f8.data()) + f8.size())});
+        write(d / "valid_f64_member", str(other.bytes()));
     }
     std::printf("seeds written under %s\n", out.c_str());
     return 0;

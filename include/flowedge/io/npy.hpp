@@ -1,5 +1,6 @@
-// Minimal .npy (NumPy array file, format v1/v2/v3) reader/writer for float32 and int32, little-endian C order:
-// the interchange format of the programs' --cond/--noise/--out flags and of the reference fixtures.
+// Minimal .npy (NumPy array file, format v1/v2/v3) reader/writer for float32, int32 and uint8 (camera frames),
+// little-endian C order: the interchange format of the programs' --cond/--noise/--obs/--out flags and of the
+// reference fixtures.
 // (No maintained .npy C++ library is packaged for Debian; the format is small and fully tested in test/io.)
 #pragma once
 #include <bit>
@@ -36,12 +37,14 @@ struct NpyArray {
 };
 using NpyArrayF32 = NpyArray<float>;
 using NpyArrayI32 = NpyArray<std::int32_t>;
+using NpyArrayU8 = NpyArray<std::uint8_t>;
 
 namespace detail {
 
 template <class T> constexpr std::string_view npy_descr();
 template <> constexpr std::string_view npy_descr<float>() { return "<f4"; }
 template <> constexpr std::string_view npy_descr<std::int32_t>() { return "<i4"; }
+template <> constexpr std::string_view npy_descr<std::uint8_t>() { return "|u1"; }
 
 /// numpy's name for a dtype descr ("<f8" -> "float64", "|u1" -> "uint8"); the descr itself when it has none here.
 inline std::string npy_type_name(std::string_view descr) {
@@ -105,7 +108,7 @@ inline NpyHeader parse_npy_header(std::string_view h, const std::string& where) 
         if (key == "descr") {
             if (seen_descr) npy_fail(where, "header repeats key 'descr'");
             seen_descr = true;
-            if (i < h.size() && h[i] == '[') npy_fail(where, "structured dtypes are not supported (expected '<f4' or '<i4')", ErrorKind::Unsupported);
+            if (i < h.size() && h[i] == '[') npy_fail(where, "structured dtypes are not supported (expected '<f4', '<i4' or '|u1')", ErrorKind::Unsupported);
             out.descr = string_lit();
         } else if (key == "fortran_order") {
             if (seen_fortran) npy_fail(where, "header repeats key 'fortran_order'");
@@ -153,9 +156,14 @@ inline NpyHeader parse_npy_header(std::string_view h, const std::string& where) 
     return out;
 }
 
-/// Validates a whole .npy image and copies its elements as T.
-template <class T>
-NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
+/// A .npy image's validated preamble: its header dict and where the element bytes start.
+struct NpyLayout {
+    NpyHeader header;
+    std::size_t data_start = 0;
+};
+
+/// Validates magic, version and header of a .npy image (not the dtype or the data size).
+inline NpyLayout parse_npy_layout(std::span<const std::byte> b, const std::string& where) {
     auto u8 = [&](std::size_t k) { return std::to_integer<unsigned>(b[k]); };
     static constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
     if (b.size() < 10) npy_fail(where, "file is truncated" + expected_got("at least 10 bytes", std::to_string(b.size()) + " bytes"));
@@ -180,17 +188,26 @@ NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
     if (header_len > b.size() - start)
         npy_fail(where, "header runs past the end of the file" +
                             expected_got("<= " + std::to_string(b.size() - start) + " bytes", std::to_string(header_len) + " bytes"));
-    const NpyHeader hdr = parse_npy_header(
-        std::string_view(reinterpret_cast<const char*>(b.data() + start), header_len), where);
+    return {parse_npy_header(std::string_view(reinterpret_cast<const char*>(b.data() + start), header_len), where),
+            start + header_len};
+}
+
+/// Validates a whole .npy image and copies its elements as T.
+template <class T>
+NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
+    const NpyLayout layout = parse_npy_layout(b, where);
+    const NpyHeader& hdr = layout.header;
     const std::string_view want = npy_descr<T>();
     if (hdr.descr != want) {
         const bool same_kind = hdr.descr.size() == 3 && hdr.descr.substr(1) == want.substr(1);
+        // One-byte elements have no byte order: numpy writes '|u1', but '<u1', '>u1' and '=u1' are the same array.
+        const bool one_byte_any_order = same_kind && sizeof(T) == 1 && std::string_view("<>=").find(hdr.descr[0]) != std::string_view::npos;
         // The fix is one numpy call; name it with numpy's dtype names, as the caller would type it.
         const std::string want_name = npy_type_name(want);
-        if (same_kind && hdr.descr[0] == '>')
+        if (same_kind && hdr.descr[0] == '>' && !one_byte_any_order)
             npy_fail(where, "big-endian dtype '" + hdr.descr + "' is not supported" + expected_got(std::string(want), hdr.descr) +
                                 ": convert with arr.astype('" + std::string(want) + "')", ErrorKind::Unsupported);
-        if (!(same_kind && hdr.descr[0] == '='))  // '=' is native order, i.e. little-endian here
+        if (!(same_kind && hdr.descr[0] == '=') && !one_byte_any_order)  // '=' is native order, i.e. little-endian here
             npy_fail(where, "expected " + want_name + " .npy, got " + npy_type_name(hdr.descr) + " ('" + hdr.descr +
                                 "'): convert with arr.astype(np." + want_name + ")", ErrorKind::Unsupported);
     }
@@ -200,7 +217,7 @@ NpyArray<T> parse_npy(std::span<const std::byte> b, const std::string& where) {
         if (__builtin_mul_overflow(n, std::uint64_t(d), &n)) npy_fail(where, "shape element count overflows");
     std::uint64_t want_bytes = 0;
     if (__builtin_mul_overflow(n, std::uint64_t(sizeof(T)), &want_bytes)) npy_fail(where, "shape byte size overflows");
-    const std::size_t data_start = start + header_len;
+    const std::size_t data_start = layout.data_start;
     const std::size_t have = b.size() - data_start;
     if (have != want_bytes)
         npy_fail(where, std::string(have < want_bytes ? "data is truncated" : "file has trailing bytes") +
@@ -290,12 +307,17 @@ void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> 
 inline NpyArray<float> read_npy_f32(const std::filesystem::path& p) { return detail::read_npy<float>(p); }
 /// Reads an int32 ('<i4', C order) .npy file; any other dtype, big-endian or Fortran order is an Error.
 inline NpyArray<std::int32_t> read_npy_i32(const std::filesystem::path& p) { return detail::read_npy<std::int32_t>(p); }
+/// Reads a uint8 ('|u1', C order) .npy file (camera frames); any other dtype or Fortran order is an Error.
+inline NpyArray<std::uint8_t> read_npy_u8(const std::filesystem::path& p) { return detail::read_npy<std::uint8_t>(p); }
 /// Parses an in-memory .npy image (tests, embedded data); `name` is used in error messages.
 inline NpyArray<float> parse_npy_f32(std::span<const std::byte> bytes, const std::string& name = "<memory>") {
     return detail::parse_npy<float>(bytes, name);
 }
 inline NpyArray<std::int32_t> parse_npy_i32(std::span<const std::byte> bytes, const std::string& name = "<memory>") {
     return detail::parse_npy<std::int32_t>(bytes, name);
+}
+inline NpyArray<std::uint8_t> parse_npy_u8(std::span<const std::byte> bytes, const std::string& name = "<memory>") {
+    return detail::parse_npy<std::uint8_t>(bytes, name);
 }
 /// Writes `values` (row-major, numel(shape) of them) as a '<f4' .npy v1.0 file.
 inline void write_npy_f32(const std::filesystem::path& p, std::span<const std::int64_t> shape, std::span<const float> v) {
@@ -305,12 +327,19 @@ inline void write_npy_f32(const std::filesystem::path& p, std::span<const std::i
 inline void write_npy_i32(const std::filesystem::path& p, std::span<const std::int64_t> shape, std::span<const std::int32_t> v) {
     detail::write_npy<std::int32_t>(p, shape, v);
 }
+/// Writes `values` (row-major, numel(shape) of them) as a '|u1' .npy v1.0 file.
+inline void write_npy_u8(const std::filesystem::path& p, std::span<const std::int64_t> shape, std::span<const std::uint8_t> v) {
+    detail::write_npy<std::uint8_t>(p, shape, v);
+}
 /// In-memory .npy images (same bytes the writers put in a file).
 inline std::vector<std::byte> npy_bytes_f32(std::span<const std::int64_t> shape, std::span<const float> v) {
     return detail::npy_bytes<float>(shape, v, "<memory>");
 }
 inline std::vector<std::byte> npy_bytes_i32(std::span<const std::int64_t> shape, std::span<const std::int32_t> v) {
     return detail::npy_bytes<std::int32_t>(shape, v, "<memory>");
+}
+inline std::vector<std::byte> npy_bytes_u8(std::span<const std::int64_t> shape, std::span<const std::uint8_t> v) {
+    return detail::npy_bytes<std::uint8_t>(shape, v, "<memory>");
 }
 
 }  // namespace flowedge::io
