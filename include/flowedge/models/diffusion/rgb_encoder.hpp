@@ -227,13 +227,6 @@ public:
     }
 
     /// Number of parameters as in PyTorch (running statistics and pos_grid are buffers, not counted).
-    /// Bytes held on B: every bound parameter (as stored: folded BatchNorm convs, 16-bit copies) and the statistics.
-    std::size_t device_bytes() {
-        std::size_t n = m_offset.bytes() + m_denom.bytes();
-        visit_parameters([&](const std::string&, Parameter<B>& p, const Shape&, Storage) { n += p.loaded() ? p.bytes() : 0; });
-        return n;
-    }
-
     std::int64_t n_parameters() const {
         return m_backbone.n_parameters() + m_keypoint_conv.n_parameters() + m_out.n_parameters();
     }
