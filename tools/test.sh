@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The one test command: configure, build and run the whole CPU test suite (C++ doctest, C test, consumers) under
-# AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer (the `asan` configure preset: -O1 -g1, assertions on).
+# AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer (the `asan` configure preset: -Og -g1, assertions on).
+# -Og, not -O1: every test TU compiles the CPU kernels of all three instruction sets under both sanitizers, and the
+# -O1 passes over that instrumented code are most of the build; -Og keeps the kernels inlined, so the tests stay fast
+# (-O0 would compile cheaper still but runs the op tests for minutes). Measured: bench/results/ci_build_cost.md.
 # The optimised build of the same suite: cmake --workflow --preset test-release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
