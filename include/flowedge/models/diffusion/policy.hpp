@@ -226,41 +226,59 @@ private:
     /// otherwise come back as a silent NaN action or poison the queue).
     void check_observation(const PolicyObservation& obs, std::span<float> action, std::span<const float> noise) const {
         const DiffusionConfig& c = m_head.config();
-        // Messages are built only on failure: select_action must not allocate.
+        // Messages are built only on failure (`what` is a callable): select_action must not allocate.
         const auto need = [](bool ok, ErrorKind k, auto&& what) {
             if (!ok) [[unlikely]] fail(k, "policy", what());
         };
-        need(action.size() == std::size_t(c.action_dim), ErrorKind::BadShape, [&] { return std::string("action output has the wrong size" + expected_got(c.action_dim, action.size())); });
-        need(obs.state.size() == std::size_t(m_meta.state_dim), ErrorKind::BadShape, [&] { return std::string("'" + m_meta.state_key + "' has the wrong length" + expected_got(m_meta.state_dim, obs.state.size())); });
-        for (std::size_t i = 0; i < obs.state.size(); ++i)
-            need(std::isfinite(obs.state[i]), ErrorKind::NonFinite, [&] { return std::string("'" + m_meta.state_key + "' element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(obs.state[i]))); });
+        const auto finite_all = [&](std::span<const float> v, const std::string& name) {
+            for (std::size_t i = 0; i < v.size(); ++i)
+                need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
+                    return name + " element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
+                });
+        };
+        need(action.size() == std::size_t(c.action_dim), ErrorKind::BadShape,
+             [&] { return "action output has the wrong size" + expected_got(c.action_dim, action.size()); });
+        need(obs.state.size() == std::size_t(m_meta.state_dim), ErrorKind::BadShape,
+             [&] { return "'" + m_meta.state_key + "' has the wrong length" + expected_got(m_meta.state_dim, obs.state.size()); });
+        finite_all(obs.state, "'" + m_meta.state_key + "'");
         if (m_meta.env_dim > 0) {
-            need(obs.env_state.size() == std::size_t(m_meta.env_dim), ErrorKind::BadShape, [&] { return std::string("'" + m_meta.env_key + "' has the wrong length" + expected_got(m_meta.env_dim, obs.env_state.size())); });
-            for (std::size_t i = 0; i < obs.env_state.size(); ++i)
-                need(std::isfinite(obs.env_state[i]), ErrorKind::NonFinite, [&] { return std::string("'" + m_meta.env_key + "' element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(obs.env_state[i]))); });
+            need(obs.env_state.size() == std::size_t(m_meta.env_dim), ErrorKind::BadShape,
+                 [&] { return "'" + m_meta.env_key + "' has the wrong length" + expected_got(m_meta.env_dim, obs.env_state.size()); });
+            finite_all(obs.env_state, "'" + m_meta.env_key + "'");
         } else {
-            need(obs.env_state.empty(), ErrorKind::BadShape, [&] { return std::string("an environment state was given but the policy has none" + expected_got(0, obs.env_state.size())); });
+            need(obs.env_state.empty(), ErrorKind::BadShape, [&] {
+                return "an environment state was given but the policy has none" + expected_got(0, obs.env_state.size());
+            });
         }
-        need(obs.images.size() == m_meta.cameras.size(), ErrorKind::BadShape, [&] { return std::string("wrong number of camera frames" + expected_got(m_meta.cameras.size(), obs.images.size())); });
+        need(obs.images.size() == m_meta.cameras.size(), ErrorKind::BadShape,
+             [&] { return "wrong number of camera frames" + expected_got(m_meta.cameras.size(), obs.images.size()); });
         for (std::size_t cam = 0; cam < obs.images.size(); ++cam) {
             const io::PolicyCamera& pc = m_meta.cameras[cam];
             const PolicyFrame& f = obs.images[cam];
-            need(f.data != nullptr, ErrorKind::BadInput, [&] { return std::string("'" + pc.key + "': no frame data"); });
-            need(f.layout == ImageLayout::U8Hwc || f.layout == ImageLayout::F32Chw, ErrorKind::BadInput, [&] { return std::string("'" + pc.key + "': unknown frame layout" + expected_got("uint8 HWC or float32 CHW", int(f.layout))); });
-            need(f.height == pc.height && f.width == pc.width, ErrorKind::BadShape, [&] { return std::string("'" + pc.key + "': frame has the wrong size" +
-                     expected_got(std::to_string(pc.height) + "x" + std::to_string(pc.width),
-                                  std::to_string(f.height) + "x" + std::to_string(f.width))); });
+            need(f.data != nullptr, ErrorKind::BadInput, [&] { return "'" + pc.key + "': no frame data"; });
+            need(f.layout == ImageLayout::U8Hwc || f.layout == ImageLayout::F32Chw, ErrorKind::BadInput, [&] {
+                return "'" + pc.key + "': unknown frame layout" + expected_got("uint8 HWC or float32 CHW", int(f.layout));
+            });
+            need(f.height == pc.height && f.width == pc.width, ErrorKind::BadShape, [&] {
+                return "'" + pc.key + "': frame has the wrong size" +
+                       expected_got(std::to_string(pc.height) + "x" + std::to_string(pc.width),
+                                    std::to_string(f.height) + "x" + std::to_string(f.width));
+            });
             if (f.layout == ImageLayout::F32Chw) {
                 const float* v = static_cast<const float*>(f.data);
                 const std::size_t n = std::size_t(pc.channels) * pc.height * pc.width;
                 for (std::size_t i = 0; i < n; ++i)
-                    need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] { return std::string("'" + pc.key + "': pixel value " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]))); });
+                    need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
+                        return "'" + pc.key + "': pixel value " + std::to_string(i) + " is not finite" +
+                               expected_got("finite", std::to_string(v[i]));
+                    });
             }
         }
         if (!noise.empty()) {
-            need(noise.size() == m_noise_host.size(), ErrorKind::BadShape, [&] { return std::string("noise has the wrong size" + expected_got("[horizon, action_dim] = " + std::to_string(m_noise_host.size()), noise.size())); });
-            for (std::size_t i = 0; i < noise.size(); ++i)
-                need(std::isfinite(noise[i]), ErrorKind::NonFinite, [&] { return std::string("noise element " + std::to_string(i) + " is not finite"); });
+            need(noise.size() == m_noise_host.size(), ErrorKind::BadShape, [&] {
+                return "noise has the wrong size" + expected_got("[horizon, action_dim] = " + std::to_string(m_noise_host.size()), noise.size());
+            });
+            finite_all(noise, "noise");
         }
     }
 
