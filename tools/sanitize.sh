@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the whole CPU test suite with AddressSanitizer + UndefinedBehaviorSanitizer (the "asan" preset:
-# -DFLOWEDGE_SANITIZE=ON, -O1 -g1, LeakSanitizer on; the consumer projects excluded, tools/test.sh runs them too) and
+# -DFLOWEDGE_SANITIZE=ON, -Og -g1, LeakSanitizer on; the consumer projects excluded, tools/test.sh runs them too) and
 # runs it, or a subset of targets/tests; with --tsan instead builds the
 # reliability concurrency test with ThreadSanitizer (OpenMP off: libgomp is not TSan-instrumented).
 # Usage: tools/sanitize.sh [--tsan] [ctest -R regex]
