@@ -237,8 +237,11 @@ int main(int argc, char** argv) {
                 if (policy.env_dim() > 0)
                     obs.env_state = std::span<const float>(ep.env.data).subspan(std::size_t(t) * policy.env_dim(), policy.env_dim());
                 obs.images = frames;
+                // The action queue runs empty at steps 0, n, 2n, ...: only those calls generate a chunk and take noise.
                 std::span<const float> chunk_noise;
-                if (noise) chunk_noise = std::span<const float>(noise->data).subspan(std::size_t(policy.chunks_generated()) * per_chunk, per_chunk);
+                const bool generates = t % c.n_action_steps == 0;
+                if (noise && generates)
+                    chunk_noise = std::span<const float>(noise->data).subspan(std::size_t(t / c.n_action_steps) * per_chunk, per_chunk);
                 const auto t0 = std::chrono::steady_clock::now();
                 try {
                     policy.select_action(obs, std::span<float>(actions).subspan(std::size_t(t) * A, A), chunk_noise);
@@ -247,6 +250,9 @@ int main(int argc, char** argv) {
                     throw;
                 }
                 ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                if (policy.chunks_generated() != t / c.n_action_steps + 1)
+                    fail(ErrorKind::Internal, kProgram, "chunk count out of step with the action queue at step " + std::to_string(t) +
+                                                            expected_got(t / c.n_action_steps + 1, policy.chunks_generated()));
             }
             const std::int64_t shape[2] = {T, c.action_dim};
             io::write_npy_f32(out_path, shape, actions);
