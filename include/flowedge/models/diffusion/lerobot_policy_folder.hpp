@@ -5,9 +5,12 @@
 #pragma once
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -138,20 +141,31 @@ inline std::vector<int> feature_shape(const nlohmann::json& f, const std::string
 
 }  // namespace detail
 
-/// Opens a LeRobot DiffusionPolicy pretrained_model folder for whole-policy inference (cameras, state, processors).
-/// Unsupported or inconsistent settings are errors naming the field or key and the expected value.
-inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesystem::path& path) {
-    namespace fs = std::filesystem;
+/// A policy_preprocessor*.json already in memory: its text and the name that labels its messages (its path).
+struct LeRobotProcessorText {
+    std::string text;
+    std::string where;
+};
+/// Opens the state file a processor step names ("policy_preprocessor_step_3_normalizer_processor.safetensors");
+/// null when there is no such file.
+using LeRobotStateOpener = std::function<std::shared_ptr<const SafeTensors>(const std::string& state_file)>;
+
+/// Builds the whole-policy view from the parts of a pretrained_model folder already in memory (the folder loader
+/// and the fuzzers use it): the opened head (lerobot_diffusion_from_parts), config.json's text, the
+/// policy_preprocessor*.json texts (a later normalizer step wins) and the opener of the state files they name.
+/// `dir` labels messages. Unsupported or inconsistent settings are errors naming the field or key.
+inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheckpoint head, std::string_view config_text,
+                                                                  std::span<const LeRobotProcessorText> preprocessors,
+                                                                  const LeRobotStateOpener& open_state,
+                                                                  const std::filesystem::path& dir) {
     using namespace detail;
-    const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
     LeRobotDiffusionPolicy pol;
-    pol.head = open_lerobot_diffusion_folder(dir);
-    const fs::path cfg_path = dir / "config.json";
-    const std::string cfg_where = cfg_path.string();
+    pol.head = std::move(head);
+    const std::string cfg_where = (dir / "config.json").string();
     // ordered_json keeps input_features in file order: LeRobot stacks cameras in that order.
     const nlohmann::ordered_json oj = [&] {
         try {
-            return nlohmann::ordered_json::parse(read_text(cfg_path));
+            return nlohmann::ordered_json::parse(config_text.begin(), config_text.end());
         } catch (const nlohmann::json::exception& ex) {
             lerobot_fail(cfg_where + ": not valid JSON (" + ex.what() + ")");
         }
@@ -163,20 +177,18 @@ inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesyste
     StatsSource stats;
     nlohmann::json norm_map;
     float eps = 1e-8f;
-    for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string n = e.path().filename().string();
-        if (!(starts_with(n, "policy_preprocessor") && e.path().extension() == ".json")) continue;
-        const nlohmann::json proc = parse_lerobot_json(read_text(e.path()), e.path().string());
+    for (const LeRobotProcessorText& pre : preprocessors) {
+        const nlohmann::json proc = parse_lerobot_json(pre.text, pre.where);
         if (auto steps = proc.find("steps"); steps != proc.end() && steps->is_array())
             for (const auto& s : *steps) {
                 if (!s.is_object() || s.value("registry_name", "") != "normalizer_processor") continue;
-                const std::string where = e.path().string() + ": normalizer_processor";
+                const std::string where = pre.where + ": normalizer_processor";
                 const auto& cfg = field(s, "config", where);
                 norm_map = field(cfg, "norm_map", where + ".config");
                 if (auto it = cfg.find("eps"); it != cfg.end() && it->is_number()) eps = it->get<float>();
                 const std::string sf = string_field(s, "state_file", where);
-                if (!fs::exists(dir / sf)) lerobot_fail(where + ": state file '" + sf + "' is missing");
-                stats.file = SafeTensors::open(dir / sf);
+                stats.file = open_state(sf);
+                if (!stats.file) lerobot_fail(where + ": state file '" + sf + "' is missing");
             }
     }
     if (!stats.file) {
@@ -235,6 +247,28 @@ inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesyste
                                       pol.cameras[c].key + " " + std::to_string(pol.cameras[c].height) + "x" + std::to_string(pol.cameras[c].width)));
     if (!pol.cameras.empty()) pol.separate_encoders = bool_field(j, "use_separate_rgb_encoder_per_camera", cfg_where);
     return pol;
+}
+
+
+/// Opens a LeRobot DiffusionPolicy pretrained_model folder for whole-policy inference (cameras, state, processors).
+/// Unsupported or inconsistent settings are errors naming the field or key and the expected value.
+inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesystem::path& path) {
+    namespace fs = std::filesystem;
+    using namespace detail;
+    const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
+    DiffusionCheckpoint head = open_lerobot_diffusion_folder(dir);
+    const std::string config_text = read_text(dir / "config.json");
+    std::vector<LeRobotProcessorText> preprocessors;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (starts_with(n, "policy_preprocessor") && e.path().extension() == ".json")
+            preprocessors.push_back({read_text(e.path()), e.path().string()});
+    }
+    const LeRobotStateOpener open_state = [&](const std::string& sf) -> std::shared_ptr<const SafeTensors> {
+        if (!fs::exists(dir / sf)) return nullptr;
+        return SafeTensors::open(dir / sf);
+    };
+    return lerobot_diffusion_policy_from_parts(std::move(head), config_text, preprocessors, open_state, dir);
 }
 
 }  // namespace flowedge::io
