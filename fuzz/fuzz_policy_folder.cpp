@@ -1,6 +1,7 @@
 // libFuzzer target: the whole-policy view of a LeRobot Diffusion Policy folder from memory (config.json in file
 // order, the preprocessor's normalizer step and its statistics, or legacy normalize_inputs.* buffers), then the
 // RGB encoder settings of every camera. Any flowedge::Error is an accepted rejection; anything else is a finding.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,12 +14,13 @@
 #include "fuzz_common.hpp"
 
 namespace {
-/// An accepted feature's normalisation must be usable as NormalizeParams: `n` finite-offset, non-zero denominators.
+/// An accepted feature's normalisation must be usable as NormalizeParams: `n` finite offsets and finite, non-zero
+/// denominators.
 void check_norm(const flowedge::io::FeatureNorm& fn, std::size_t n) {
     if (fn.kind == flowedge::NormKind::Identity) return;
     if (fn.offset.size() != n || fn.denom.size() != n) __builtin_trap();
     for (std::size_t i = 0; i < n; ++i)
-        if (!(fn.denom[i] != 0.f)) __builtin_trap();
+        if (!std::isfinite(fn.offset[i]) || !std::isfinite(fn.denom[i]) || !(fn.denom[i] != 0.f)) __builtin_trap();
 }
 }  // namespace
 

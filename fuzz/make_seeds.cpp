@@ -304,6 +304,34 @@ int main(int argc, char** argv) {
         write(d / "zero_std", joined({cfg.dump(), pre, stats(gn, {{"observation.image.std", {Shape{3, 1, 1}, {0.f, 0.f, 0.f}}}}), model}));
         write(d / "std_minus_eps",
               joined({cfg.dump(), pre, stats(gn, {{"observation.image.std", {Shape{3, 1, 1}, {0.1f, -1e-8f, 0.1f}}}}), model}));
+        // eps beyond float's range (a double-to-float conversion that is undefined), and statistics whose max - min
+        // overflows to inf.
+        bad_pre = nlohmann::ordered_json::parse(pre);
+        bad_pre["steps"][3]["config"]["eps"] = 1e300;
+        write(d / "eps_out_of_range", joined({cfg.dump(), bad_pre.dump(), st, model}));
+        write(d / "range_overflows",
+              joined({cfg.dump(), pre, stats(gn, {{"observation.state.min", {Shape{2}, {-3e38f, 0.f}}}, {"observation.state.max", {Shape{2}, {3e38f, 1.f}}}}), model}));
+        // Reproducers of deep nesting (a stack overflow in nlohmann's recursive copies): 60000 levels in config.json and
+        // in the preprocessor's norm_map. The model holds only the tensors the head reader checks, plus the action range.
+        {
+            io::SafeTensorsWriter checked;
+            const auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.f); };
+            checked.add_f32("diffusion.unet.diffusion_step_encoder.1.weight", Shape{32, 8}, zeros(32 * 8));
+            checked.add_f32("diffusion.unet.down_modules.0.0.cond_encoder.1.weight", Shape{16, 8 + dc.global_cond_dim},
+                            zeros(std::size_t(16 * (8 + dc.global_cond_dim))));
+            checked.add_f32("diffusion.unet.final_conv.1.weight", Shape{2, 8, 1}, zeros(16));
+            checked.add_f32("unnormalize_outputs.buffer_action.min", Shape{2}, std::vector<float>{-1.f, -1.f});
+            checked.add_f32("unnormalize_outputs.buffer_action.max", Shape{2}, std::vector<float>{1.f, 1.f});
+            const std::string nest = std::string(60000, '[') + std::string(60000, ']');
+            const std::string deep_cfg = "{\"deep\": " + nest + ", " + cfg.dump().substr(1);
+            write(d / "deep_nesting_config", joined({deep_cfg, "", "", str(checked.bytes())}));
+            bad_pre = nlohmann::ordered_json::parse(pre);
+            bad_pre["steps"][3]["config"]["norm_map"]["deep"] = nlohmann::ordered_json::array();
+            std::string deep_pre = bad_pre.dump();
+            const std::string empty_deep = "\"deep\":[]";
+            deep_pre.replace(deep_pre.find(empty_deep), empty_deep.size(), "\"deep\":" + nest);
+            write(d / "deep_nesting_norm_map", joined({cfg.dump(), deep_pre, "", str(checked.bytes())}));
+        }
         write(d / "min_equals_max", joined({cfg.dump(), pre, stats(gn, {{"observation.state.min", {Shape{2}, {-1.f, 0.f}}}, {"observation.state.max", {Shape{2}, {-1.f, 0.f}}}}), model}));
     }
 

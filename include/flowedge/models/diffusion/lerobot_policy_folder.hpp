@@ -3,10 +3,12 @@
 // normalisation statistics of the preprocessor (0.4+ policy_preprocessor*.json + state files) or, for older
 // folders, the legacy normalize_inputs.* buffers of model.safetensors. docs/formats.md#lerobot-image-policies.
 #pragma once
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,6 +65,28 @@ inline std::string read_text(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);
     if (!in) lerobot_fail(p.string() + ": cannot be read", ErrorKind::Io);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Refuses JSON text nested deeper than `max_depth` before it is parsed: nlohmann::ordered_json copies values
+/// recursively while parsing (and dump / copies recurse too), so a deep nest would overflow the stack. LeRobot's
+/// config.json and processor files nest fewer than 10 levels.
+inline void check_json_depth(std::string_view text, const std::string& where, int max_depth = 64) {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (const char ch : text) {
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (ch == '\\') escaped = true;
+            else if (ch == '"') in_string = false;
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > max_depth)
+                lerobot_fail(where + ": JSON nested too deeply" + expected_got("at most " + std::to_string(max_depth) + " levels", "more"));
+        } else if (ch == ']' || ch == '}') {
+            --depth;
+        }
+    }
 }
 
 /// LeRobot NormalizationMode name -> NormKind; QUANTILES / QUANTILE10 are MIN_MAX over their quantile pair.
@@ -124,6 +148,10 @@ inline FeatureNorm feature_norm(const StatsSource& src, const std::string& featu
         else fn.denom[i] = (h[i] - fn.offset[i]) == 0.f ? eps : h[i] - fn.offset[i];
         if (!(fn.denom[i] != 0.f))
             lerobot_fail(where + ": normalisation of '" + feature + "' element " + std::to_string(i) + " divides by zero");
+        // Finite statistics can still overflow max - min (or std + eps) to inf, which would map every value to 0.
+        if (!std::isfinite(fn.denom[i]))
+            lerobot_fail(where + ": normalisation of '" + feature + "' element " + std::to_string(i) + " has a non-finite scale" +
+                         expected_got("finite", std::to_string(fn.denom[i])));
     }
     return fn;
 }
@@ -163,6 +191,7 @@ inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheck
     pol.head = std::move(head);
     const std::string cfg_where = (dir / "config.json").string();
     // ordered_json keeps input_features in file order: LeRobot stacks cameras in that order.
+    check_json_depth(config_text, cfg_where);
     const nlohmann::ordered_json oj = [&] {
         try {
             return nlohmann::ordered_json::parse(config_text.begin(), config_text.end());
@@ -178,6 +207,7 @@ inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheck
     nlohmann::json norm_map;
     float eps = 1e-8f;
     for (const LeRobotProcessorText& pre : preprocessors) {
+        check_json_depth(pre.text, pre.where);
         const nlohmann::json proc = parse_lerobot_json(pre.text, pre.where);
         if (auto steps = proc.find("steps"); steps != proc.end() && steps->is_array())
             for (const auto& s : *steps) {
@@ -185,7 +215,13 @@ inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheck
                 const std::string where = pre.where + ": normalizer_processor";
                 const auto& cfg = field(s, "config", where);
                 norm_map = field(cfg, "norm_map", where + ".config");
-                if (auto it = cfg.find("eps"); it != cfg.end() && it->is_number()) eps = it->get<float>();
+                if (auto it = cfg.find("eps"); it != cfg.end() && it->is_number()) {
+                    // Range-checked as a double first: converting one beyond float's range to float is undefined.
+                    const double e = it->get<double>();
+                    if (!(e >= 0.0 && e <= double(std::numeric_limits<float>::max())))
+                        lerobot_fail(where + ".config: 'eps' out of range" + expected_got("a non-negative float", it->dump()));
+                    eps = float(e);
+                }
                 const std::string sf = string_field(s, "state_file", where);
                 stats.file = open_state(sf);
                 if (!stats.file) lerobot_fail(where + ": state file '" + sf + "' is missing");
