@@ -1,5 +1,6 @@
 // Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/): small valid files built from tiny
 // configs and the fixtures, plus hand-made malformed ones. Usage: flowedge_fuzz_make_seeds <corpus dir>.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -213,6 +214,125 @@ int main(int argc, char** argv) {
         swapped.add_f32("action.max", Shape{2}, mn);
         write(d / "min_above_max", joined({cfg, kProcessor.dump(), str(model.bytes()), str(swapped.bytes())}));
         write(d / "not_json", joined({"{\"type\": diffusion", "[", "", ""}));
+    }
+
+    // --- policy_folder: config | preprocessor json | normalizer state | model (fixtures dp_image_gn / dp_image_bn
+    // with a tiny U-Net; the keypoints cut to 4 keep the model small) ---
+    {
+        const fs::path d = out / "policy_folder";
+        const fs::path fx = FLOWEDGE_FIXTURES_DIR;
+        // The fixture's config (in file order) with a tiny U-Net, and a model holding that U-Net.
+        const auto tiny_policy = [&](const std::string& name) {
+            auto cfg = nlohmann::ordered_json::parse(file_text(fx / name / "config.json"));
+            cfg["down_dims"] = {8, 16};
+            cfg["kernel_size"] = 3;
+            cfg["n_groups"] = 4;
+            cfg["diffusion_step_embed_dim"] = 8;
+            cfg["num_train_timesteps"] = 20;
+            cfg["spatial_softmax_num_keypoints"] = 4;
+            int per_step = 0;
+            for (const auto& [key, f] : cfg["input_features"].items())
+                per_step += f["type"] == "VISUAL" ? 2 * 4 : f["shape"][0].get<int>();
+            DiffusionConfig dc = tiny_config();
+            dc.n_obs_steps = cfg["n_obs_steps"].get<int>();
+            dc.horizon = cfg["horizon"].get<int>();
+            dc.n_action_steps = cfg["n_action_steps"].get<int>();
+            dc.action_dim = cfg["output_features"]["action"]["shape"][0].get<int>();
+            dc.global_cond_dim = dc.n_obs_steps * per_step;
+            return std::pair{cfg, dc};
+        };
+        const auto unet = [&](const DiffusionConfig& dc) {
+            io::SafeTensorsWriter w;
+            add_unet(w, dc, [](const std::string& n) { return "diffusion.unet." + n; }, DType::BF16);
+            return w;
+        };
+        // The fixture's normalizer state with `replace` substituted (key -> shape and values).
+        const auto stats = [&](const std::string& name, const std::vector<std::pair<std::string, std::pair<Shape, std::vector<float>>>>& replace) {
+            const auto st = io::SafeTensors::open(fx / name / "policy_preprocessor_step_3_normalizer_processor.safetensors");
+            io::SafeTensorsWriter w;
+            for (const auto& t : st->tensors()) {
+                auto r = std::find_if(replace.begin(), replace.end(), [&](const auto& kv) { return kv.first == t.name; });
+                if (r == replace.end()) w.add_f32(t.name, t.shape, st->read_f32(t.name));
+                else w.add_f32(t.name, r->second.first, r->second.second);
+            }
+            return str(w.bytes());
+        };
+        for (const std::string name : {"dp_image_gn", "dp_image_bn"}) {
+            const auto [cfg, dc] = tiny_policy(name);
+            const std::string pre = file_text(fx / name / "policy_preprocessor.json");
+            const std::string model = str(unet(dc).bytes());
+            write(d / (name + "_valid"), joined({cfg.dump(1), pre, stats(name, {}), model}));
+        }
+        const std::string gn = "dp_image_gn";
+        const auto [cfg, dc] = tiny_policy(gn);
+        const std::string pre = file_text(fx / gn / "policy_preprocessor.json");
+        const std::string model = str(unet(dc).bytes());
+        const std::string st = stats(gn, {});
+        // Legacy form: no preprocessor; normalize_inputs.* and unnormalize_outputs.* buffers in model.safetensors.
+        std::string legacy_model;
+        {
+            io::SafeTensorsWriter legacy = unet(dc);
+            const std::vector<float> mean = {0.5f, 0.4f, 0.3f}, sd = {0.2f, 0.25f, 0.3f}, mn = {-1.f, 0.f}, mx = {1.f, 512.f};
+            legacy.add_f32("normalize_inputs.buffer_observation_image.mean", Shape{3, 1, 1}, mean);
+            legacy.add_f32("normalize_inputs.buffer_observation_image.std", Shape{3, 1, 1}, sd);
+            legacy.add_f32("normalize_inputs.buffer_observation_state.min", Shape{2}, mn);
+            legacy.add_f32("normalize_inputs.buffer_observation_state.max", Shape{2}, mx);
+            legacy.add_f32("unnormalize_outputs.buffer_action.min", Shape{2}, mn);
+            legacy.add_f32("unnormalize_outputs.buffer_action.max", Shape{2}, mx);
+            legacy_model = str(legacy.bytes());
+            write(d / "legacy_buffers", joined({cfg.dump(), "", "", legacy_model}));
+        }
+        auto bad = cfg;
+        bad.erase("input_features");
+        write(d / "no_input_features", joined({bad.dump(), pre, st, model}));
+        bad = cfg;
+        bad["input_features"]["observation.image"]["shape"] = {1, 40, 48};
+        write(d / "camera_one_channel", joined({bad.dump(), pre, st, model}));
+        bad = cfg;
+        bad["crop_shape"] = {64, 40};
+        write(d / "crop_too_large", joined({bad.dump(), pre, st, model}));
+        auto bad_pre = nlohmann::ordered_json::parse(pre);
+        bad_pre["steps"][3]["config"]["norm_map"]["VISUAL"] = "MEAN_STDDEV";
+        write(d / "bad_norm_mode", joined({cfg.dump(), bad_pre.dump(), st, model}));
+        bad_pre = nlohmann::ordered_json::parse(pre);
+        bad_pre["steps"][3]["config"]["norm_map"]["STATE"] = "QUANTILES";  // the state has no q01/q99
+        write(d / "quantiles_missing", joined({cfg.dump(), bad_pre.dump(), st, model}));
+        // The preprocessor names a state file that is not there (the action range comes from the legacy buffers).
+        write(d / "state_file_missing", joined({cfg.dump(), pre, "", legacy_model}));
+        write(d / "stats_wrong_size", joined({cfg.dump(), pre, stats(gn, {{"observation.state.min", {Shape{3}, {0.f, 0.f, 0.f}}}}), model}));
+        // std 0 divides by eps (accepted); std -eps divides by zero (rejected).
+        write(d / "zero_std", joined({cfg.dump(), pre, stats(gn, {{"observation.image.std", {Shape{3, 1, 1}, {0.f, 0.f, 0.f}}}}), model}));
+        write(d / "std_minus_eps",
+              joined({cfg.dump(), pre, stats(gn, {{"observation.image.std", {Shape{3, 1, 1}, {0.1f, -1e-8f, 0.1f}}}}), model}));
+        // eps beyond float's range (a double-to-float conversion that is undefined), and statistics whose max - min
+        // overflows to inf.
+        bad_pre = nlohmann::ordered_json::parse(pre);
+        bad_pre["steps"][3]["config"]["eps"] = 1e300;
+        write(d / "eps_out_of_range", joined({cfg.dump(), bad_pre.dump(), st, model}));
+        write(d / "range_overflows",
+              joined({cfg.dump(), pre, stats(gn, {{"observation.state.min", {Shape{2}, {-3e38f, 0.f}}}, {"observation.state.max", {Shape{2}, {3e38f, 1.f}}}}), model}));
+        // Reproducers of deep nesting (a stack overflow in nlohmann's recursive copies): 60000 levels in config.json and
+        // in the preprocessor's norm_map. The model holds only the tensors the head reader checks, plus the action range.
+        {
+            io::SafeTensorsWriter checked;
+            const auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.f); };
+            checked.add_f32("diffusion.unet.diffusion_step_encoder.1.weight", Shape{32, 8}, zeros(32 * 8));
+            checked.add_f32("diffusion.unet.down_modules.0.0.cond_encoder.1.weight", Shape{16, 8 + dc.global_cond_dim},
+                            zeros(std::size_t(16 * (8 + dc.global_cond_dim))));
+            checked.add_f32("diffusion.unet.final_conv.1.weight", Shape{2, 8, 1}, zeros(16));
+            checked.add_f32("unnormalize_outputs.buffer_action.min", Shape{2}, std::vector<float>{-1.f, -1.f});
+            checked.add_f32("unnormalize_outputs.buffer_action.max", Shape{2}, std::vector<float>{1.f, 1.f});
+            const std::string nest = std::string(60000, '[') + std::string(60000, ']');
+            const std::string deep_cfg = "{\"deep\": " + nest + ", " + cfg.dump().substr(1);
+            write(d / "deep_nesting_config", joined({deep_cfg, "", "", str(checked.bytes())}));
+            bad_pre = nlohmann::ordered_json::parse(pre);
+            bad_pre["steps"][3]["config"]["norm_map"]["deep"] = nlohmann::ordered_json::array();
+            std::string deep_pre = bad_pre.dump();
+            const std::string empty_deep = "\"deep\":[]";
+            deep_pre.replace(deep_pre.find(empty_deep), empty_deep.size(), "\"deep\":" + nest);
+            write(d / "deep_nesting_norm_map", joined({cfg.dump(), deep_pre, "", str(checked.bytes())}));
+        }
+        write(d / "min_equals_max", joined({cfg.dump(), pre, stats(gn, {{"observation.state.min", {Shape{2}, {-1.f, 0.f}}}, {"observation.state.max", {Shape{2}, {-1.f, 0.f}}}}), model}));
     }
 
     // --- compact ---

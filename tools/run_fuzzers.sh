@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) in build-fuzz with clang and runs each for SECONDS (default 600),
 # at most FLOWEDGE_FUZZ_PARALLEL (default 2) at a time, niced; prints exec counts / coverage per target.
-# Usage: tools/run_fuzzers.sh [SECONDS] [target ...]   (targets: safetensors lerobot_folder compact mamba_state npz)
+# Usage: tools/run_fuzzers.sh [SECONDS] [target ...]   (targets: safetensors lerobot_folder compact mamba_state npz
+# policy_folder)
 # Exit status is non-zero when a build fails or any target reports a crash, leak, timeout or OOM.
 # New inputs go to build-fuzz/corpus/<target> (the committed seeds in fuzz/corpus/<target> are only read);
 # reproducers land in build-fuzz/artifacts/<target>/.
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-600}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors lerobot_folder compact mamba_state npz)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors lerobot_folder compact mamba_state npz policy_folder)
 parallel="${FLOWEDGE_FUZZ_PARALLEL:-2}"
 build="${FLOWEDGE_FUZZ_BUILD_DIR:-build-fuzz}"
 cxx="${CXX_FUZZ:-$(command -v clang++ || true)}"

@@ -3,11 +3,16 @@
 // normalisation statistics of the preprocessor (0.4+ policy_preprocessor*.json + state files) or, for older
 // folders, the legacy normalize_inputs.* buffers of model.safetensors. docs/formats.md#lerobot-image-policies.
 #pragma once
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,6 +65,28 @@ inline std::string read_text(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);
     if (!in) lerobot_fail(p.string() + ": cannot be read", ErrorKind::Io);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Refuses JSON text nested deeper than `max_depth` before it is parsed: nlohmann::ordered_json copies values
+/// recursively while parsing (and dump / copies recurse too), so a deep nest would overflow the stack. LeRobot's
+/// config.json and processor files nest fewer than 10 levels.
+inline void check_json_depth(std::string_view text, const std::string& where, int max_depth = 64) {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (const char ch : text) {
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (ch == '\\') escaped = true;
+            else if (ch == '"') in_string = false;
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > max_depth)
+                lerobot_fail(where + ": JSON nested too deeply" + expected_got("at most " + std::to_string(max_depth) + " levels", "more"));
+        } else if (ch == ']' || ch == '}') {
+            --depth;
+        }
+    }
 }
 
 /// LeRobot NormalizationMode name -> NormKind; QUANTILES / QUANTILE10 are MIN_MAX over their quantile pair.
@@ -121,6 +148,10 @@ inline FeatureNorm feature_norm(const StatsSource& src, const std::string& featu
         else fn.denom[i] = (h[i] - fn.offset[i]) == 0.f ? eps : h[i] - fn.offset[i];
         if (!(fn.denom[i] != 0.f))
             lerobot_fail(where + ": normalisation of '" + feature + "' element " + std::to_string(i) + " divides by zero");
+        // Finite statistics can still overflow max - min (or std + eps) to inf, which would map every value to 0.
+        if (!std::isfinite(fn.denom[i]))
+            lerobot_fail(where + ": normalisation of '" + feature + "' element " + std::to_string(i) + " has a non-finite scale" +
+                         expected_got("finite", std::to_string(fn.denom[i])));
     }
     return fn;
 }
@@ -138,20 +169,32 @@ inline std::vector<int> feature_shape(const nlohmann::json& f, const std::string
 
 }  // namespace detail
 
-/// Opens a LeRobot DiffusionPolicy pretrained_model folder for whole-policy inference (cameras, state, processors).
-/// Unsupported or inconsistent settings are errors naming the field or key and the expected value.
-inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesystem::path& path) {
-    namespace fs = std::filesystem;
+/// A policy_preprocessor*.json already in memory: its text and the name that labels its messages (its path).
+struct LeRobotProcessorText {
+    std::string text;
+    std::string where;
+};
+/// Opens the state file a processor step names ("policy_preprocessor_step_3_normalizer_processor.safetensors");
+/// null when there is no such file.
+using LeRobotStateOpener = std::function<std::shared_ptr<const SafeTensors>(const std::string& state_file)>;
+
+/// Builds the whole-policy view from the parts of a pretrained_model folder already in memory (the folder loader
+/// and the fuzzers use it): the opened head (lerobot_diffusion_from_parts), config.json's text, the
+/// policy_preprocessor*.json texts (a later normalizer step wins) and the opener of the state files they name.
+/// `dir` labels messages. Unsupported or inconsistent settings are errors naming the field or key.
+inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheckpoint head, std::string_view config_text,
+                                                                  std::span<const LeRobotProcessorText> preprocessors,
+                                                                  const LeRobotStateOpener& open_state,
+                                                                  const std::filesystem::path& dir) {
     using namespace detail;
-    const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
     LeRobotDiffusionPolicy pol;
-    pol.head = open_lerobot_diffusion_folder(dir);
-    const fs::path cfg_path = dir / "config.json";
-    const std::string cfg_where = cfg_path.string();
+    pol.head = std::move(head);
+    const std::string cfg_where = (dir / "config.json").string();
     // ordered_json keeps input_features in file order: LeRobot stacks cameras in that order.
+    check_json_depth(config_text, cfg_where);
     const nlohmann::ordered_json oj = [&] {
         try {
-            return nlohmann::ordered_json::parse(read_text(cfg_path));
+            return nlohmann::ordered_json::parse(config_text.begin(), config_text.end());
         } catch (const nlohmann::json::exception& ex) {
             lerobot_fail(cfg_where + ": not valid JSON (" + ex.what() + ")");
         }
@@ -163,20 +206,25 @@ inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesyste
     StatsSource stats;
     nlohmann::json norm_map;
     float eps = 1e-8f;
-    for (const auto& e : fs::directory_iterator(dir)) {
-        const std::string n = e.path().filename().string();
-        if (!(starts_with(n, "policy_preprocessor") && e.path().extension() == ".json")) continue;
-        const nlohmann::json proc = parse_lerobot_json(read_text(e.path()), e.path().string());
+    for (const LeRobotProcessorText& pre : preprocessors) {
+        check_json_depth(pre.text, pre.where);
+        const nlohmann::json proc = parse_lerobot_json(pre.text, pre.where);
         if (auto steps = proc.find("steps"); steps != proc.end() && steps->is_array())
             for (const auto& s : *steps) {
                 if (!s.is_object() || s.value("registry_name", "") != "normalizer_processor") continue;
-                const std::string where = e.path().string() + ": normalizer_processor";
+                const std::string where = pre.where + ": normalizer_processor";
                 const auto& cfg = field(s, "config", where);
                 norm_map = field(cfg, "norm_map", where + ".config");
-                if (auto it = cfg.find("eps"); it != cfg.end() && it->is_number()) eps = it->get<float>();
+                if (auto it = cfg.find("eps"); it != cfg.end() && it->is_number()) {
+                    // Range-checked as a double first: converting one beyond float's range to float is undefined.
+                    const double e = it->get<double>();
+                    if (!(e >= 0.0 && e <= double(std::numeric_limits<float>::max())))
+                        lerobot_fail(where + ".config: 'eps' out of range" + expected_got("a non-negative float", it->dump()));
+                    eps = float(e);
+                }
                 const std::string sf = string_field(s, "state_file", where);
-                if (!fs::exists(dir / sf)) lerobot_fail(where + ": state file '" + sf + "' is missing");
-                stats.file = SafeTensors::open(dir / sf);
+                stats.file = open_state(sf);
+                if (!stats.file) lerobot_fail(where + ": state file '" + sf + "' is missing");
             }
     }
     if (!stats.file) {
@@ -235,6 +283,28 @@ inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesyste
                                       pol.cameras[c].key + " " + std::to_string(pol.cameras[c].height) + "x" + std::to_string(pol.cameras[c].width)));
     if (!pol.cameras.empty()) pol.separate_encoders = bool_field(j, "use_separate_rgb_encoder_per_camera", cfg_where);
     return pol;
+}
+
+
+/// Opens a LeRobot DiffusionPolicy pretrained_model folder for whole-policy inference (cameras, state, processors).
+/// Unsupported or inconsistent settings are errors naming the field or key and the expected value.
+inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesystem::path& path) {
+    namespace fs = std::filesystem;
+    using namespace detail;
+    const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
+    DiffusionCheckpoint head = open_lerobot_diffusion_folder(dir);
+    const std::string config_text = read_text(dir / "config.json");
+    std::vector<LeRobotProcessorText> preprocessors;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (starts_with(n, "policy_preprocessor") && e.path().extension() == ".json")
+            preprocessors.push_back({read_text(e.path()), e.path().string()});
+    }
+    const LeRobotStateOpener open_state = [&](const std::string& sf) -> std::shared_ptr<const SafeTensors> {
+        if (!fs::exists(dir / sf)) return nullptr;
+        return SafeTensors::open(dir / sf);
+    };
+    return lerobot_diffusion_policy_from_parts(std::move(head), config_text, preprocessors, open_state, dir);
 }
 
 }  // namespace flowedge::io
