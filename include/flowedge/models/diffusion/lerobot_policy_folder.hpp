@@ -285,12 +285,12 @@ inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheck
     return pol;
 }
 
-
 /// Opens a LeRobot DiffusionPolicy pretrained_model folder for whole-policy inference (cameras, state, processors).
 /// Unsupported or inconsistent settings are errors naming the field or key and the expected value.
 inline LeRobotDiffusionPolicy open_lerobot_diffusion_policy(const std::filesystem::path& path) {
     namespace fs = std::filesystem;
     using namespace detail;
+    if (!fs::exists(path)) lerobot_fail(path.string() + ": no such folder (expected a LeRobot pretrained_model folder)", ErrorKind::Io);
     const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
     DiffusionCheckpoint head = open_lerobot_diffusion_folder(dir);
     const std::string config_text = read_text(dir / "config.json");
