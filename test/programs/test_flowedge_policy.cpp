@@ -380,5 +380,5 @@ TEST_CASE("pusht_policy (the copyable example) runs its loop on a policy folder"
     CHECK(has(r, "tick   0  action"));
     CHECK(has(r, "tick   9  action"));
     CHECK(run(PUSHT_POLICY_EXE, "").rc == 2);
-    CHECK(has(run(PUSHT_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\""), "no config.json"));
+    CHECK(has(run(PUSHT_POLICY_EXE, "\"" + tmp("no_such_folder").string() + "\""), ": no such folder"));
 }
