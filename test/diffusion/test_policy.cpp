@@ -36,14 +36,7 @@ fs::path fixture(const std::string& name) {
 }
 
 /// uint8 .npy payload (the fixtures' frames, [T, H, W, 3]).
-std::vector<std::uint8_t> read_u8(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    REQUIRE(s.size() > 10);
-    REQUIRE(s.find("'|u1'") != std::string::npos);
-    const std::size_t header = std::size_t((unsigned char)s[8]) | (std::size_t((unsigned char)s[9]) << 8);
-    return std::vector<std::uint8_t>(s.begin() + std::ptrdiff_t(10 + header), s.end());
-}
+std::vector<std::uint8_t> read_u8(const fs::path& p) { return io::read_npy_u8(p).data; }
 
 /// One reference episode: observations, per-chunk noise and LeRobot's actions.
 struct Episode {
