@@ -65,6 +65,9 @@ public:
         m_sample.steps = opts.steps > 0 ? opts.steps : (c.num_inference_steps > 0 ? c.num_inference_steps : c.num_train_timesteps);
         m_head.schedule().check_steps(m_sample.steps);
         m_seed = opts.seed;
+        if (m_meta.cameras.size() > std::size(m_layouts))
+            fail(ErrorKind::Unsupported, "policy", "too many cameras" + expected_got("<= " + std::to_string(std::size(m_layouts)),
+                                                                                     m_meta.cameras.size()));
         std::size_t ws = 0;
         for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
             const io::PolicyCamera& pc = m_meta.cameras[cam];
