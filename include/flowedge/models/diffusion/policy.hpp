@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flowedge/error.hpp"
@@ -233,21 +234,23 @@ private:
         const auto need = [](bool ok, ErrorKind k, auto&& what) {
             if (!ok) [[unlikely]] fail(k, "policy", what());
         };
-        const auto finite_all = [&](std::span<const float> v, const std::string& name) {
+        // `name` is a view of a string that outlives the call (a feature key or a literal): nothing is built unless it fails.
+        const auto finite_all = [&](std::span<const float> v, std::string_view name, bool quoted) {
             for (std::size_t i = 0; i < v.size(); ++i)
                 need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
-                    return name + " element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
+                    const std::string n = quoted ? "'" + std::string(name) + "'" : std::string(name);
+                    return n + " element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
                 });
         };
         need(action.size() == std::size_t(c.action_dim), ErrorKind::BadShape,
              [&] { return "action output has the wrong size" + expected_got(c.action_dim, action.size()); });
         need(obs.state.size() == std::size_t(m_meta.state_dim), ErrorKind::BadShape,
              [&] { return "'" + m_meta.state_key + "' has the wrong length" + expected_got(m_meta.state_dim, obs.state.size()); });
-        finite_all(obs.state, "'" + m_meta.state_key + "'");
+        finite_all(obs.state, m_meta.state_key, true);
         if (m_meta.env_dim > 0) {
             need(obs.env_state.size() == std::size_t(m_meta.env_dim), ErrorKind::BadShape,
                  [&] { return "'" + m_meta.env_key + "' has the wrong length" + expected_got(m_meta.env_dim, obs.env_state.size()); });
-            finite_all(obs.env_state, "'" + m_meta.env_key + "'");
+            finite_all(obs.env_state, m_meta.env_key, true);
         } else {
             need(obs.env_state.empty(), ErrorKind::BadShape, [&] {
                 return "an environment state was given but the policy has none" + expected_got(0, obs.env_state.size());
@@ -281,7 +284,7 @@ private:
             need(noise.size() == m_noise_host.size(), ErrorKind::BadShape, [&] {
                 return "noise has the wrong size" + expected_got("[horizon, action_dim] = " + std::to_string(m_noise_host.size()), noise.size());
             });
-            finite_all(noise, "noise");
+            finite_all(noise, "noise", false);
         }
     }
 
