@@ -34,8 +34,12 @@
 #             wheel: video decoding, never called with live or recorded array observations) does not fit the 64 MiB
 #             carry, so an import-only stand-in is written whose functions raise if anything ever calls them.
 #   policy    issue 19: diffusion_policy / diffusion_rgb_encoder tests (CPU and CUDA instances), bench/policy_bench on
-#             the PushT-size image policy (F32, BF16) and LeRobot's select_action from carried wheels -> $OUT/policy.txt,
-#             policy_bench_cuda_{f32,bf16}.json, lerobot_policy_cuda.json
+#             the PushT-size image policy (F32, BF16), Python select_action overhead (needs BUILD_PYTHON=1 and target
+#             _flowedge), LeRobot's select_action from carried wheels on the GPU and both on this CPU -> $OUT/policy.txt,
+#             policy_bench_cuda_{f32,bf16}.json, python_overhead_{cuda,cpu}.json, lerobot_policy_cuda.json, policy_cpu.*
+#   soak      issue 19: flowedge-lerobot-rollout --backend flowedge-policy --env pusht, 10,000 ticks at 10 ms on the GPU
+#             and SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (gym-pusht wheels in .whl/gym; BUILD_PYTHON=1)
+#             -> $OUT/soak_{cuda,cpu}.{json,png}
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -80,9 +84,13 @@ stage_info() {
 stage_build() {
     local gen=()
     command -v ninja > /dev/null && gen=(-G Ninja)
+    local py=()
+    # BUILD_PYTHON=1: the _flowedge extension in the same tree (shares flowedge_cuda; see python_site).
+    [ "${BUILD_PYTHON:-0}" = 1 ] && py=(-DFLOWEDGE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)"
+                                      -Dnanobind_ROOT="$(python3 -m nanobind --cmake_dir)")
     if [ ! -f "$BUILD/CMakeCache.txt" ]; then
         cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 || return $?
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 "${py[@]}" || return $?
     fi
     # BUILD_TARGETS="a b ...": only those targets (a short device call); default: everything.
     # shellcheck disable=SC2086
@@ -308,26 +316,78 @@ PYEOF
     return "$rc"
 }
 
-# Issue 19 on the GPU: the whole-policy tests' CUDA instances, then the PushT-size image policy (rebuilt from the
-# weightless fixture in POLICY_FIXTURE, default .bench-fixtures/dp_pusht_image, written by
-# tools/make_reference_dp_image.py --pusht) timed by bench/policy_bench (F32 and BF16 weights) and, when LeRobot's
-# wheels are carried in .whl (tools/fetch_lerobot_wheels.sh), LeRobot's own select_action on the same folder.
+# The flowedge package as pip would lay it out (python/flowedge + the _flowedge built by `BUILD_PYTHON=1 ... build`
+# with target _flowedge) in /tmp/site_flowedge_build; prints that folder.
+python_site() {
+    local site=/tmp/site_flowedge_build
+    ls "$BUILD"/python/_flowedge*.so > /dev/null 2>&1 || { echo "no $BUILD/python/_flowedge*.so: build with BUILD_PYTHON=1 and target _flowedge" >&2; return 3; }
+    rm -rf "$site" && mkdir -p "$site/flowedge" && cp python/flowedge/*.py "$BUILD"/python/_flowedge*.so "$site/flowedge/"
+    echo "$site"
+}
+
+# The PushT-size image policy folder (model.safetensors rebuilt from the weightless fixture in POLICY_FIXTURE, default
+# .bench-fixtures/dp_pusht_image, written by tools/make_reference_dp_image.py --pusht) in /tmp/dp_pusht_image.
+POLICY_FOLDER=/tmp/dp_pusht_image
+policy_folder() {
+    local fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image}
+    [ -f "$POLICY_FOLDER/model.safetensors" ] && return 0
+    [ -d "$fix" ] || { echo "no $fix (see tools/README.md: the image-policy fixtures)"; return 3; }
+    "$BUILD/policy_bench" "$POLICY_FOLDER" --rebuild-from "$fix" --device cpu --ticks 8 > /dev/null
+}
+
+# Issue 19 on the GPU: the whole-policy tests' CUDA instances; the PushT-size image policy timed by bench/policy_bench
+# (F32, BF16 weights); LeRobot's own select_action on the same folder (wheels in .whl, tools/fetch_lerobot_wheels.sh)
+# on the GPU and, with bench/run_policy_cpu.sh, flowedge vs LeRobot on this host's CPU; and, when _flowedge was built,
+# the Python select_action overhead over the C++ call (python/tests/time_select_action.py).
 stage_policy() {
-    local rc=0 fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image} folder=/tmp/dp_pusht_image site=/tmp/site_lerobot
+    local rc=0 site=/tmp/site_lerobot fe
     for t in diffusion_policy diffusion_rgb_encoder; do
         "$BUILD/test/diffusion/$t" > "$LOGS/test_$t.log" 2>&1 || rc=$?
         grep -E "MESSAGE|ERROR|test cases|skipped" "$LOGS/test_$t.log" | tee -a "$OUT/policy.txt"
     done
-    [ -d "$fix" ] || { echo "no $fix: skipping the PushT-size benchmark" | tee -a "$OUT/policy.txt"; return "$rc"; }
+    policy_folder || return $?
     for dt in f32 bf16; do
-        "$BUILD/policy_bench" "$folder" --rebuild-from "$fix" --device cuda --dtype "$dt" --ticks ${POLICY_TICKS:-200} \
+        "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --dtype "$dt" --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/policy_bench_cuda_$dt.json" 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
     done
+    if fe=$(python_site); then
+        for dev in cuda cpu; do
+            PYTHONPATH=$fe OMP_NUM_THREADS=4 python3 python/tests/time_select_action.py "$POLICY_FOLDER" --device $dev \
+                --n ${POLICY_PY_N:-400} > "$OUT/python_overhead_$dev.json" 2>> "$OUT/policy.txt" || rc=$?
+            cat "$OUT/python_overhead_$dev.json" >> "$OUT/policy.txt"
+        done
+    fi
     if ls .whl/*.whl > /dev/null 2>&1 && [ -f bench/lerobot_policy_bench.py ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
-        PYTHONPATH=$site python3 bench/lerobot_policy_bench.py "$folder" --device cuda --ticks ${POLICY_TICKS:-200} \
+        PYTHONPATH=$site python3 bench/lerobot_policy_bench.py "$POLICY_FOLDER" --device cuda --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/lerobot_policy_cuda.json" 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
+        if [ "${POLICY_CPU:-1}" = 1 ]; then
+            PYTHONPATH=$site bash bench/run_policy_cpu.sh "$POLICY_FOLDER" "$BUILD" python3 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
+            cp bench/results/policy_cpu.json bench/results/policy_cpu.md "$OUT/" 2>/dev/null
+        fi
     fi
+    return "$rc"
+}
+
+# Issue 19 item 7: the closed loop with no torch. flowedge-lerobot-rollout --backend flowedge-policy --env pusht
+# (gym-pusht from the wheels in .whl/gym) on the PushT-size image policy: SOAK_TICKS ticks at a 10 ms period on the
+# GPU, then SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (SOAK_CPU_THREADS threads); JSON with RSS / device memory
+# at start, after warm-up and at the end, latency percentiles and a histogram PNG per run.
+stage_soak() {
+    local rc=0 gym=/tmp/site_gym fe steps=${SOAK_STEPS:-1000}
+    ls .whl/gym/*.whl > /dev/null 2>&1 || { echo "no .whl/gym/*.whl (gym-pusht and its wheels) carried"; return 3; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$gym" .whl/gym/*.whl || return $?
+    fe=$(python_site) || return $?
+    policy_folder || return $?
+    PYTHONPATH=$fe:$gym python3 -m flowedge.rollout --backend flowedge-policy --env pusht --policy "$POLICY_FOLDER" \
+        --device cuda --steps "$steps" --episodes $(( (${SOAK_TICKS:-10000} + steps - 1) / steps )) --period-ms 10 \
+        --on-miss hold --no-progress --output "$OUT/soak_cuda.json" --histogram "$OUT/soak_cuda.png" 2>&1 \
+        | grep -v "UserWarning\|logger.warn" | tee -a "$OUT/soak.txt" || rc=$?
+    [ "${SOAK_CPU_TICKS:-800}" -gt 0 ] || return "$rc"
+    PYTHONPATH=$fe:$gym OMP_NUM_THREADS=${SOAK_CPU_THREADS:-8} python3 -m flowedge.rollout --backend flowedge-policy \
+        --env pusht --policy "$POLICY_FOLDER" --device cpu --steps ${SOAK_CPU_TICKS:-800} --episodes 1 \
+        --period-ms ${SOAK_CPU_PERIOD_MS:-300} --on-miss hold --no-progress --output "$OUT/soak_cpu.json" \
+        --histogram "$OUT/soak_cpu.png" 2>&1 | grep -v "UserWarning\|logger.warn" | tee -a "$OUT/soak.txt" || rc=$?
     return "$rc"
 }
 
@@ -338,8 +398,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
