@@ -5,6 +5,8 @@
 // (latency does not depend on their values).
 //
 // Usage: policy_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--ticks N] [--json FILE]
+//                     [--encoder-only N]
+//   --encoder-only N: only N runs of the first camera's encoder (no U-Net): its kernel table under ncu.
 //   --rebuild-from SRC: first write FOLDER from a fixture committed without its weights (manifest.json +
 //   constants.safetensors, tools/make_reference_dp_image.py), e.g. the PushT-size policy on a machine without LeRobot.
 #include <algorithm>
@@ -48,6 +50,46 @@ void print(const char* what, const Stats& s) {
 }
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// `iters` timed runs (after 10 untimed) of the first camera's encoder on `frame` (uint8 HWC), as the policy runs it:
+/// one recorded graph on CUDA, host wall clock around launch + synchronize.
+template <Backend B>
+std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo, const std::vector<std::uint8_t>& frame, int iters) {
+    const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
+    const auto& cam = meta.cameras.at(0);
+    DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(meta.config, cam.height, cam.width));
+    enc.load(meta.head.weights, meta.separate_encoders ? "diffusion.rgb_encoder.0." : "diffusion.rgb_encoder.", lo);
+    enc.set_normalization(cam.norm.kind, cam.norm.offset.data(), cam.norm.denom.data());
+    Buffer<std::uint8_t, B> dframe(frame.size());
+    Buffer<float, B> dfeat(std::size_t(enc.feature_dim()));
+    Memory<B>::copy_from_host(dframe.data(), frame.data(), frame.size());
+    ModelExecution<B, 1> exec("bench", enc.workspace_bytes(1));
+    std::vector<double> ms;
+    for (int r = 0; r < iters + 10; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        exec.run(0, 1, [&] {
+            Context<B> ctx = exec.context();
+            exec.workspace().reset();
+            enc.forward(ctx, dframe.data(), ImageLayout::U8Hwc, 1, View<float, B>{dfeat.data(), Shape{1, enc.feature_dim()}});
+        });
+        Memory<B>::synchronize(exec.stream());
+        if (r >= 10) ms.push_back(ms_since(t0));
+    }
+    return ms;
+}
+
+/// --encoder-only: the first camera's encoder alone (no U-Net, no warm-up), e.g. under ncu for its kernel table.
+template <Backend B>
+int run_encoder_only(const std::string& folder, const LoadOptions& lo, int iters, const std::string& device_name) {
+    const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
+    if (meta.cameras.empty()) throw Error("flowedge: policy_bench: --encoder-only needs a policy with a camera (got none)");
+    std::vector<std::uint8_t> frame(std::size_t(meta.cameras[0].height) * meta.cameras[0].width * 3);
+    for (std::size_t i = 0; i < frame.size(); ++i) frame[i] = std::uint8_t((i * 7) & 0xff);
+    const Stats s = stats(encoder_ms<B>(folder, lo, frame, iters));
+    std::printf("encoder of %s on %s:\n", meta.cameras[0].key.c_str(), device_name.c_str());
+    print("encoder alone, one frame", s);
+    return 0;
 }
 
 template <Backend B>
@@ -94,28 +136,7 @@ int run(const std::string& folder, const LoadOptions& lo, int ticks, const std::
         }
     }
     // The encoder alone on one frame of the first camera, as the policy runs it (recorded graph on CUDA).
-    std::vector<double> enc_ms;
-    if (!p.cameras().empty()) {
-        const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
-        const auto& cam = meta.cameras[0];
-        DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(meta.config, cam.height, cam.width));
-        enc.load(meta.head.weights, meta.separate_encoders ? "diffusion.rgb_encoder.0." : "diffusion.rgb_encoder.", lo);
-        enc.set_normalization(cam.norm.kind, cam.norm.offset.data(), cam.norm.denom.data());
-        Buffer<std::uint8_t, B> dframe(frames[0].size());
-        Buffer<float, B> dfeat(std::size_t(enc.feature_dim()));
-        Memory<B>::copy_from_host(dframe.data(), frames[0].data(), frames[0].size());
-        ModelExecution<B, 1> exec("bench", enc.workspace_bytes(1));
-        for (int r = 0; r < 200 + 10; ++r) {
-            const auto t0 = std::chrono::steady_clock::now();
-            exec.run(0, 1, [&] {
-                Context<B> ctx = exec.context();
-                exec.workspace().reset();
-                enc.forward(ctx, dframe.data(), ImageLayout::U8Hwc, 1, View<float, B>{dfeat.data(), Shape{1, enc.feature_dim()}});
-            });
-            Memory<B>::synchronize(exec.stream());
-            if (r >= 10) enc_ms.push_back(ms_since(t0));
-        }
-    }
+    const std::vector<double> enc_ms = p.cameras().empty() ? std::vector<double>{} : encoder_ms<B>(folder, lo, frames[0], 200);
     const Stats s_all = stats(all), s_chunk = stats(chunk), s_other = stats(other), s_sample = stats(sample_ms), s_enc = stats(enc_ms);
     std::printf("select_action on %s (%d ticks after %d warm-up):\n", device_name.c_str(), ticks, warm);
     print("all ticks", s_all);
@@ -140,7 +161,7 @@ int run(const std::string& folder, const LoadOptions& lo, int ticks, const std::
 
 int main(int argc, char** argv) {
     std::string folder, rebuild, device = "cpu", dtype = "file", json_path;
-    int ticks = 64;
+    int ticks = 64, encoder_only = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -152,9 +173,10 @@ int main(int argc, char** argv) {
         else if (a == "--dtype") dtype = next();
         else if (a == "--ticks") ticks = std::max(8, std::atoi(next().c_str()));
         else if (a == "--json") json_path = next();
+        else if (a == "--encoder-only") encoder_only = std::max(1, std::atoi(next().c_str()));
         else if (!a.empty() && a[0] != '-' && folder.empty()) folder = a;
         else {
-            std::fprintf(stderr, "usage: policy_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--ticks N] [--json FILE]\n");
+            std::fprintf(stderr, "usage: policy_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--ticks N] [--json FILE] [--encoder-only N]\n");
             return 2;
         }
     }
@@ -171,14 +193,16 @@ int main(int argc, char** argv) {
         else if (dtype != "file") throw Error("flowedge: policy_bench: unknown --dtype '" + dtype + "' (expected f32, bf16 or f16)");
         if (device == "cuda") {
 #ifdef FLOWEDGE_WITH_CUDA
-            return run<Cuda>(folder, lo, ticks, json_path, cuda::device_description());
+            return encoder_only ? run_encoder_only<Cuda>(folder, lo, encoder_only, cuda::device_description())
+                                : run<Cuda>(folder, lo, ticks, json_path, cuda::device_description());
 #else
             std::fprintf(stderr, "policy_bench: this build has no CUDA backend\n");
             return 2;
 #endif
         }
         if (device != "cpu") throw Error("flowedge: policy_bench: unknown --device '" + device + "' (expected cpu or cuda)");
-        return run<Cpu>(folder, lo, ticks, json_path, std::string("cpu, ") + cpu::kernel_set_name() + " kernels");
+        const std::string cpu_name = std::string("cpu, ") + cpu::kernel_set_name() + " kernels";
+        return encoder_only ? run_encoder_only<Cpu>(folder, lo, encoder_only, cpu_name) : run<Cpu>(folder, lo, ticks, json_path, cpu_name);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;

@@ -43,7 +43,7 @@
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
-# Files in $OUT: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, mamba_flow_cuda.{txt,json},
+# At the end every other file of $OUT is packed into $OUT/results.tar.gz (the device tool returns few files). Files: summary.txt, gpu_tests.log, seed_compare.txt, dp_mix.txt, dp_mix.json, mamba_flow_cuda.{txt,json},
 # mamba_flow_cpu_on_gpu_box.json, mamba_flow_pytorch_cuda.json, dp_cuda_vs_pytorch.{txt,json,md}, logs.tar.gz (all logs).
 # Env: BUILD_DIR (default build-cuda), BUILD_PY_DIR (default build-py), JOBS (default nproc), MIX_ARGS (extra
 # flowedge_cuda_dp_mix arguments), MAMBA_ARGS (extra mamba_flow_bench arguments, e.g. --iters 20000), PYTORCH_ARGS
@@ -332,7 +332,7 @@ policy_folder() {
     local fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image}
     [ -f "$POLICY_FOLDER/model.safetensors" ] && return 0
     [ -d "$fix" ] || { echo "no $fix (see tools/README.md: the image-policy fixtures)"; return 3; }
-    "$BUILD/policy_bench" "$POLICY_FOLDER" --rebuild-from "$fix" --device cpu --ticks 8 > /dev/null
+    "$BUILD/policy_bench" "$POLICY_FOLDER" --rebuild-from "$fix" --device cpu --encoder-only 1 > /dev/null
 }
 
 # Issue 19 on the GPU: the whole-policy tests' CUDA instances; the PushT-size image policy timed by bench/policy_bench
@@ -412,4 +412,7 @@ done
 [ -f "$LOGS/gputests.log" ] && cp "$LOGS/gputests.log" "$OUT/gpu_tests.log"
 echo "total $(( $(date +%s) - T_START ))s" | tee -a "$SUMMARY"
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
+# The device tool brings back only a few files per call: everything else travels in results.tar.gz.
+( cd "$OUT" && find . -maxdepth 1 -type f ! -name summary.txt ! -name results.tar.gz -printf '%P\n' > /tmp/gpu_run_files \
+  && tar -czf results.tar.gz -T /tmp/gpu_run_files && xargs -a /tmp/gpu_run_files rm -f )
 exit 0

@@ -46,7 +46,10 @@ public:
 
     template <class F>
     void run(Stream s, std::uint64_t key, F&& enqueue) {
-        if (!m_state) m_state = cuda::graph_state_create();
+        if (!m_state) {
+            m_state = cuda::graph_state_create();
+            m_entries.reserve(kMaxKeys);  // capturing a new key later must not allocate host memory
+        }
         for (const Entry& e : m_entries)
             if (e.key == key) {
                 cuda::graph_launch(m_state, e.exec, s);

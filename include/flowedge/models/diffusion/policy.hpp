@@ -46,6 +46,7 @@ struct PolicyOptions {
     int steps = 0;                          ///< inference steps; 0 = the checkpoint's num_inference_steps (LeRobot's rule)
     std::optional<Scheduler> scheduler{};   ///< default: the checkpoint's noise_scheduler_type
     std::uint64_t seed = 0;                 ///< seeded noise when the caller gives none (see select_action)
+    bool warm_up = true;                    ///< run warm_up() at the end of load (see there)
 };
 
 /// The whole LeRobot Diffusion Policy. Everything is allocated at load; reset() and select_action() never allocate.
@@ -99,6 +100,7 @@ public:
         m_actions.resize(std::size_t(c.n_action_steps) * c.action_dim);
         m_exec = Execution("policy", std::max<std::size_t>(ws, 256));
         Memory<B>::synchronize();
+        if (opts.warm_up) warm_up();
     }
 
     DiffusionPolicy(DiffusionPolicy&&) noexcept = default;
@@ -138,6 +140,30 @@ public:
         m_obs_filled = false;
         m_queue_len = m_queue_pos = 0;
         m_chunk_index = 0;
+    }
+
+    /// Runs every kind of tick once (n_action_steps + 1 ticks on a zero observation with frames in `layout`: the
+    /// first tick that fills the queues and samples, plain pops, the pop that encodes for the next chunk, a later
+    /// chunk), then empties the queues as reset() does, leaving the reset state and seed as they were. It records
+    /// the CUDA graph of each tick kind and touches every weight and scratch page, so that afterwards every tick
+    /// costs what it will cost in the loop. load() calls it unless PolicyOptions::warm_up is false; call it again
+    /// before feeding frames in another layout.
+    void warm_up(ImageLayout layout = ImageLayout::U8Hwc) {
+        const bool was_reset = m_was_reset;
+        const std::vector<float> state(std::size_t(m_meta.state_dim), 0.0f), env(std::size_t(m_meta.env_dim), 0.0f);
+        std::vector<float> action(static_cast<std::size_t>(action_dim()));
+        std::vector<std::vector<std::byte>> pixels;
+        std::vector<PolicyFrame> frames;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            const io::PolicyCamera& pc = m_meta.cameras[cam];
+            pixels.emplace_back(frame_bytes(cam, layout), std::byte{0});
+            frames.push_back(PolicyFrame{pixels.back().data(), layout, pc.height, pc.width});
+        }
+        const PolicyObservation obs{state, env, frames};
+        reset();
+        for (int t = 0; t <= config().n_action_steps; ++t) select_action(obs, action);
+        reset();
+        m_was_reset = was_reset;
     }
 
     /// LeRobot's select_action(): normalises the observation and pushes it on the n_obs_steps queue (the first call
