@@ -52,10 +52,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// `iters` timed runs (after 10 untimed) of the first camera's encoder on `frame` (uint8 HWC), as the policy runs it:
+/// `iters` timed runs (after `warm` untimed) of the first camera's encoder on `frame` (uint8 HWC), as the policy runs it:
 /// one recorded graph on CUDA, host wall clock around launch + synchronize.
 template <Backend B>
-std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo, const std::vector<std::uint8_t>& frame, int iters) {
+std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo, const std::vector<std::uint8_t>& frame, int iters,
+                               int warm = 10) {
     const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
     const auto& cam = meta.cameras.at(0);
     DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(meta.config, cam.height, cam.width));
@@ -66,7 +67,7 @@ std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo,
     Memory<B>::copy_from_host(dframe.data(), frame.data(), frame.size());
     ModelExecution<B, 1> exec("bench", enc.workspace_bytes(1));
     std::vector<double> ms;
-    for (int r = 0; r < iters + 10; ++r) {
+    for (int r = 0; r < iters + warm; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         exec.run(0, 1, [&] {
             Context<B> ctx = exec.context();
@@ -74,19 +75,20 @@ std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo,
             enc.forward(ctx, dframe.data(), ImageLayout::U8Hwc, 1, View<float, B>{dfeat.data(), Shape{1, enc.feature_dim()}});
         });
         Memory<B>::synchronize(exec.stream());
-        if (r >= 10) ms.push_back(ms_since(t0));
+        if (r >= warm) ms.push_back(ms_since(t0));
     }
     return ms;
 }
 
-/// --encoder-only: the first camera's encoder alone (no U-Net, no warm-up), e.g. under ncu for its kernel table.
+/// --encoder-only: the first camera's encoder alone (no U-Net; one untimed run, then `iters` timed ones), e.g. under
+/// ncu, where the second half of the kernels is the timed run(s).
 template <Backend B>
 int run_encoder_only(const std::string& folder, const LoadOptions& lo, int iters, const std::string& device_name) {
     const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
     if (meta.cameras.empty()) throw Error("flowedge: policy_bench: --encoder-only needs a policy with a camera (got none)");
     std::vector<std::uint8_t> frame(std::size_t(meta.cameras[0].height) * meta.cameras[0].width * 3);
     for (std::size_t i = 0; i < frame.size(); ++i) frame[i] = std::uint8_t((i * 7) & 0xff);
-    const Stats s = stats(encoder_ms<B>(folder, lo, frame, iters));
+    const Stats s = stats(encoder_ms<B>(folder, lo, frame, iters, 1));
     std::printf("encoder of %s on %s:\n", meta.cameras[0].key.c_str(), device_name.c_str());
     print("encoder alone, one frame", s);
     return 0;
