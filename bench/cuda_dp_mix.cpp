@@ -1,7 +1,7 @@
 // flowedge_cuda_dp_mix: where the time of a Diffusion Policy sample goes on the GPU. Times every distinct kernel
 // shape of one U-Net call in isolation, counts the launches of one captured 10-step DDIM sample, and measures
-// native DDIM/DDPM sample latency per batch and weight dtype (issue 6 item 1), and the opt-in tensor-core math
-// modes (MathMode TF32/BF16) at batch 8 and 64 with their action difference from the F32 path (issue 6).
+// native DDIM/DDPM sample latency per batch and weight dtype, and the opt-in tensor-core math modes (MathMode
+// TF32/BF16) at batch 8 and 64 with their action difference from the F32 path.
 #include <cuda_runtime.h>
 
 #include <algorithm>

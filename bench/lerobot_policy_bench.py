@@ -19,7 +19,8 @@ warm-up tick's time is reported as cold_first_tick_ms.
 
 Usage: lerobot_policy_bench.py FOLDER [--device cuda|cpu] [--episodes 3] [--ticks 64] [--warmup-ticks 16]
                                [--encoder-iters 100] [--threads N] [--seed 0] [--json PATH]
-Needs lerobot 0.4.4 importable (on the H200 box: the wheels of tools/fetch_lerobot_wheels.sh on PYTHONPATH). When
+Needs lerobot 0.4.4 importable (on a machine without internet: the wheels of tools/fetch_lerobot_wheels.sh on
+PYTHONPATH). When
 PyAV is missing, an import-only stand-in is put in sys.modules (LeRobot's video utilities import av at module level;
 nothing here decodes video) and any use of it raises AttributeError.
 """

@@ -1,8 +1,8 @@
 // policy_bench: latency of LeRobot's whole Diffusion Policy in flowedge (DiffusionPolicy<B>) on the CPU or the GPU.
 // Reports select_action p50/p99/max over all ticks, over chunk ticks (encode the new frame + sample + un-normalise)
 // and over the other ticks (encode only), the encoder alone on one frame, and the U-Net sample alone (the head's
-// host API), so "chunk generation <= U-Net sample + 0.3 ms" can be read off one run. Frames and states are synthetic
-// (latency does not depend on their values).
+// host API), so what a chunk tick costs beyond the U-Net sample can be read off one run. Frames and states are
+// synthetic (latency does not depend on their values).
 //
 // Usage: policy_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--ticks N] [--json FILE]
 //                     [--encoder-only N]

@@ -12,8 +12,8 @@ N-step sampler, result copied back), the way a robot control loop calls a policy
 --warmup calls. Accuracy = max |a - b| of the normalised [B, horizon, A] actions (the sampler output before MIN_MAX
 un-normalisation) against flowedge F32 and against PyTorch eager. PyTorch runs float32 with TF32 OFF
 (torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False) so the F32 rows are a parity check;
-one more row, "torch cuda graph tf32", is PyTorch's default TF32 convolutions in one CUDA graph (its fastest F32 mode
-in ../shared/ANCHORS.md; diff reported, not bounded; --no-tf32 skips it).
+one more row, "torch cuda graph tf32", is PyTorch's default TF32 convolutions in one CUDA graph (diff reported, not
+bounded; --no-tf32 skips it).
 Exit 77 ("skipped: no CUDA device") without a usable GPU; 1 when a F32 variant exceeds the 10-step DDIM bound of docs/numerics.md#whole-head-tolerances.
 """
 from __future__ import annotations
@@ -280,7 +280,7 @@ def main() -> int:
         st, out = timed(lambda: eager(cond, noise), args.warmup, args.runs)
         add("torch eager", st, out)
         # The whole loop in one CUDA graph, TF32 off (an F32 parity row) and, unless --no-tf32, with PyTorch's default
-        # TF32 convolutions (its fastest F32 mode; TF32 rounds conv inputs to 10 mantissa bits: diff reported only).
+        # TF32 convolutions (TF32 rounds conv inputs to 10 mantissa bits: diff reported only).
         graph_variants = [("torch cuda graph", False)] + ([] if args.no_tf32 else [("torch cuda graph tf32", True)])
         for name, tf32 in graph_variants if on_gpu else []:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32

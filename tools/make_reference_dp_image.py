@@ -29,34 +29,14 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from splitmix_noise import stream_normals  # noqa: E402
 
 from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
 from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
 from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
-
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def splitmix_normals(seed: int, count: int) -> np.ndarray:
-    """Normals 0..count-1 of the SplitMix64 stream `seed` (docs/models.md#box-muller), vectorised, float32."""
-    pairs = (count + 1) // 2
-    n = np.arange(2 * pairs, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = np.uint64(seed) + (n + np.uint64(1)) * GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    u = ((z >> np.uint64(40)).astype(np.float64) + 1.0) / 16777217.0
-    u1, u2 = u[0::2], u[1::2]
-    r = np.sqrt(-2.0 * np.log(u1))
-    th = 2.0 * math.pi * u2
-    out = np.empty(2 * pairs, dtype=np.float64)
-    out[0::2] = r * np.cos(th)
-    out[1::2] = r * np.sin(th)
-    return out[:count].astype(np.float32)
-
 
 def rule_for(key: str, shape: tuple) -> tuple[str, float, float]:
     """(rule, a, b): weights ~ N(0, 1/fan_in), norm gains ~ 1 + 0.1 N, biases / BN means ~ 0.1 N, BN vars 0.5 + 0.5 N^2."""
@@ -73,7 +53,7 @@ def rule_for(key: str, shape: tuple) -> tuple[str, float, float]:
 
 
 def generate(rule: str, a: float, b: float, seed: int, shape: tuple) -> np.ndarray:
-    n = splitmix_normals(seed, int(np.prod(shape))).astype(np.float64)
+    n = stream_normals(seed, int(np.prod(shape))).astype(np.float64)
     v = a + b * (n * n if rule == "sq" else n)
     return v.astype(np.float32).reshape(shape)
 
@@ -233,7 +213,7 @@ def build(name: str, cfg, stats, base_seed: int, out: str, ref: str, T: int, n_c
     save_file({k: np.ascontiguousarray(v) for k, v in constants.items()}, os.path.join(out, "constants.safetensors"))
     obs = episode_inputs(cfg, T, base_seed + 1)
     A = cfg.output_features["action"].shape[0]
-    noise = np.stack([splitmix_normals(base_seed + 100 + k, cfg.horizon * A).reshape(cfg.horizon, A) for k in range(n_chunks_noise)])
+    noise = np.stack([stream_normals(base_seed + 100 + k, cfg.horizon * A).reshape(cfg.horizon, A) for k in range(n_chunks_noise)])
     actions = run_episode(policy, pre, post, cfg, obs, noise)
     for key, v in obs.items():
         np.save(os.path.join(ref, key + ".npy"), v)

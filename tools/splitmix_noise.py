@@ -47,6 +47,25 @@ def normal(stream_seed: int, j: int) -> float:
     return r * math.cos(th) if j % 2 == 0 else r * math.sin(th)
 
 
+def stream_normals(stream_seed: int, count: int) -> np.ndarray:
+    """float32 [count]: normal draws 0..count-1 of one stream, vectorised (the same numbers as normal(), which is
+    per element and too slow for the millions of generated fixture weights of tools/make_reference_dp_image.py)."""
+    pairs = (count + 1) // 2
+    n = np.arange(2 * pairs, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(stream_seed & MASK) + (n + np.uint64(1)) * np.uint64(GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = ((z >> np.uint64(40)).astype(np.float64) + 1.0) / 16777217.0
+    r = np.sqrt(-2.0 * np.log(u[0::2]))
+    th = 2.0 * math.pi * u[1::2]
+    out = np.empty(2 * pairs, dtype=np.float64)
+    out[0::2] = r * np.cos(th)
+    out[1::2] = r * np.sin(th)
+    return out[:count].astype(np.float32)
+
+
 def normals(seed: int, batch: int, start: int, count: int) -> np.ndarray:
     """float32 [batch, count]: normal draws [start, start+count) of the streams seed+0 .. seed+batch-1."""
     out = np.empty((batch, count), dtype=np.float32)

@@ -21,11 +21,10 @@
 // at any batch size, run to run. The late ResNet layers (512 x 3 x 3 outputs per image, 9 MB of weights) are weight
 // streams, so S spreads one tile's K over up to 8 SMs; each block also prefetches its weight slice into L2 and loads
 // its first weights before the programmatic-dependent-launch wait (weights never depend on an earlier kernel).
-#include <cooperative_groups.h>
-
 #include <string>
 #include <string_view>
 
+#include "cluster_splitk.cuh"
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
@@ -84,10 +83,7 @@ __global__ void __launch_bounds__(kThreads) conv2d_kernel(Conv2dParams p, Conv2d
     int c_begin = 0, c_end = g.n_chunks;  // this block's chunks
     if constexpr (kCluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
-        c_begin = int((long long)g.n_chunks * rank / n_rank);
-        c_end = int((long long)g.n_chunks * (rank + 1) / n_rank);
+        detail::cluster_k_range(g.n_chunks, c_begin, c_end);
 #else
         __trap();  // clusters need sm_90; the host selects this kernel only there
 #endif
@@ -252,19 +248,9 @@ __global__ void __launch_bounds__(kThreads) conv2d_kernel(Conv2dParams p, Conv2d
             for (int q = 1; q < kGroups; ++q) v += red[q * BM * BN + e];
             red[e] = v;  // this block's partial tile (each element read and written by the same thread)
         }
-        // Rank r finishes elements [r0, r1) of the tile, adding the blocks' partial tiles in rank order; the second
-        // cluster barrier keeps every block's shared memory alive until all remote reads are done.
-        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
-        cl.sync();
-        const int per = (BM * BN + n_rank - 1) / n_rank;
-        const int r0 = rank * per, r1 = min(BM * BN, r0 + per);
-        for (int e = r0 + tid; e < r1; e += kThreads) {
-            float v = cl.map_shared_rank(red, 0)[e];
-            for (int q = 1; q < n_rank; ++q) v += cl.map_shared_rank(red, q)[e];
-            finish(e, v);
-        }
-        cl.sync();
+        // The tile as BM * BN rows of one element: each rank finishes 1/S of its elements (finish checks bounds).
+        detail::cluster_reduce_tile<kThreads>(
+            red, BM * BN, 1, 1, [](int, int) { return true; }, [&](int e, int, float v) { finish(e, v); });
 #endif
     } else {
         for (int e = tid; e < BM * BN; e += kThreads) {
@@ -296,26 +282,7 @@ void launch_tile(const Conv2dParams& p, const Conv2dGeom& g, int split, cudaStre
         detail::launch_pdl(conv2d_kernel<T, KS, TM, TN, false>, grid, dim3(kThreads), 0, st, p, g);
         return;
     }
-    cudaLaunchAttribute attr[2];
-    unsigned n_attr = 0;
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = 1;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = unsigned(split);
-    ++n_attr;
-    if (detail::pdl_enabled()) {
-        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-        ++n_attr;
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = n_attr;
-    FLOWEDGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, conv2d_kernel<T, KS, TM, TN, true>, p, g));
+    detail::launch_pdl_cluster(conv2d_kernel<T, KS, TM, TN, true>, grid, dim3(kThreads), 0, st, unsigned(split), p, g);
 }
 
 /// Tile: the largest of 32x32, 16x32, 16x16 whose grid has at least one block per SM, else 16x16. The tile does not

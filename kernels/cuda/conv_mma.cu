@@ -40,7 +40,6 @@
 // TF32 at Kg = 20480: 9.8e-4 + 3.1e-4 = 1.3e-3; BF16: 7.8e-3 + 1.5e-4 = 8.0e-3.
 // Every kernel is launched with programmatic dependent launch (detail::launch_pdl, or the same attribute next to
 // the cluster dimension) and calls pdl_wait() before reading activations.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -49,6 +48,7 @@
 #include <string>
 #include <string_view>
 
+#include "cluster_splitk.cuh"
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
@@ -184,11 +184,9 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     int kt0 = 0, n_k = (a.kg + kBK - 1) / kBK;  // this block's K steps: [kt0, kt0 + n_k)
     if constexpr (kCluster) {
 #if __CUDA_ARCH__ >= 900
-        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
-        const int all = n_k;
-        kt0 = int((long long)all * rank / n_rank);
-        n_k = int((long long)all * (rank + 1) / n_rank) - kt0;
+        int kt1 = 0;
+        detail::cluster_k_range(n_k, kt0, kt1);
+        n_k = kt1 - kt0;
 #else
         __trap();  // clusters need sm_90; the host selects this kernel only there
 #endif
@@ -334,24 +332,15 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
     __syncthreads();
     if constexpr (kCluster) {
 #if __CUDA_ARCH__ >= 900
-        // Every block of the cluster holds its partial tile in Cs. Block `rank` sums rows [r0, r1) over the ranks
-        // in rank order and writes them; the second cluster barrier keeps every Cs alive until all reads are done.
-        const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
-        cl.sync();
-        const int rows = (BM + n_rank - 1) / n_rank;
-        const int r0 = rank * rows, r1 = min(BM, r0 + rows);
-        for (int e = tid; e < (r1 - r0) * BN; e += kMmaThreads) {
-            const int r = r0 + e / BN, c = e % BN;
-            const int o = m0 + r, nn = n0 + c;
-            if (o >= a.m || nn >= a.n) continue;
-            float v = 0.f;
-            for (int q = 0; q < n_rank; ++q) v += cl.map_shared_rank(Cs, q)[r * L::kLdC + c];
-            const int b = nn / p.out_length, t = nn - b * p.out_length;
-            if (p.bias) v += p.bias[o];
-            p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
-        }
-        cl.sync();
+        // Every block of the cluster holds its partial tile in Cs; each rank sums and writes 1/S of the tile's rows.
+        detail::cluster_reduce_tile<kMmaThreads>(
+            Cs, BM, BN, L::kLdC, [&](int r, int c) { return m0 + r < a.m && n0 + c < a.n; },
+            [&](int r, int c, float v) {
+                const int o = m0 + r, nn = n0 + c;
+                const int b = nn / p.out_length, t = nn - b * p.out_length;
+                if (p.bias) v += p.bias[o];
+                p.y[(std::size_t(b) * a.m + o) * p.out_length + t] = v;
+            });
 #endif
     } else {
         for (int e = tid; e < BM * BN; e += kMmaThreads) {
@@ -415,26 +404,8 @@ void launch_mma_cluster(const Conv1dParams& p, const MmaArgs& a, cudaStream_t st
     auto kernel = conv1d_mma_kernel<T, M, 128, 128, 4, 1, true>;
     static std::atomic<std::uint64_t> done_mask{0};
     set_smem_once(kernel, L::kBytes, done_mask);
-    cudaLaunchAttribute attr[2];
-    int n_attr = 0;
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = 1;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = unsigned(split);
-    ++n_attr;
-    if (detail::pdl_enabled()) {
-        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-        ++n_attr;
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned((a.n + 127) / 128), unsigned((a.m + 127) / 128), unsigned(split));
-    cfg.blockDim = dim3(kMmaThreads);
-    cfg.dynamicSmemBytes = std::size_t(L::kBytes);
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = unsigned(n_attr);
-    FLOWEDGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, a));
+    const dim3 grid(unsigned((a.n + 127) / 128), unsigned((a.m + 127) / 128), unsigned(split));
+    detail::launch_pdl_cluster(kernel, grid, dim3(kMmaThreads), std::size_t(L::kBytes), st, unsigned(split), p, a);
 }
 
 /// Pipeline depth: 4 stages (default; 83 KB of shared memory for TF32 64x64, two blocks fit an SM) or 6

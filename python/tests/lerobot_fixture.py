@@ -7,35 +7,19 @@ manifest.json), the rest (pos_grid, BatchNorm counters) is in constants.safetens
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from splitmix_noise import stream_normals  # noqa: E402  (the generator make_reference_dp_image.py used)
+
 _DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_,
            "F16": np.float16}
 _NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items()}
-
-
-def splitmix_normals(seed: int, count: int) -> np.ndarray:
-    """Normals 0..count-1 of the SplitMix64 stream ``seed`` (docs/models.md#box-muller), float32."""
-    pairs = (count + 1) // 2
-    n = np.arange(2 * pairs, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = np.uint64(seed) + (n + np.uint64(1)) * _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    u = ((z >> np.uint64(40)).astype(np.float64) + 1.0) / 16777217.0
-    r = np.sqrt(-2.0 * np.log(u[0::2]))
-    th = 2.0 * math.pi * u[1::2]
-    out = np.empty(2 * pairs, dtype=np.float64)
-    out[0::2] = r * np.cos(th)
-    out[1::2] = r * np.sin(th)
-    return out[:count].astype(np.float32)
 
 
 def read_safetensors(path: Path) -> dict:
@@ -71,7 +55,7 @@ def rebuild(fixture: Path, out: Path) -> Path:
     manifest = json.loads((fixture / "manifest.json").read_text())
     tensors = read_safetensors(fixture / "constants.safetensors")
     for g in manifest["generated"]:
-        n = splitmix_normals(int(g["seed"]), int(np.prod(g["shape"]))).astype(np.float64)
+        n = stream_normals(int(g["seed"]), int(np.prod(g["shape"]))).astype(np.float64)
         v = g["a"] + g["b"] * (n * n if g["rule"] == "sq" else n)
         v = v.astype(np.float32).reshape(g["shape"])
         assert abs(float(v.astype(np.float64).sum()) - g["sum"]) <= 1e-6 * max(1.0, abs(g["sum"])), g["key"]

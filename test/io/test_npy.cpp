@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "flowedge/io/npy.hpp"
+#include "../support/test_paths.hpp"
 #include "io_test_util.hpp"
 
 using namespace flowedge;
@@ -19,13 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture(const std::string& name) { return fs::path(FLOWEDGE_FIXTURES_DIR) / "io" / name; }
-
-fs::path tmp_dir() {
-    fs::path d = fs::path(FLOWEDGE_BINARY_DIR) / "test_io_tmp" / "npy";
-    fs::create_directories(d);
-    return d;
-}
+fs::path fixture(const std::string& name) { return fe_test::fixtures_dir() / "io" / name; }
+fs::path tmp_dir() { return fe_test::scratch_dir("test_io_tmp/npy"); }
 
 /// Hand-assembled .npy image: version, header text (padded as given) and data bytes.
 std::vector<std::byte> npy_image(const std::string& header, std::size_t n_data, int major = 1, std::uint32_t len_override = 0) {

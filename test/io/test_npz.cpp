@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "flowedge/io/npz.hpp"
+#include "../support/test_paths.hpp"
 #include "io_test_util.hpp"
 
 using namespace flowedge;
@@ -20,13 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture(const std::string& name) { return fs::path(FLOWEDGE_FIXTURES_DIR) / "io" / name; }
-
-fs::path tmp_dir() {
-    fs::path d = fs::path(FLOWEDGE_BINARY_DIR) / "test_io_tmp" / "npz";
-    fs::create_directories(d);
-    return d;
-}
+fs::path fixture(const std::string& name) { return fe_test::fixtures_dir() / "io" / name; }
+fs::path tmp_dir() { return fe_test::scratch_dir("test_io_tmp/npz"); }
 
 std::uint64_t get_le(const std::vector<std::byte>& b, std::size_t at, int n) {
     std::uint64_t v = 0;

@@ -4,8 +4,8 @@
 // scheduler and steps, seeded noise) give exactly what DiffusionPolicy<Cpu> gives in process, and every bad input
 // is an error naming the key and the expected shape. LeRobot's own image episodes (dp_image_gn: one camera, GroupNorm,
 // crop; dp_image_bn: two cameras, BatchNorm, resize, environment state) go through the program from their recorded
-// arrays and chunk noise within the whole-episode bound. On a two-camera folder built from it (image_policy_folder.hpp):
-// uint8 HWC and float CHW frames give exactly the in-process actions. pusht_policy (the copyable example) runs on both.
+// arrays and chunk noise within the whole-episode bound. On dp_image_bn's two cameras, uint8 HWC and float CHW frames
+// give exactly the in-process actions. pusht_policy (the copyable example) runs on dp_small and dp_image_bn.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -17,7 +17,6 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,7 +24,7 @@
 #include "flowedge/io/npz.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
-#include "image_policy_folder.hpp"
+#include "../support/test_paths.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;
@@ -37,10 +36,11 @@ const fs::path kRef = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_small_ref";
 constexpr int kState = 2, kEnv = 4, kHorizon = 16, kActions = 2, kActionSteps = 8;
 constexpr double kDdimBound = 6e-4;  // whole-head bound, normalised units (docs/numerics.md#whole-head-tolerances)
 
-fs::path tmp(const std::string& name) {
-    const fs::path d = fs::path(FLOWEDGE_BINARY_DIR) / "test_programs_tmp" / "flowedge_policy";
-    fs::create_directories(d);
-    return d / name;
+fs::path tmp(const std::string& name) { return fe_test::scratch_dir("test_programs_tmp/flowedge_policy") / name; }
+
+/// The committed LeRobot fixture `name` (test/fixtures/<name>) with its generated model.safetensors rebuilt.
+fs::path lerobot_folder(const std::string& name) {
+    return testsupport::rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, tmp(name));
 }
 
 struct RunResult {
@@ -250,7 +250,7 @@ TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler an
     // [chunks, horizon, action_dim], actions.npy [T, action_dim] from LeRobot's select_action (tools/make_reference_dp_image.py).
     for (const std::string name : {"dp_image_gn", "dp_image_bn"}) {
         CAPTURE(name);
-        const fs::path folder = testsupport::rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, tmp(name));
+        const fs::path folder = lerobot_folder(name);
         const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
         auto policy = DiffusionPolicy<Cpu>::load(folder);
         io::NpzWriter w;
@@ -295,18 +295,28 @@ TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler an
 }
 
 TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-process actions") {
-    using programs_test::kImageH;
-    using programs_test::kImageW;
-    const fs::path folder = programs_test::make_image_policy_folder(kFolder, tmp("image_policy"));
+    // dp_image_bn's two cameras (observation.images.top / .wrist, [3, 36, 44]) over the first T steps of its recorded
+    // episode: the top camera as uint8 HWC, the wrist camera as float CHW in [0, 1], as a LeRobot dataset holds frames.
+    constexpr int kImageH = 36, kImageW = 44;
+    const fs::path folder = lerobot_folder("dp_image_bn");
+    const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / "dp_image_bn_ref";
     const int T = 10;  // chunks at steps 0 and 8
-    const Episode e = episode(T);
     const std::size_t pixels = std::size_t(3) * kImageH * kImageW;
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::vector<std::uint8_t> top(std::size_t(T) * pixels), wrist(std::size_t(T) * pixels);
-    for (auto& v : top) v = std::uint8_t(byte(rng));
-    for (auto& v : wrist) v = std::uint8_t(byte(rng));
-    // The wrist camera as float [T, 3, H, W] in [0, 1], as a LeRobot dataset holds frames.
+    auto frames_of = [&](const std::string& key) {
+        io::NpyArrayU8 a = io::read_npy_u8(ref / (key + ".npy"));
+        REQUIRE(a.shape == std::vector<std::int64_t>{20, kImageH, kImageW, 3});
+        a.data.resize(std::size_t(T) * pixels);
+        return a.data;
+    };
+    auto rows_of = [&](const std::string& key) {
+        io::NpyArrayF32 a = io::read_npy_f32(ref / (key + ".npy"));
+        REQUIRE(a.shape.size() == 2);
+        a.shape[0] = T;
+        a.data.resize(std::size_t(T * a.shape[1]));
+        return a;
+    };
+    const std::vector<std::uint8_t> top = frames_of("observation.images.top"), wrist = frames_of("observation.images.wrist");
+    const io::NpyArrayF32 state = rows_of("observation.state"), env = rows_of("observation.environment_state");
     std::vector<float> wrist_chw(wrist.size());
     for (int t = 0; t < T; ++t)
         for (int y = 0; y < kImageH; ++y)
@@ -318,8 +328,8 @@ TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-proce
     auto write = [&](const std::string& name, auto&& cameras) {
         io::NpzWriter w;
         cameras(w);
-        w.add_f32("observation.state", std::vector<std::int64_t>{T, kState}, e.state);
-        w.add_f32("observation.environment_state", std::vector<std::int64_t>{T, kEnv}, e.env);
+        w.add_f32("observation.state", state.shape, state.data);
+        w.add_f32("observation.environment_state", env.shape, env.data);
         w.write(tmp(name));
         return "\"" + folder.string() + "\" --obs " + tmp(name).string() + " --out " + tmp("cam_actions.npy").string();
     };
@@ -332,9 +342,10 @@ TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-proce
     CHECK(has(r, "ddim 10 steps, T=10 observations"));
     CHECK(has(r, "chunks generated: 2 (seeded noise)"));
     const io::NpyArrayF32 got = io::read_npy_f32(tmp("cam_actions.npy"));
-    REQUIRE(got.shape == std::vector<std::int64_t>{T, kActions});
 
     auto policy = DiffusionPolicy<Cpu>::load(folder, PolicyOptions{.steps = 10, .scheduler = Scheduler::Ddim, .seed = 3});
+    const std::size_t A = std::size_t(policy.action_dim()), S = std::size_t(state.shape[1]), E = std::size_t(env.shape[1]);
+    REQUIRE(got.shape == std::vector<std::int64_t>{T, std::int64_t(A)});
     REQUIRE(policy.cameras().size() == 2);
     CHECK(policy.cameras()[0].key == "observation.images.top");
     policy.reset();
@@ -342,21 +353,21 @@ TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-proce
     for (int t = 0; t < T; ++t) {
         const PolicyFrame frames[2] = {{top.data() + std::size_t(t) * pixels, ImageLayout::U8Hwc, kImageH, kImageW},
                                        {wrist_chw.data() + std::size_t(t) * pixels, ImageLayout::F32Chw, kImageH, kImageW}};
-        const PolicyObservation obs{std::span<const float>(e.state).subspan(std::size_t(t) * kState, kState),
-                                    std::span<const float>(e.env).subspan(std::size_t(t) * kEnv, kEnv), frames};
-        policy.select_action(obs, std::span<float>(want).subspan(std::size_t(t) * kActions, kActions));
+        const PolicyObservation obs{std::span<const float>(state.data).subspan(std::size_t(t) * S, S),
+                                    std::span<const float>(env.data).subspan(std::size_t(t) * E, E), frames};
+        policy.select_action(obs, std::span<float>(want).subspan(std::size_t(t) * A, A));
     }
     CHECK(got.data == want);
 
     // A frame of the wrong size, a camera missing, frames of another dtype: named with the expected shapes.
-    const std::string expected = "(expected uint8 [T, 48, 64, 3] or float32 [T, 3, 48, 64] in [0, 1]";
+    const std::string expected = "(expected uint8 [T, 36, 44, 3] or float32 [T, 3, 36, 44] in [0, 1]";
     RunResult bad = run(FLOWEDGE_POLICY_EXE, write("narrow.npz", [&](io::NpzWriter& w) {
         w.add_u8("observation.images.top", std::vector<std::int64_t>{T, kImageH, kImageW - 1, 3},
                  std::span<const std::uint8_t>(top).first(std::size_t(T) * kImageH * (kImageW - 1) * 3));
         w.add_f32("observation.images.wrist", chw, wrist_chw);
     }));
     CHECK(bad.rc == 1);
-    CHECK(has(bad, "'observation.images.top' has the wrong shape " + expected + ", got [10, 48, 63, 3])"));
+    CHECK(has(bad, "'observation.images.top' has the wrong shape " + expected + ", got [10, 36, 43, 3])"));
     bad = run(FLOWEDGE_POLICY_EXE, write("one_cam.npz", [&](io::NpzWriter& w) { w.add_u8("observation.images.top", hwc, top); }));
     CHECK(bad.rc == 1);
     CHECK(has(bad, "missing array 'observation.images.wrist' " + expected));
@@ -366,11 +377,11 @@ TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-proce
         w.add_f32("observation.images.wrist", chw, wrist_chw);
     }));
     CHECK(bad.rc == 1);
-    CHECK(has(bad, "'observation.images.top' has the wrong dtype " + expected + ", got int32 [10, 48, 64, 3])"));
+    CHECK(has(bad, "'observation.images.top' has the wrong dtype " + expected + ", got int32 [10, 36, 44, 3])"));
     // The copyable example drives the cameras too.
     const RunResult ex = run(PUSHT_POLICY_EXE, "\"" + folder.string() + "\" 3");
     REQUIRE_MESSAGE(ex.rc == 0, ex.output);
-    CHECK(has(ex, "camera 'observation.images.wrist': 48x64"));
+    CHECK(has(ex, "camera 'observation.images.wrist': 36x44"));
     CHECK(has(ex, "tick   2  action"));
 }
 
