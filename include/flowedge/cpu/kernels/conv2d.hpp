@@ -91,9 +91,11 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 const int base = c * p.stride_w + kw - p.pad_w, sw = p.stride_w;
                 // Segment elements [s_lo, s_hi) read inside the input row (iw = base + s*sw); the padding either side
                 // is zero. Edge taps (kw = 0 or kw = kernel-1 with padding: two rows in three of a 3x3 conv) copy
-                // their interior like the others instead of testing every element.
-                const int s_lo = std::min(seg, base < 0 ? (-base + sw - 1) / sw : 0);
-                const int s_hi = std::max(s_lo, std::min(seg, base < p.in_w ? (p.in_w - 1 - base) / sw + 1 : 0));
+                // their interior like the others instead of testing every element; the divisions run only at the
+                // edges (the stem's stride-2 rows have many short segments).
+                const int s_lo = base >= 0 ? 0 : std::min(seg, (-base + sw - 1) / sw);
+                const int s_hi = base + (seg - 1) * sw < p.in_w ? seg
+                                 : std::max(s_lo, std::min(seg, base < p.in_w ? (p.in_w - 1 - base) / sw + 1 : 0));
                 for (int s = 0; s < s_lo; ++s) row[q + s] = 0.f;
                 if (sw == 1) {
                     copy_floats(row + q + s_lo, xr + base + s_lo, s_hi - s_lo);
