@@ -1,7 +1,12 @@
 // rgb_encoder_bench: LeRobot's DiffusionRgbEncoder (ResNet18 + SpatialSoftmax) on one camera frame on the CPU, for
 // the PushT crop (96x96 frame, 84x84 center crop) and a whole 96x96 frame, GroupNorm and BatchNorm backbones, at 1 and
 // 2 threads, next to the compute floor (the encoder's FLOPs / this machine's measured FMA peak per core x threads).
-// Weights are random (latency does not depend on their values). Usage: rgb_encoder_bench [--iters N] [--json FILE]
+// Weights are random (latency does not depend on their values).
+// --layers adds the backbone's convolutions one by one (PushT 84x84 crop, BatchNorm folded, each with the bias,
+// residual and ReLU the encoder gives it, run in the encoder's order so each sees the cache state it sees there), next
+// to two floors per conv: FLOPs over the FMA peak, and bytes (weights + input + output + residual) over this core's
+// measured read bandwidth on a buffer the size of the encoder's weights (what one frame streams).
+// Usage: rgb_encoder_bench [--iters N] [--threads 1|2|1,2] [--layers] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,13 +44,13 @@ std::string read_loadavg() {
 }
 
 /// FP32 FMA throughput of one core in GFLOP/s: 12 independent 16-lane accumulators (the compiler's widest vectors
-/// under -march=native), best of a few runs.
+/// under -march=native), best of many short runs (a run of a few ms is often not preempted on a shared machine).
 double fma_peak_gflops_per_core() {
     typedef float v16 __attribute__((vector_size(64)));
     constexpr int kAcc = 12;
-    constexpr long kIters = 20'000'000;
+    constexpr long kIters = 200'000;
     double best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < 300; ++rep) {
         v16 acc[kAcc];
         for (int i = 0; i < kAcc; ++i) acc[i] = v16{} + float(i) * 1e-3f;
         v16 a = v16{} + 0.999999f, b = v16{} + 1e-7f;
@@ -78,6 +83,31 @@ std::shared_ptr<const io::SafeTensors> random_weights(DiffusionRgbEncoder<Cpu>& 
     return io::SafeTensors::from_bytes(w.bytes(), "random");
 }
 
+/// Read bandwidth of one core in GB/s over `bytes` (re-read whole, four 64-byte loads in flight per step), best of a
+/// few passes after a warm one.
+double read_bandwidth_gbs(std::size_t bytes) {
+    typedef float v16 __attribute__((vector_size(64)));
+    const std::size_t n = bytes / sizeof(v16) / 4 * 4;
+    std::vector<v16> buf(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = v16{} + float(i & 7);
+    double best = 0;
+    for (int rep = 0; rep < 6; ++rep) {
+        v16 a0{}, a1{}, a2{}, a3{};
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < n; i += 4) {
+            a0 += buf[i];
+            a1 += buf[i + 1];
+            a2 += buf[i + 2];
+            a3 += buf[i + 3];
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const v16 t = a0 + a1 + a2 + a3;
+        asm volatile("" ::"x"(t));
+        if (rep > 0) best = std::max(best, double(n * sizeof(v16)) / s / 1e9);
+    }
+    return best;
+}
+
 struct Stats {
     double min = 0, p50 = 0, p99 = 0, max = 0, mean = 0;
 };
@@ -92,16 +122,137 @@ Stats stats(std::vector<double> v) {
     return s;
 }
 
+/// One convolution of the backbone as the BatchNorm encoder runs it: Conv2d with BatchNorm folded, act ReLU or none,
+/// with or without the block's residual.
+struct ConvCase {
+    std::string name;
+    int in, out, kernel, stride, pad, size;  // size: input height = width
+    bool relu, residual;
+};
+
+/// The backbone's convolutions for a square `input` crop, in forward() order (downsample before conv1 as there).
+std::vector<ConvCase> backbone_convs(int input) {
+    std::vector<ConvCase> v;
+    auto out_size = [](int h, int k, int s, int p) { return (h + 2 * p - k) / s + 1; };
+    v.push_back({"stem 7x7/2", 3, 64, 7, 2, 3, input, true, false});
+    int h = out_size(out_size(input, 7, 2, 3), 3, 2, 1), in = 64;
+    const int widths[4] = {64, 128, 256, 512};
+    for (int l = 0; l < 4; ++l) {
+        const int out = widths[l];
+        for (int j = 0; j < 2; ++j) {
+            const int s = (l > 0 && j == 0) ? 2 : 1, cin = j == 0 ? in : out;
+            const std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(j) + ".";
+            if (s != 1 || cin != out) v.push_back({p + "downsample 1x1/2", cin, out, 1, s, 0, h, false, false});
+            v.push_back({p + "conv1 3x3" + (s == 2 ? "/2" : ""), cin, out, 3, s, 1, h, true, false});
+            const int ho = out_size(h, 3, s, 1);
+            v.push_back({p + "conv2 3x3 +res", out, out, 3, 1, 1, ho, true, true});
+            h = ho;
+        }
+        in = out;
+    }
+    return v;
+}
+
+/// Per-conv times of the backbone (see the file comment); prints the table and returns its JSON rows.
+nlohmann::json run_layers(int iters, double peak, double bw) {
+    const std::vector<ConvCase> cases = backbone_convs(84);
+    struct Item {
+        Conv2d<Cpu> conv;
+        std::vector<float> x, y, res;
+        int oh;
+        std::vector<double> ms;
+    };
+    std::vector<Item> items(cases.size());
+    io::SafeTensorsWriter wr;
+    std::mt19937 rng(2);
+    auto fill = [&](std::vector<float>& v, double lo, double hi) {
+        std::uniform_real_distribution<double> d(lo, hi);
+        for (float& x : v) x = float(d(rng));
+    };
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const ConvCase& c = cases[i];
+        const std::string k = std::to_string(i) + ".";
+        std::vector<float> w(std::size_t(c.out) * c.in * c.kernel * c.kernel), g(std::size_t(c.out)), b(g.size()), m(g.size()), var(g.size());
+        const double a = std::sqrt(6.0 / double(c.in * c.kernel * c.kernel));
+        fill(w, -a, a), fill(g, 0.5, 1.5), fill(b, -0.1, 0.1), fill(m, -0.1, 0.1), fill(var, 0.5, 2.0);
+        wr.add_f32(k + "conv.weight", Shape{c.out, c.in, c.kernel, c.kernel}, w);
+        wr.add_f32(k + "bn.weight", Shape{c.out}, g);
+        wr.add_f32(k + "bn.bias", Shape{c.out}, b);
+        wr.add_f32(k + "bn.running_mean", Shape{c.out}, m);
+        wr.add_f32(k + "bn.running_var", Shape{c.out}, var);
+    }
+    const auto file = io::SafeTensors::from_bytes(wr.bytes(), "random");
+    Context<Cpu> ctx;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const ConvCase& c = cases[i];
+        Item& it = items[i];
+        it.conv = Conv2d<Cpu>({.in = c.in, .out = c.out, .kernel = c.kernel, .stride = c.stride, .pad = c.pad, .bias = false, .batch_norm = true});
+        it.conv.load(file, std::to_string(i) + ".conv.", std::to_string(i) + ".bn.", {}, "bench");
+        it.oh = it.conv.out_size(c.size);
+        it.x.resize(std::size_t(c.in) * c.size * c.size);
+        it.y.resize(std::size_t(c.out) * it.oh * it.oh);
+        fill(it.x, 0.0, 1.0);
+        if (c.residual) it.res.resize(it.y.size()), fill(it.res, 0.0, 1.0);
+    }
+    auto run_all = [&](bool record) {
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+            const ConvCase& c = cases[i];
+            Item& it = items[i];
+            const View<const float, Cpu> xv{it.x.data(), Shape{1, c.in, c.size, c.size}};
+            const View<float, Cpu> yv{it.y.data(), Shape{1, c.out, it.oh, it.oh}};
+            const auto t0 = std::chrono::steady_clock::now();
+            it.conv.forward(ctx, xv, yv, c.relu ? Activation::Relu : Activation::None, c.residual ? it.res.data() : nullptr);
+            if (record) it.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+    };
+    set_threads(1);
+    for (int w = 0; w < 3; ++w) run_all(false);
+    for (int i = 0; i < iters; ++i) run_all(true);
+    nlohmann::json rows = nlohmann::json::array();
+    double sum_best = 0, sum_p50 = 0, sum_flop = 0, sum_byte = 0, sum_bound = 0;
+    std::printf("\nBackbone convs, PushT 84x84 crop, BatchNorm folded, 1 thread (read bandwidth %.1f GB/s):\n", bw);
+    std::printf("%-28s %9s %7s %7s %7s %8s %8s %6s %6s\n", "conv", "MFLOP", "MB", "best", "p50", "floorF", "floorB",
+                "GF/s", "x bnd");
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const ConvCase& c = cases[i];
+        Item& it = items[i];
+        const Stats s = stats(it.ms);
+        const double flop = 2.0 * double(it.conv.macs(1, c.size, c.size));
+        const double bytes = 4.0 * (double(c.out) * c.in * c.kernel * c.kernel + double(it.x.size()) + double(it.y.size()) +
+                                    double(it.res.size()));
+        const double floor_f = flop / (peak * 1e9) * 1e3, floor_b = bytes / (bw * 1e9) * 1e3, bound = std::max(floor_f, floor_b);
+        sum_best += s.min, sum_p50 += s.p50, sum_flop += floor_f, sum_byte += floor_b, sum_bound += bound;
+        std::printf("%-28s %9.2f %7.2f %7.3f %7.3f %8.3f %8.3f %6.1f %6.2f\n", c.name.c_str(), flop / 1e6, bytes / 1e6, s.min,
+                    s.p50, floor_f, floor_b, flop / (s.min * 1e6), s.min / bound);
+        rows.push_back({{"conv", c.name}, {"mflop", flop / 1e6}, {"mbytes", bytes / 1e6}, {"ms_best", s.min}, {"ms_p50", s.p50},
+                        {"floor_flop_ms", floor_f}, {"floor_bytes_ms", floor_b}, {"gflops_best", flop / (s.min * 1e6)}});
+    }
+    std::printf("%-28s %9s %7s %7.3f %7.3f %8.3f %8.3f %6s %6.2f\n", "sum", "", "", sum_best, sum_p50, sum_flop, sum_byte, "",
+                sum_best / sum_bound);
+    return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int iters = 50;
     std::string json_path;
+    std::vector<int> thread_counts{1, 2};
+    bool layers = false;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: %s [--iters N] [--json FILE]\n", argv[0]);
+        else if (!std::strcmp(argv[i], "--layers")) layers = true;
+        else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+            const std::string t = argv[++i];
+            thread_counts.clear();
+            for (std::size_t a = 0; a < t.size();) {
+                const std::size_t b = std::min(t.find(',', a), t.size());
+                thread_counts.push_back(std::max(1, std::atoi(t.substr(a, b - a).c_str())));
+                a = b + 1;
+            }
+        } else {
+            std::fprintf(stderr, "usage: %s [--iters N] [--threads 1|2|1,2] [--layers] [--json FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -130,7 +281,7 @@ int main(int argc, char** argv) {
             std::vector<float> features(std::size_t(enc.feature_dim()));
             const View<float, Cpu> fv{features.data(), Shape{1, enc.feature_dim()}};
             const double flops = 2.0 * double(enc.macs(1));
-            for (int t : {1, 2}) {
+            for (int t : thread_counts) {
                 set_threads(t);
                 for (int w = 0; w < 3; ++w) enc.forward(ctx, frame.data(), ImageLayout::U8Hwc, 1, fv);
                 std::vector<double> ms;
@@ -141,15 +292,22 @@ int main(int argc, char** argv) {
                 }
                 const Stats s = stats(ms);
                 const double floor_ms = flops / (peak * 1e9 * t) * 1e3;
-                std::printf("%-32s %s, %d thread%s: p50 %7.2f  p99 %7.2f  max %7.2f ms | %.3f GFLOP, floor %.2f ms, p50 at %.0f%% of peak\n",
-                            cs.name, gn ? "GroupNorm" : "BatchNorm", t, t == 1 ? " " : "s", s.p50, s.p99, s.max, flops / 1e9, floor_ms,
-                            100.0 * floor_ms / s.p50);
+                std::printf("%-32s %s, %d thread%s: min %7.2f  p50 %7.2f  p99 %7.2f  max %7.2f ms | %.3f GFLOP, floor %.2f ms, "
+                            "p50 at %.0f%% of peak\n",
+                            cs.name, gn ? "GroupNorm" : "BatchNorm", t, t == 1 ? " " : "s", s.min, s.p50, s.p99, s.max, flops / 1e9,
+                            floor_ms, 100.0 * floor_ms / s.p50);
                 out["rows"].push_back({{"case", cs.name}, {"input", std::to_string(c.input_h()) + "x" + std::to_string(c.input_w())},
                                        {"norm", gn ? "group_norm" : "batch_norm"}, {"threads", t}, {"gflop", flops / 1e9},
                                        {"floor_ms", floor_ms}, {"workspace_bytes", enc.workspace_bytes(1)},
                                        {"ms", {{"min", s.min}, {"p50", s.p50}, {"p99", s.p99}, {"max", s.max}, {"mean", s.mean}}}});
             }
         }
+    }
+    if (layers) {
+        // A buffer the size of the encoder's F32 weights (44.7 MB): what one frame reads.
+        const double bw = read_bandwidth_gbs(std::size_t(45) << 20);
+        out["read_bandwidth_gbs"] = bw;
+        out["layers"] = run_layers(iters, peak, bw);
     }
     out["loadavg_after"] = read_loadavg();
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

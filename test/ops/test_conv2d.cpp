@@ -124,6 +124,13 @@ TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype a
         {1, 3, 4, 6, 6, 3, 3, 4, 4, 0, 0},        // stride past the kernel (pixels skipped)
         {2, 300, 20, 4, 5, 3, 3, 1, 1, 1, 1},     // reduction 2700: more than one chunk
         {1, 600, 21, 4, 4, 3, 3, 1, 1, 1, 1},     // 16 positions (the dot path) and reduction 5400: two chunks
+        // 3x3 outputs (the 9-column dot path, whole-channel columns, chunks of 576):
+        {2, 20, 13, 3, 3, 3, 3, 1, 1, 1, 1},      // reduction 180: one chunk; 13 rows = 4 blocks of 3 and one row
+        {1, 70, 8, 3, 3, 3, 3, 1, 1, 1, 1},       // reduction 630: chunks 576 + 54
+        {1, 10, 5, 6, 6, 3, 3, 2, 2, 1, 1},       // stride 2 with padding (layer4's first conv)
+        {1, 40, 7, 3, 3, 1, 1, 1, 1, 0, 0},       // 1x1 kernel
+        {1, 5, 6, 5, 3, 3, 1, 1, 1, 0, 0},        // a non-square 3x1 kernel: 3x3 output
+        {1, 30, 4, 7, 7, 5, 5, 1, 1, 0, 0},       // 5x5 kernel, reduction 750: chunks that split input channels
     };
     std::uint32_t seed = 9500;
     int n = 0;

@@ -14,6 +14,16 @@ inline VecF vload(const bf16* p) {
 }
 inline VecF vload(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+/// dst[0, n) = src[0, n) for a short run (an im2col row segment): whole vectors and one masked tail, no library call
+/// and no access past either end.
+inline void copy_floats(float* dst, const float* src, int n) {
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i));
+    if (i < n) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(dst + i, m, _mm256_maskload_ps(src + i, m));
+    }
+}
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
 inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }

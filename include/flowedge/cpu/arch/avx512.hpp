@@ -28,6 +28,13 @@ inline VecF vload_n(const bf16* p, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 inline VecF vload_n(const f16* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(n), p)); }
+/// dst[0, n) = src[0, n) for a short run (an im2col row segment): whole vectors and one masked tail, no library call
+/// and no access past either end.
+inline void copy_floats(float* dst, const float* src, int n) {
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i));
+    if (i < n) _mm512_mask_storeu_ps(dst + i, lane_mask(n - i), _mm512_maskz_loadu_ps(lane_mask(n - i), src + i));
+}
 
 /// r[i] = sum of the 16 lanes of v[i] for 16 vectors (a transpose-and-add tree: 30 shuffles, 15 adds,
 /// instead of 16 separate horizontal reductions).

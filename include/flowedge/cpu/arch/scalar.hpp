@@ -25,6 +25,10 @@ inline VecF vload(const T* p) {
 inline void vstore(float* p, VecF a) {
     for (int i = 0; i < kLanes; ++i) p[i] = a.v[i];
 }
+/// dst[0, n) = src[0, n) for a short run (an im2col row segment).
+inline void copy_floats(float* dst, const float* src, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = src[i];
+}
 inline VecF vfma(VecF a, VecF b, VecF c) {
     for (int i = 0; i < kLanes; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
     return c;

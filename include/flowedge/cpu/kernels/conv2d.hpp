@@ -88,25 +88,68 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 for (int s = 0; s < seg; ++s) row[q + s] = 0.f;
             } else {
                 const float* xr = xi + std::size_t(ih) * p.in_w;
-                const int base = c * p.stride_w + kw - p.pad_w;
-                if (p.stride_w == 1 && base >= 0 && base + seg <= p.in_w) {
-                    std::memcpy(row + q, xr + base, std::size_t(seg) * sizeof(float));
-                } else if (base >= 0 && base + (seg - 1) * p.stride_w < p.in_w) {
-                    // Strided but inside the row (the stem's stride-2 interior): no bounds test per element.
-                    const int sw = p.stride_w;
-                    for (int s = 0; s < seg; ++s) row[q + s] = xr[base + s * sw];
+                const int base = c * p.stride_w + kw - p.pad_w, sw = p.stride_w;
+                // Segment elements [s_lo, s_hi) read inside the input row (iw = base + s*sw); the padding either side
+                // is zero. Edge taps (kw = 0 or kw = kernel-1 with padding: two rows in three of a 3x3 conv) copy
+                // their interior like the others instead of testing every element; the divisions run only at the
+                // edges (the stem's stride-2 rows have many short segments).
+                const int s_lo = base >= 0 ? 0 : std::min(seg, (-base + sw - 1) / sw);
+                const int s_hi = base + (seg - 1) * sw < p.in_w ? seg
+                                 : std::max(s_lo, std::min(seg, base < p.in_w ? (p.in_w - 1 - base) / sw + 1 : 0));
+                for (int s = 0; s < s_lo; ++s) row[q + s] = 0.f;
+                if (sw == 1) {
+                    copy_floats(row + q + s_lo, xr + base + s_lo, s_hi - s_lo);
                 } else {
-                    for (int s = 0; s < seg; ++s) {
-                        const int iw = base + s * p.stride_w;
-                        row[q + s] = (iw >= 0 && iw < p.in_w) ? xr[iw] : 0.f;
-                    }
+                    for (int s = s_lo; s < s_hi; ++s) row[q + s] = xr[base + s * sw];
                 }
+                for (int s = s_hi; s < seg; ++s) row[q + s] = 0.f;
             }
             q += seg;
             ++r;
             c = 0;
         }
         for (; q < W; ++q) row[q] = 0.f;
+        if (++kw == KW) {
+            kw = 0;
+            if (++kh == KH) {
+                kh = 0;
+                ++i;
+            }
+        }
+    }
+}
+
+/// One im2col column: dst[jj] = x[b, i, r*sh + kh - ph, c*sw + kw - pw] for output position n = r * out_w + c and
+/// j = j0 + jj = (i * kh_count + kh) * kw_count + kw, jj < len; zero outside the image. Whole input channels (the
+/// late layers' single chunk) go one kernel row at a time with the in-image taps found once per position.
+inline void conv2d_im2col_column(const Conv2dParams& p, int b, int n, int j0, int len, float* dst) {
+    const int KH = p.kernel_h, KW = p.kernel_w, KK = KH * KW;
+    const int r = n / p.out_w, c = n % p.out_w;
+    const std::size_t plane = std::size_t(p.in_h) * std::size_t(p.in_w);
+    const float* xb = p.x + std::size_t(b) * p.in_channels * plane;
+    const int iw0 = c * p.stride_w - p.pad_w, ih0 = r * p.stride_h - p.pad_h;
+    if (j0 % KK == 0 && len % KK == 0) {
+        const int kw_lo = std::clamp(-iw0, 0, KW), kw_hi = std::clamp(p.in_w - iw0, kw_lo, KW);
+        for (int i = j0 / KK, ie = i + len / KK; i < ie; ++i) {
+            const float* xi = xb + std::size_t(i) * plane;
+            for (int kh = 0; kh < KH; ++kh, dst += KW) {
+                const int ih = ih0 + kh;
+                if (ih < 0 || ih >= p.in_h) {
+                    for (int kw = 0; kw < KW; ++kw) dst[kw] = 0.f;
+                    continue;
+                }
+                const float* xr = xi + std::size_t(ih) * p.in_w + iw0;
+                for (int kw = 0; kw < kw_lo; ++kw) dst[kw] = 0.f;
+                for (int kw = kw_lo; kw < kw_hi; ++kw) dst[kw] = xr[kw];
+                for (int kw = kw_hi; kw < KW; ++kw) dst[kw] = 0.f;
+            }
+        }
+        return;
+    }
+    int i = j0 / KK, kh = (j0 % KK) / KW, kw = j0 % KW;
+    for (int jj = 0; jj < len; ++jj) {
+        const int ih = ih0 + kh, iw = iw0 + kw;
+        dst[jj] = (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w) ? xb[std::size_t(i) * plane + std::size_t(ih) * p.in_w + std::size_t(iw)] : 0.f;
         if (++kw == KW) {
             kw = 0;
             if (++kh == KH) {
@@ -213,6 +256,87 @@ inline void conv2d_part(const Conv2dParams& p, const WT* w, int t0, int t1, int 
 /// weight-streaming dot kernels of gemm.hpp (whole vectors of contiguous weights, positions as columns) win.
 inline constexpr int kConv2dDotPositions = 16;
 
+/// Columns per dot micro-kernel call on the conv path: a 3x3 output (ResNet layer4 at an 84x84 crop) in one call, so
+/// each weight row streams from memory once (eight columns and then one would stream it twice); 3 rows x 9 columns
+/// fill 27 of AVX-512's 32 registers with accumulators.
+inline constexpr int kConv2dDotCols = 9;
+
+/// Reduction chunk of the kConv2dDotCols-column dot path: 9 columns x 576 floats (20.7 KiB) fit a 32 KiB L1 beside
+/// the weight lines in flight; 576 = 64 x 9 keeps chunks on whole input channels of a 3x3 kernel.
+inline constexpr int kConv2dDotChunk = 576;
+
+/// res[r][c] = sum_{j < len} w[r*ldw + j] * x[c*ldx + j] for RO weight rows and kConv2dDotCols columns: gemm.hpp's
+/// dot_block with each activation vector loaded once per step into a register (left to itself GCC folds it into every
+/// row's FMA as a memory operand: 30 loads per 27 FMAs, load-port bound where the weights are not).
+template <int RO, class WT>
+inline void conv2d_dot_block(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, float (&res)[RO][kConv2dDotCols]) {
+    constexpr int NC = kConv2dDotCols;
+    VecF acc[RO][NC];
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = vzero();
+    int j = 0;
+    for (; j + kLanes <= len; j += kLanes) {
+        VecF wv[RO];
+        for (int r = 0; r < RO; ++r) {
+            if (sizeof(WT) == 4 || (j & 31) == 0) prefetch_ahead(w + std::size_t(r) * ldw, j, len, std::size_t(RO) * ldw);
+            wv[r] = vload(w + std::size_t(r) * ldw + j);
+        }
+        for (int c = 0; c < NC; ++c) {
+            VecF xv = vload(x + std::size_t(c) * ldx + j);
+#if FLOWEDGE_ISA_SIMD
+            asm("" : "+v"(xv));
+#endif
+            for (int r = 0; r < RO; ++r) acc[r][c] = vfma(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < RO; ++r)
+        for (int c = 0; c < NC; ++c) res[r][c] = vsum(acc[r][c]);
+    for (; j < len; ++j)
+        for (int r = 0; r < RO; ++r) {
+            const float wf = widen(w[std::size_t(r) * ldw + j]);
+            for (int c = 0; c < NC; ++c) res[r][c] += wf * x[std::size_t(c) * ldx + j];
+        }
+}
+
+/// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and kConv2dDotCols columns (rows_for_cols rows per block).
+template <class WT, class F>
+inline void conv2d_dot_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    constexpr int RO = rows_for_cols(kConv2dDotCols), NC = kConv2dDotCols;
+    int o = o0;
+    for (; o + RO <= o1; o += RO) {
+        float res[RO][NC];
+        conv2d_dot_block<RO>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int r = 0; r < RO; ++r)
+            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
+    }
+    for (; o < o1; ++o) {
+        float res[1][NC];
+        conv2d_dot_block<1>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
+    }
+}
+
+/// gemm_rows for the conv paths: f(o, c, dot(w row o, x column c)) for rows [o0, o1) and ncols columns. A multiple
+/// of kConv2dDotCols columns runs in column blocks of that width over row blocks that stay in L2 while every column
+/// block uses them; other counts take gemm_rows.
+template <class WT, class F>
+inline void conv2d_dot_columns(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1,
+                               int ncols, F& f) {
+    if (ncols % kConv2dDotCols != 0) {
+        gemm_rows(w, ldw, x, ldx, len, o0, o1, ncols, f);
+        return;
+    }
+    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
+    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
+    for (int ob = o0; ob < o1; ob += block) {
+        const int oe = std::min(o1, ob + block);
+        for (int cb = 0; cb < ncols; cb += kConv2dDotCols) {
+            ColumnOffset<F> g{f, cb};
+            conv2d_dot_rows(w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
+        }
+    }
+}
+
 /// This thread's share (output channels [o0, o1)) of a conv2d with at most kConv2dDotPositions positions per image:
 /// per image and reduction chunk, the im2col panel with one column per position ([position][j], j contiguous as in
 /// the weight rows) and gemm_rows over the thread's weight rows; epilogue order as conv2d_epilogue.
@@ -222,31 +346,16 @@ inline void conv2d_dot_part(const Conv2dParams& p, const WT* w, int o0, int o1) 
     alignas(64) float panel[kScratchFloats];
     // Column stride: the chunk rounded up to 16 floats plus 16, so that columns (and the weight rows, whose stride
     // is often a multiple of 2 KiB) do not all fall on the same few L1 sets.
-    const int len_chunk = int(std::min<std::size_t>(std::size_t(R), (kScratchFloats / std::size_t(N)) / 16 * 16 - 16));
+    // A multiple of kConv2dDotCols positions takes chunks of kConv2dDotChunk: a column block then stays in L1 while
+    // every weight row multiplies it.
+    const std::size_t fit = (kScratchFloats / std::size_t(N)) / 16 * 16 - 16;
+    const int len_chunk = int(std::min({std::size_t(R), fit, N % kConv2dDotCols == 0 ? std::size_t(kConv2dDotChunk) : fit}));
     for (int b = 0; b < p.batch; ++b) {
         for (int j0 = 0; j0 < R; j0 += len_chunk) {
             const int len = std::min(len_chunk, R - j0);
             const std::size_t ldp = round_up16(std::size_t(len)) + 16;
             // conv2d_im2col writes [j][position] rows of width W: build one position at a time into its column.
-            for (int n = 0; n < N; ++n) {
-                float* dst = panel + std::size_t(n) * ldp;
-                const int KH = p.kernel_h, KW = p.kernel_w, KK = KH * KW;
-                const int r = n / p.out_w, c = n % p.out_w;
-                int i = j0 / KK, kh = (j0 % KK) / KW, kw = j0 % KW;
-                for (int jj = 0; jj < len; ++jj) {
-                    const int ih = r * p.stride_h + kh - p.pad_h, iw = c * p.stride_w + kw - p.pad_w;
-                    dst[jj] = (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
-                                  ? p.x[((std::size_t(b) * p.in_channels + std::size_t(i)) * p.in_h + std::size_t(ih)) * p.in_w + std::size_t(iw)]
-                                  : 0.f;
-                    if (++kw == KW) {
-                        kw = 0;
-                        if (++kh == KH) {
-                            kh = 0;
-                            ++i;
-                        }
-                    }
-                }
-            }
+            for (int n = 0; n < N; ++n) conv2d_im2col_column(p, b, n, j0, len, panel + std::size_t(n) * ldp);
             const bool first = j0 == 0, last = j0 + len == R;
             float* yb = p.y + std::size_t(b) * p.out_channels * std::size_t(N);
             const float* rb = p.residual ? p.residual + std::size_t(b) * p.out_channels * std::size_t(N) : nullptr;
@@ -259,7 +368,7 @@ inline void conv2d_dot_part(const Conv2dParams& p, const WT* w, int o0, int o1) 
                 }
                 dst = s;
             };
-            gemm_rows(w + std::size_t(j0), std::size_t(R), panel, ldp, len, o0, o1, N, epilogue);
+            conv2d_dot_columns(w + std::size_t(j0), std::size_t(R), panel, ldp, len, o0, o1, N, epilogue);
         }
     }
 }
