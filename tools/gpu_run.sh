@@ -36,6 +36,12 @@
 #   policy    issue 19: diffusion_policy / diffusion_rgb_encoder tests (CPU and CUDA instances), bench/policy_bench on
 #             the PushT-size image policy (F32, BF16) and LeRobot's select_action from carried wheels -> $OUT/policy.txt,
 #             policy_bench_cuda_{f32,bf16}.json, lerobot_policy_cuda.json
+#   rt        issue 25: builds rt_stress_bench + the real-time tests, runs reliability_realtime_options and
+#             diffusion_policy_realtime (CPU and CUDA instances) -> $OUT/rt_tests.txt, then bench/run_rt_stress.sh on
+#             the PushT-size image policy (.bench-fixtures/dp_pusht_image) quiet vs under stress-ng (or the script's
+#             built-in load when stress-ng is absent), options off vs on: CUDA RT_CUDA_TICKS ticks per case (default
+#             20000), CPU at 2 threads RT_CPU_SECONDS per case (default 40) -> $OUT/rt_stress_{cuda,cpu}.{json,md},
+#             one PNG histogram per case. About 6 minutes after the build stage.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -331,6 +337,26 @@ stage_policy() {
     return "$rc"
 }
 
+stage_rt() {
+    local rc=0 fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image} folder=/tmp/dp_pusht_image
+    BUILD_TARGETS="rt_stress_bench diffusion_policy_realtime reliability_realtime_options" stage_build || return $?
+    for t in reliability/reliability_realtime_options diffusion/diffusion_policy_realtime; do
+        "$BUILD/test/$t" > "$LOGS/rt_$(basename "$t").log" 2>&1 || rc=$?
+        grep -E "MESSAGE|ERROR|test cases|skipped" "$LOGS/rt_$(basename "$t").log" | tee -a "$OUT/rt_tests.txt"
+    done
+    [ -d "$fix" ] || { echo "no $fix: skipping the stress benchmark" | tee -a "$OUT/rt_tests.txt"; return 1; }
+    for dev in ${RT_DEVICES:-cuda cpu}; do
+        local size=(--seconds "${RT_CPU_SECONDS:-40}" --threads 2)
+        [ "$dev" = cuda ] && size=(--ticks "${RT_CUDA_TICKS:-20000}")
+        bench/run_rt_stress.sh "$folder" --rebuild-from "$fix" --device "$dev" "${size[@]}" --bench "$BUILD/rt_stress_bench" \
+            --out "$OUT" || rc=$?
+        for c in quiet_off quiet_on stress_off stress_on; do  # kept in rt_stress_$dev.json and the PNGs
+            rm -f "$OUT/rt_stress_${dev}_$c.json" "$OUT/rt_stress_${dev}_$c.samples.txt"
+        done
+    done
+    return "$rc"
+}
+
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
 EXPANDED=()
@@ -338,8 +364,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|rt|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy rt asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
