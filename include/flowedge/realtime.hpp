@@ -148,30 +148,50 @@ inline std::size_t lock_memory() {
         fail(ErrorKind::Unsupported, "realtime", std::string("mlockall failed: ") + std::strerror(err));
     }
     prefault_stack();
-    return status_bytes("VmLck");
+    const std::size_t locked = status_bytes("VmLck");
+    if (locked == 0)  // an AddressSanitizer build turns mlockall into a no-op that reports success
+        fail(ErrorKind::Unsupported, "realtime", "mlockall reported success but nothing is locked (VmLck is 0; a sanitizer build "
+                                                 "ignores mlockall): memory cannot be locked in this build");
+    return locked;
 }
 
 /// Faults in every page the process maps now without locking anything: writable private mappings for writing (so a
-/// later first write does not fault either), the rest for reading (weights mapped from files included). Mappings
-/// that cannot be populated (device memory, guard pages) are skipped. Returns the bytes populated.
+/// later first write does not fault either), the rest for reading (weights mapped from files included). Skipped:
+/// mappings made with MAP_NORESERVE (address-space reservations such as a sanitizer's shadow memory or the unused
+/// part of a malloc arena), device and I/O mappings, and any mapping larger than physical memory. Returns the bytes
+/// populated.
 inline std::size_t prefault_memory() {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
-    std::FILE* f = std::fopen("/proc/self/maps", "r");
-    if (!f) fail(ErrorKind::Unsupported, "realtime", "cannot pre-fault memory: /proc/self/maps is not readable");
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> write, read;  // collected first: populating changes the maps
-    char line[512];
+    std::FILE* f = std::fopen("/proc/self/smaps", "r");
+    if (!f) fail(ErrorKind::Unsupported, "realtime", "cannot pre-fault memory: /proc/self/smaps is not readable");
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const std::uintptr_t physical = pages > 0 && page > 0 ? std::uintptr_t(pages) * std::uintptr_t(page) : ~std::uintptr_t(0);
+    struct Range {
+        std::uintptr_t lo, hi;
+        bool write;
+    };
+    std::vector<Range> ranges;  // collected first: populating changes the maps
+    Range current{0, 0, false};
+    bool candidate = false;
+    char line[1024];
     while (std::fgets(line, sizeof line, f)) {
         unsigned long long lo = 0, hi = 0;
         char perms[5] = {};
-        if (std::sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) != 3 || perms[0] != 'r') continue;
-        if (std::strstr(line, "[vsyscall]") || std::strstr(line, "[vvar") || std::strstr(line, "/dev/")) continue;
-        (perms[1] == 'w' && perms[3] == 'p' ? write : read).emplace_back(std::uintptr_t(lo), std::uintptr_t(hi));
+        if (std::sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) == 3) {  // a mapping's header line
+            current = {std::uintptr_t(lo), std::uintptr_t(hi), perms[1] == 'w' && perms[3] == 'p'};
+            candidate = perms[0] == 'r' && current.hi - current.lo <= physical && !std::strstr(line, "[vsyscall]") &&
+                        !std::strstr(line, "[vvar") && !std::strstr(line, " /dev/");
+        } else if (candidate && std::strncmp(line, "VmFlags:", 8) == 0) {  // its last field
+            const auto flag = [&](const char* two) { return std::strstr(line + 8, two) != nullptr; };
+            if (!flag(" nr") && !flag(" io") && !flag(" pf")) ranges.push_back(current);
+            candidate = false;
+        }
     }
     std::fclose(f);
     std::size_t bytes = 0;
-    for (auto [advice, list] : {std::pair{MADV_POPULATE_WRITE, &write}, std::pair{MADV_POPULATE_READ, &read}})
-        for (auto [lo, hi] : *list)
-            if (::madvise(reinterpret_cast<void*>(lo), hi - lo, advice) == 0) bytes += hi - lo;
+    for (const Range& r : ranges)
+        if (::madvise(reinterpret_cast<void*>(r.lo), r.hi - r.lo, r.write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+            bytes += r.hi - r.lo;
     prefault_stack();
     return bytes;
 #else

@@ -69,4 +69,9 @@ inline bool raise_soft_to_hard(int resource) {
 
 inline bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
 
+/// Whether a refused memory lock says why: the limit and its fix, or a sanitizer build that cannot lock at all.
+inline bool lock_refusal_explained(const std::string& message) {
+    return (contains(message, "RLIMIT_MEMLOCK") && contains(message, "ulimit -l")) || contains(message, "nothing is locked");
+}
+
 }  // namespace fe_test
