@@ -52,11 +52,22 @@ double percentile(const std::vector<double>& v, double q) {
     return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-/// n, p50 / p99 / p99.9 / p99.99 / max of `v` (ms), sorted in place.
-nlohmann::json tail(std::vector<double>& v) {
+/// The tail of one population of ticks (ms).
+struct Tail {
+    std::size_t n = 0;
+    double p50 = 0, p99 = 0, p999 = 0, p9999 = 0, max = 0;
+};
+/// Sorts `v` and reads its tail.
+Tail tail_of(std::vector<double>& v) {
     std::sort(v.begin(), v.end());
-    return {{"n", v.size()}, {"p50_ms", percentile(v, 50)}, {"p99_ms", percentile(v, 99)}, {"p99_9_ms", percentile(v, 99.9)},
-            {"p99_99_ms", percentile(v, 99.99)}, {"max_ms", v.empty() ? 0.0 : v.back()}};
+    return {v.size(), percentile(v, 50), percentile(v, 99), percentile(v, 99.9), percentile(v, 99.99), v.empty() ? 0.0 : v.back()};
+}
+nlohmann::json to_json(const Tail& t) {
+    return {{"n", t.n}, {"p50_ms", t.p50}, {"p99_ms", t.p99}, {"p99_9_ms", t.p999}, {"p99_99_ms", t.p9999}, {"max_ms", t.max}};
+}
+void print(const char* what, const Tail& t) {
+    std::printf("  %-14s n %7zu  p50 %.3f  p99 %.3f  p99.9 %.3f  p99.99 %.3f  max %.3f ms\n", what, t.n, t.p50, t.p99, t.p999,
+                t.p9999, t.max);
 }
 
 /// Counts of `sorted` in `bins` log-spaced bins from its minimum to its maximum (edges in ms).
@@ -144,13 +155,11 @@ int run(const Args& a, const std::string& device_name) {
         for (std::size_t i = 0; i < ms.size(); ++i) f << ms[i] << ' ' << int(chunk_tick[i]) << '\n';
     }
     std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double p50 = percentile(sorted, 50), p99 = percentile(sorted, 99), p999 = percentile(sorted, 99.9),
-                 p9999 = percentile(sorted, 99.99), mx = sorted.empty() ? 0 : sorted.back();
+    const Tail all = tail_of(sorted);
     // Chunk ticks (encode + the whole sampler) and the others (encode only) are two populations: each one's own tail.
     std::vector<double> chunk_ms, other_ms;
     for (std::size_t i = 0; i < ms.size(); ++i) (chunk_tick[i] ? chunk_ms : other_ms).push_back(ms[i]);
-    const nlohmann::json chunk_tail = tail(chunk_ms), other_tail = tail(other_ms);
+    const Tail chunk_tail = tail_of(chunk_ms), other_tail = tail_of(other_ms);
 #ifdef _OPENMP
     const int threads = omp_get_max_threads();
 #else
@@ -158,12 +167,11 @@ int run(const Args& a, const std::string& device_name) {
 #endif
     std::printf("%s on %s, %d thread(s), %zu ticks in %.1f s%s\n", a.label.empty() ? "rt_stress" : a.label.c_str(), device_name.c_str(),
                 threads, ms.size(), wall_s, ms.size() < 10000 ? " (fewer than 10k ticks: p99.99 is the max of a handful)" : "");
-    std::printf("  select_action  p50 %.3f  p99 %.3f  p99.9 %.3f  p99.99 %.3f  max %.3f ms   max/p50 %.2f  p99.99/p50 %.2f\n", p50, p99,
-                p999, p9999, mx, p50 > 0 ? mx / p50 : 0, p50 > 0 ? p9999 / p50 : 0);
-    for (const auto& [name, t] : {std::pair{"chunk ticks", &chunk_tail}, std::pair{"other ticks", &other_tail}})
-        std::printf("  %-13s  n %zu  p50 %.3f  p99 %.3f  p99.9 %.3f  p99.99 %.3f  max %.3f ms\n", name, (*t)["n"].get<std::size_t>(),
-                    (*t)["p50_ms"].get<double>(), (*t)["p99_ms"].get<double>(), (*t)["p99_9_ms"].get<double>(),
-                    (*t)["p99_99_ms"].get<double>(), (*t)["max_ms"].get<double>());
+    const double max_over_p50 = all.p50 > 0 ? all.max / all.p50 : 0, p9999_over_p50 = all.p50 > 0 ? all.p9999 / all.p50 : 0;
+    print("all ticks", all);
+    print("chunk ticks", chunk_tail);
+    print("other ticks", other_tail);
+    std::printf("  max/p50 %.2f  p99.99/p50 %.2f\n", max_over_p50, p9999_over_p50);
     std::printf("  in the ticks: minor faults %ld, major %ld, voluntary switches %ld, involuntary %ld\n", in_ticks.minor_faults,
                 in_ticks.major_faults, in_ticks.voluntary_switches, in_ticks.involuntary_switches);
     std::printf("  options: lock %d prefault %d cpus [%s] rt_priority %d high_priority_stream %d pinned_staging %d\n", rep.memory_locked,
@@ -184,9 +192,9 @@ int run(const Args& a, const std::string& device_name) {
             {"applied", {{"memory_locked", rep.memory_locked}, {"prefaulted", rep.prefaulted}, {"prefaulted_bytes", rep.prefaulted_bytes},
                          {"threads_placed", rep.threads_placed}, {"high_priority_stream", rep.high_priority_stream},
                          {"pinned_staging", rep.pinned_staging}}},
-            {"p50_ms", p50}, {"p99_ms", p99}, {"p99_9_ms", p999}, {"p99_99_ms", p9999}, {"max_ms", mx},
-            {"max_over_p50", p50 > 0 ? mx / p50 : 0}, {"p99_99_over_p50", p50 > 0 ? p9999 / p50 : 0},
-            {"chunk_ticks", chunk_tail}, {"other_ticks", other_tail},
+            {"p50_ms", all.p50}, {"p99_ms", all.p99}, {"p99_9_ms", all.p999}, {"p99_99_ms", all.p9999}, {"max_ms", all.max},
+            {"max_over_p50", max_over_p50}, {"p99_99_over_p50", p9999_over_p50},
+            {"chunk_ticks", to_json(chunk_tail)}, {"other_ticks", to_json(other_tail)},
             {"tick_counters", counters_json(in_ticks)}, {"run_counters", counters_json(whole)},
             {"histogram", histogram(sorted, 60)}, {"load_average_1m", load[0]}};
         std::ofstream(a.json_path) << j.dump(1) << "\n";

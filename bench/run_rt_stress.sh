@@ -5,7 +5,8 @@
 # case (matplotlib; without it the JSON's histogram bins are the record) and the raw per-tick samples.
 #
 # Usage: bench/run_rt_stress.sh FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
-#                              [--bench PATH] [--out DIR] [--cases "quiet_off quiet_on stress_off stress_on"]
+#                              [--bench PATH] [--out DIR] [--tag NAME] [--cases "quiet_off quiet_on stress_off stress_on"]
+#   --tag NAME: files are rt_stress_<device>_NAME.* (a machine or a smoke run kept apart from the GPU box's numbers).
 # Env: RT_CPUS (CPUs of the loop: default 2,3 / 2 (cuda) when the host has >= 4 cores, else its last N cores),
 #      RT_PRIORITY (SCHED_FIFO priority with the options on; default 80, 0 = none), STRESS_VM_BYTES (per vm worker,
 #      default 256M). stress-ng loads every core not in RT_CPUS (`apt-get install -y stress-ng`); without it a
@@ -14,7 +15,7 @@
 # measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-folder="" rebuild="" device=cpu threads="" ticks="" seconds="" bench="" out=bench/results cases="quiet_off quiet_on stress_off stress_on"
+folder="" rebuild="" device=cpu threads="" ticks="" seconds="" bench="" out=bench/results tag="" cases="quiet_off quiet_on stress_off stress_on"
 while [ $# -gt 0 ]; do
     case $1 in
         --rebuild-from) rebuild=$2; shift 2 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
         --seconds) seconds=$2; shift 2 ;;
         --bench) bench=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
+        --tag) tag=_$2; shift 2 ;;
         --cases) cases=$2; shift 2 ;;
         -*) echo "run_rt_stress.sh: unknown option $1" >&2; exit 2 ;;
         *) folder=$1; shift ;;
@@ -93,7 +95,7 @@ common=("$folder" --device "$device" --threads "$threads")
 on=(--lock-memory --cpus "$RT_CPUS")
 [ "$rt_priority" -gt 0 ] && on+=(--rt-priority "$rt_priority")
 [ "$device" = cuda ] && on+=(--high-priority-stream --pinned-staging)
-prefix="$out/rt_stress_$device"
+prefix="$out/rt_stress_$device$tag"
 commands=()
 for c in $cases; do
     args=("${common[@]}" --label "$c" --json "${prefix}_$c.json" --samples "${prefix}_$c.samples.txt")

@@ -385,6 +385,7 @@ private:
     }
 
     using Execution = ModelExecution<B, 1>;
+    static constexpr std::size_t kMaxCameras = 32;  ///< size of the per-camera tables
 
     /// Release of the set_realtime resources (CUDA only; the CPU never creates them).
     struct StreamRelease {
@@ -400,7 +401,7 @@ private:
     /// Host slots of the pinned staging block (all null without pinned_staging).
     struct Staging {
         std::byte *state = nullptr, *env = nullptr, *noise = nullptr, *chunk = nullptr;
-        std::byte* frames[32]{};
+        std::byte* frames[kMaxCameras]{};
     };
 
     // Declared first, destroyed last: the stream outlives every graph and buffer that used it.
@@ -411,7 +412,7 @@ private:
     DiffusionHead<B> m_head;
     std::vector<DiffusionRgbEncoder<B>> m_encoders;
     std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
-    ImageLayout m_layouts[32]{};                  ///< per camera: the layout of the uploaded frame
+    ImageLayout m_layouts[kMaxCameras]{};         ///< per camera: the layout of the uploaded frame
     int m_feature_dim = 0, m_per_step = 0;
     SampleOptions m_sample{};
     std::uint64_t m_seed = 0;
