@@ -9,7 +9,7 @@
 #   --tag NAME: files are rt_stress_<device>_NAME.* (a machine or a smoke run kept apart from the GPU box's numbers).
 # Env: RT_CPUS (CPUs of the loop: default 2,3 / 2 (cuda) when the host has >= 4 cores, else its last N cores),
 #      RT_PRIORITY (SCHED_FIFO priority with the options on; default 80, 0 = none), STRESS_VM_BYTES (per vm worker,
-#      default 256M). stress-ng loads every core not in RT_CPUS (`apt-get install -y stress-ng`); without it a
+#      default 256M), PYTHON (the interpreter that merges and plots; matplotlib for the PNGs). stress-ng loads every core not in RT_CPUS (`apt-get install -y stress-ng`); without it a
 #      built-in load (busy shells + python3 page-touching loops, pinned the same way) is used and recorded as such.
 # A 2-core machine leaves one core to the stressors and shares everything else: its numbers are noisy smoke, not a
 # measurement.
@@ -107,7 +107,7 @@ for c in $cases; do
     case $c in stress_*) stop_stress ;; esac
 done
 
-python3 - "$prefix" "$device" "$stressor" "$(uname -srm)" "$(nproc)" "${commands[@]}" <<'PY'
+"${PYTHON:-python3}" - "$prefix" "$device" "$stressor" "$(uname -srm)" "$(nproc)" "${commands[@]}" <<'PY'
 import json, os, sys
 prefix, device, stressor, kernel, ncpu = sys.argv[1:6]
 commands = sys.argv[6:]
