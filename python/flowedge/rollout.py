@@ -200,7 +200,8 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
 
     bk.use(backend)
     policy, pre, post = bk.policy, bk.pre, bk.post
-    loop = DeadlineLoop(args, bk.config.action_feature.shape[0], progress)
+    A = bk.config.action_feature.shape[0]
+    loop = DeadlineLoop(args, A, progress)
     tick_s: List[float] = []
     infer_s: List[float] = []
     missed_ticks: List[List[int]] = []
@@ -247,7 +248,6 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
                 return act.detach().float().cpu().numpy().reshape(-1), dt
 
             r = loop.episode(env, obs, tick, ep)
-            A = bk.config.action_feature.shape[0]
             row = {"seed": seed, "steps": len(r["computed"]), "misses": len(r["missed"]),
                    "computed_actions": np.stack(r["computed"]), "sent_actions": np.stack(r["sent"]),
                    "states": np.stack(states) if states else np.zeros((0, A), np.float32)}
