@@ -107,6 +107,20 @@ fe_status select(fe_policy* policy, const fe_observation* obs, const float* nois
     });
 }
 
+/// The C options as the C++ struct, the CPU list and priority range checked with the C field names.
+RealtimeOptions realtime_options_of(const fe_realtime_options* o) {
+    need_ptr(o, "options");
+    if (o->n_cpus > 0) need_ptr(o->cpus, "options->cpus");
+    RealtimeOptions r;
+    r.lock_memory = o->lock_memory != 0;
+    r.prefault = o->prefault != 0;
+    r.cpus.assign(o->cpus, o->cpus + o->n_cpus);
+    r.rt_priority = o->rt_priority;
+    r.high_priority_stream = o->high_priority_stream != 0;
+    r.pinned_staging = o->pinned_staging != 0;
+    return r;
+}
+
 }  // namespace
 
 extern "C" {
@@ -200,6 +214,19 @@ fe_status fe_policy_select_action(fe_policy* policy, const fe_observation* obs, 
 fe_status fe_policy_select_action_noise(fe_policy* policy, const fe_observation* obs, const float* noise, size_t noise_len,
                                         float* action, size_t action_len) {
     return select(policy, obs, noise, noise_len, true, action, action_len);
+}
+
+fe_status fe_realtime_apply(const fe_realtime_options* options) {
+    return guarded(Phase::Call, [&] { realtime::apply(realtime_options_of(options)); });
+}
+
+fe_status fe_policy_set_realtime(fe_policy* policy, const fe_realtime_options* options) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        const RealtimeOptions o = realtime_options_of(options);
+        std::lock_guard lock(p.mutex);
+        p.model->visit([&](auto& m) { m.set_realtime(o); });
+    });
 }
 
 // ---- introspection ----

@@ -40,6 +40,12 @@
 #   soak      issue 19: flowedge-lerobot-rollout --backend flowedge-policy --env pusht, 10,000 ticks at 10 ms on the GPU
 #             and SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (gym-pusht wheels in .whl/gym; BUILD_PYTHON=1)
 #             -> $OUT/soak_{cuda,cpu}.{json,png}
+#   rt        issue 25: builds rt_stress_bench + the real-time tests, runs reliability_realtime_options and
+#             diffusion_policy_realtime (CPU and CUDA instances) -> $OUT/rt_tests.txt, then bench/run_rt_stress.sh on
+#             the PushT-size image policy (.bench-fixtures/dp_pusht_image) quiet vs under stress-ng (or the script's
+#             built-in load when stress-ng is absent), options off vs on: CUDA RT_CUDA_TICKS ticks per case (default
+#             20000), CPU at 2 threads RT_CPU_SECONDS per case (default 40) -> $OUT/rt_stress_{cuda,cpu}.{json,md},
+#             one PNG histogram per case. About 6 minutes after the build stage.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -383,11 +389,31 @@ stage_soak() {
         --device cuda --steps "$steps" --episodes $(( (${SOAK_TICKS:-10000} + steps - 1) / steps )) --period-ms 10 \
         --on-miss hold --no-progress --output "$OUT/soak_cuda.json" --histogram "$OUT/soak_cuda.png" 2>&1 \
         | grep -v "UserWarning\|logger.warn" | tee -a "$OUT/soak.txt" || rc=$?
-    [ "${SOAK_CPU_TICKS:-800}" -gt 0 ] || return "$rc"
-    PYTHONPATH=$fe:$gym OMP_NUM_THREADS=${SOAK_CPU_THREADS:-8} python3 -m flowedge.rollout --backend flowedge-policy \
-        --env pusht --policy "$POLICY_FOLDER" --device cpu --steps ${SOAK_CPU_TICKS:-800} --episodes 1 \
-        --period-ms ${SOAK_CPU_PERIOD_MS:-300} --on-miss hold --no-progress --output "$OUT/soak_cpu.json" \
+    [ "${SOAK_CPU_TICKS:-250}" -gt 0 ] || return "$rc"
+    PYTHONPATH=$fe:$gym OMP_NUM_THREADS=${SOAK_CPU_THREADS:-12} python3 -m flowedge.rollout --backend flowedge-policy \
+        --env pusht --policy "$POLICY_FOLDER" --device cpu --steps ${SOAK_CPU_TICKS:-250} --episodes 1 \
+        --period-ms ${SOAK_CPU_PERIOD_MS:-600} --on-miss hold --no-progress --output "$OUT/soak_cpu.json" \
         --histogram "$OUT/soak_cpu.png" 2>&1 | grep -v "UserWarning\|logger.warn" | tee -a "$OUT/soak.txt" || rc=$?
+    return "$rc"
+}
+
+stage_rt() {
+    local rc=0 fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image} folder=/tmp/dp_pusht_image
+    BUILD_TARGETS="rt_stress_bench diffusion_policy_realtime reliability_realtime_options" stage_build || return $?
+    for t in reliability/reliability_realtime_options diffusion/diffusion_policy_realtime; do
+        "$BUILD/test/$t" > "$LOGS/rt_$(basename "$t").log" 2>&1 || rc=$?
+        grep -E "MESSAGE|ERROR|test cases|skipped" "$LOGS/rt_$(basename "$t").log" | tee -a "$OUT/rt_tests.txt"
+    done
+    [ -d "$fix" ] || { echo "no $fix: skipping the stress benchmark" | tee -a "$OUT/rt_tests.txt"; return 1; }
+    for dev in ${RT_DEVICES:-cuda cpu}; do
+        local size=(--seconds "${RT_CPU_SECONDS:-40}" --threads 2)
+        [ "$dev" = cuda ] && size=(--ticks "${RT_CUDA_TICKS:-20000}")
+        bench/run_rt_stress.sh "$folder" --rebuild-from "$fix" --device "$dev" "${size[@]}" --bench "$BUILD/rt_stress_bench" \
+            --out "$OUT" || rc=$?
+        for c in quiet_off quiet_on stress_off stress_on; do  # kept in rt_stress_$dev.json and the PNGs
+            rm -f "$OUT/rt_stress_${dev}_$c.json" "$OUT/rt_stress_${dev}_$c.samples.txt"
+        done
+    done
     return "$rc"
 }
 
@@ -398,8 +424,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|rt|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak rt asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

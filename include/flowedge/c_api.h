@@ -317,6 +317,33 @@ FLOWEDGE_C_EXPORT const char* fe_policy_fallback_reason(const fe_policy* policy)
 /** Bytes the policy holds on its backend (weights, buffers, workspaces); 0 for NULL. */
 FLOWEDGE_C_EXPORT size_t fe_policy_device_bytes(fe_policy* policy);
 
+/* ---- real-time options (docs/realtime.md) ---- */
+
+/** Run-time choices for a real-time control loop; zero-initialise and set what you need (all 0 changes nothing). */
+typedef struct fe_realtime_options {
+    int32_t lock_memory;          /**< 1: mlockall(MCL_CURRENT | MCL_FUTURE): every page faulted in and kept in RAM.
+                                       Needs RLIMIT_MEMLOCK >= the mapped size (VmSize) or CAP_IPC_LOCK */
+    int32_t prefault;             /**< 1: fault in every mapped page without locking (implied by lock_memory) */
+    const int32_t* cpus;          /**< CPUs for the calling thread and the OpenMP workers (thread i on
+                                       cpus[i % n_cpus]); NULL / 0 leaves the affinity alone */
+    size_t n_cpus;
+    int32_t rt_priority;          /**< SCHED_FIFO priority 1..99 for the same threads; 0 leaves the policy alone.
+                                       Needs RLIMIT_RTPRIO >= it or CAP_SYS_NICE */
+    int32_t high_priority_stream; /**< 1: a CUDA policy runs on a stream of the device's highest priority */
+    int32_t pinned_staging;       /**< 1: a CUDA policy copies through page-locked host buffers */
+} fe_realtime_options;
+
+/** The process and thread part of `options` (lock / pre-fault, CPUs, priority) for any engine: call it from the
+ *  thread that will run the control loop, after loading, before the warm-up calls. The CUDA fields are ignored.
+ *  FE_ERR_INVALID_ARGUMENT: a CPU that does not exist or is not in the process's cpuset, a priority outside 1..99;
+ *  FE_ERR_UNSUPPORTED: the system refused (fe_last_error names the limit, the bytes needed and the fix:
+ *  `ulimit -l` / `ulimit -r`, limits.conf memlock / rtprio, CAP_IPC_LOCK / CAP_SYS_NICE). */
+FLOWEDGE_C_EXPORT fe_status fe_realtime_apply(const fe_realtime_options* options);
+
+/** fe_realtime_apply plus the policy's own options (high_priority_stream, pinned_staging on a CUDA-resident policy;
+ *  ignored on the CPU). Same statuses. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_set_realtime(fe_policy* policy, const fe_realtime_options* options);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -210,6 +210,20 @@ void fill_zero(void* dst, std::size_t bytes, Stream s) {
 
 void synchronize(Stream s) { FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(detail::resolve(s))); }
 
+void* stream_create_high_priority() {
+    int least = 0, greatest = 0;  // numerically lower is more urgent: greatest is the smallest number
+    FLOWEDGE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    FLOWEDGE_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    return s;
+}
+
+void stream_destroy(void* stream) noexcept {
+    if (!stream) return;
+    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
 // ---- Graph<Cuda> ------------------------------------------------------------------------------------
 
 namespace {

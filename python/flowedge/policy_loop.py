@@ -8,6 +8,7 @@ Observation dicts are keyed by LeRobot feature names: ``observation.state`` [d] 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -18,13 +19,93 @@ from . import DiffusionPolicy
 
 
 def percentiles_ms(seconds: List[float]) -> Dict[str, Optional[float]]:
-    """p50/p99/p99.9/mean/max of durations in seconds, in milliseconds (p99.9 is the soak test's tail)."""
+    """p50/p99/p99.9/p99.99/mean/max of durations in seconds, in milliseconds (the tail is what a controller feels)."""
     if not seconds:
-        return {"n": 0, "p50": None, "p99": None, "p99_9": None, "mean": None, "max": None}
+        return {"n": 0, "p50": None, "p99": None, "p99_9": None, "p99_99": None, "mean": None, "max": None}
     a = np.asarray(seconds, dtype=np.float64) * 1e3
-    q = np.percentile(a, [50, 99, 99.9])
+    q = np.percentile(a, [50, 99, 99.9, 99.99])
     return {"n": int(a.size), "p50": round(float(q[0]), 4), "p99": round(float(q[1]), 4), "p99_9": round(float(q[2]), 4),
-            "mean": round(float(a.mean()), 4), "max": round(float(a.max()), 4)}
+            "p99_99": round(float(q[3]), 4), "mean": round(float(a.mean()), 4), "max": round(float(a.max()), 4)}
+
+
+class DeadlineMissError(RuntimeError):
+    """``--on-miss raise``: a tick's inference overran the period."""
+
+
+class DeadlineLoop:
+    """The control loop every rollout backend shares (docs/contracts.md#deadline-loop). ``timed(fn)`` runs one tick's
+    inference and returns (result, seconds), adding the page faults and context switches of the call (getrusage,
+    whole process) to ``counters``; ``episode`` runs the ticks of one episode: a tick slower than ``args.period_ms``
+    is a miss handled by ``args.on_miss`` ("hold": re-send the last on-time action, zeros before the first; "drop":
+    send nothing, the environment is not stepped; "raise": raise DeadlineMissError), the action goes to
+    ``env.step``, and unless ``args.no_pace`` the rest of the period is slept out."""
+
+    COUNTERS = (("minor_page_faults", "ru_minflt"), ("major_page_faults", "ru_majflt"),
+                ("voluntary_context_switches", "ru_nvcsw"), ("involuntary_context_switches", "ru_nivcsw"))
+
+    def __init__(self, args, action_dim: int, progress):
+        self.args = args
+        self.action_dim = action_dim
+        self.progress = progress
+        self.period_s = args.period_ms / 1e3 if args.period_ms and args.period_ms > 0 else None
+        self.misses = 0
+        self.counters = {name: 0 for name, _ in self.COUNTERS}
+
+    def timed(self, fn: Callable[[], Any]):
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        for name, field in self.COUNTERS:
+            self.counters[name] += getattr(r1, field) - getattr(r0, field)
+        return out, dt
+
+    def episode(self, env, obs, tick: Callable[[Any, int], Any], ep: int) -> Dict[str, Any]:
+        """``tick(obs, k)`` -> (action [action_dim] numpy, inference seconds). Returns computed / sent actions, the
+        missed tick indices, success and the best coverage the environment reported."""
+        args = self.args
+        last_on_time = np.zeros(self.action_dim, np.float32)
+        computed, sent, missed = [], [], []
+        max_cov, success, terminated = 0.0, False, False
+        for k in range(args.steps):
+            t0 = time.perf_counter()
+            a, dt = tick(obs, k)
+            computed.append(a)
+            if self.period_s is not None and dt > self.period_s:
+                self.misses += 1
+                missed.append(k)
+                if args.on_miss == "raise":
+                    raise DeadlineMissError(f"flowedge: rollout: deadline missed at episode {ep} step {k} (expected "
+                                            f"inference <= {args.period_ms} ms, got {dt * 1e3:.3f} ms)")
+                to_send = last_on_time if args.on_miss == "hold" else None
+            else:
+                to_send = last_on_time = a
+            if to_send is not None:
+                sent.append(np.asarray(to_send, np.float32))
+                obs, terminated, info = env.step(to_send)
+                if "coverage" in info:
+                    max_cov = max(max_cov, float(info["coverage"]))
+                success = success or bool(info.get("is_success", False))
+            else:
+                sent.append(np.full(self.action_dim, np.nan, np.float32))
+            self.progress.update()
+            if self.period_s is not None and not args.no_pace:
+                rest = self.period_s - (time.perf_counter() - t0)
+                if rest > 0:
+                    time.sleep(rest)
+            if terminated:
+                self.progress.update(args.steps - 1 - k)
+                break
+        return {"computed": computed, "sent": sent, "missed": missed, "success": success, "max_coverage": round(max_cov, 4)}
+
+
+def realtime_options(args) -> Dict[str, Any]:
+    """The real-time flags of the rollout tool as DiffusionPolicy.set_realtime keyword arguments ({} when none)."""
+    opts = {"lock_memory": args.lock_memory, "prefault": args.prefault, "cpus": args.cpus or None,
+            "rt_priority": args.rt_priority or 0, "high_priority_stream": args.high_priority_stream,
+            "pinned_staging": args.pinned_staging}
+    return opts if any(v for v in opts.values()) else {}
 
 
 def rss_mib() -> float:
@@ -165,20 +246,14 @@ def fits_pusht(policy: DiffusionPolicy) -> bool:
             and policy.action_dim == 2)
 
 
-class MissError(RuntimeError):
-    """``--on-miss raise``: a tick's inference overran the period."""
-
-
 def run_episodes(policy: DiffusionPolicy, make_env: Callable[[], Any], args, progress) -> Dict[str, Any]:
     """Seeded closed-loop episodes; each tick times ``select_action`` alone (the observation is already numpy).
 
     args: episodes, steps, seed, period_ms, on_miss ("hold" | "drop" | "raise"), no_pace, warmup.
     """
-    A = policy.action_dim
-    period_s = args.period_ms / 1e3 if args.period_ms and args.period_ms > 0 else None
+    loop = DeadlineLoop(args, policy.action_dim, progress)
     tick_s: List[float] = []
     chunk_s: List[float] = []
-    misses = 0
     missed_ticks: List[List[int]] = []
     episodes: List[Dict[str, Any]] = []
     warmup_s: List[float] = []
@@ -198,64 +273,39 @@ def run_episodes(policy: DiffusionPolicy, make_env: Callable[[], Any], args, pro
             seed = args.seed + ep
             policy.reset(seed)
             obs, _ = env.reset(seed)
-            last_on_time = np.zeros(A, np.float32)
-            computed, sent, states, ep_miss = [], [], [], []
-            max_cov, success, terminated = 0.0, False, False
-            for k in range(args.steps):
+            states: List[np.ndarray] = []
+
+            def tick(obs, _k):
                 chunks_before = policy.chunks_generated
-                t0 = time.perf_counter()
-                a = policy.select_action(obs)
-                dt = time.perf_counter() - t0
+                a, dt = loop.timed(lambda: policy.select_action(obs))
                 tick_s.append(dt)
                 if policy.chunks_generated > chunks_before:
                     chunk_s.append(dt)
-                computed.append(a)
                 states.append(np.array(obs[policy.state_key], np.float32).reshape(-1))
-                if period_s is not None and dt > period_s:
-                    misses += 1
-                    ep_miss.append(k)
-                    if args.on_miss == "raise":
-                        raise MissError(f"flowedge: rollout: deadline missed at episode {ep} step {k} (expected inference "
-                                        f"<= {args.period_ms} ms, got {dt * 1e3:.3f} ms)")
-                    to_send = last_on_time if args.on_miss == "hold" else None
-                else:
-                    to_send = last_on_time = a
-                if to_send is not None:
-                    sent.append(np.asarray(to_send, np.float32))
-                    obs, terminated, info = env.step(to_send)
-                    if "coverage" in info:
-                        max_cov = max(max_cov, float(info["coverage"]))
-                    success = success or bool(info.get("is_success", False))
-                else:
-                    sent.append(np.full(A, np.nan, np.float32))
-                progress.update()
-                if period_s is not None and not args.no_pace:
-                    rest = period_s - (time.perf_counter() - t0)
-                    if rest > 0:
-                        time.sleep(rest)
-                if terminated:
-                    progress.update(args.steps - 1 - k)
-                    break
-            row = {"seed": seed, "steps": len(computed), "misses": len(ep_miss), "chunks": policy.chunks_generated,
-                   "computed_actions": np.stack(computed), "sent_actions": np.stack(sent), "states": np.stack(states)}
+                return a, dt
+
+            r = loop.episode(env, obs, tick, ep)
+            row = {"seed": seed, "steps": len(r["computed"]), "misses": len(r["missed"]), "chunks": policy.chunks_generated,
+                   "computed_actions": np.stack(r["computed"]), "sent_actions": np.stack(r["sent"]), "states": np.stack(states)}
             if isinstance(env, NumpyPushTEnv):
-                row["success"] = success
-                row["max_coverage"] = round(max_cov, 4)
+                row["success"] = r["success"]
+                row["max_coverage"] = r["max_coverage"]
             episodes.append(row)
-            missed_ticks.append(ep_miss)
-    except MissError as e:
+            missed_ticks.append(r["missed"])
+    except DeadlineMissError as e:
         error = str(e)
     finally:
         env.close()
     memory["end"] = memory_snapshot(policy)
-    return {"tick_s": tick_s, "infer_s": chunk_s, "misses": misses, "episodes": episodes, "error": error,
-            "missed_ticks": missed_ticks, "warmup_s": warmup_s, "memory": memory}
+    return {"tick_s": tick_s, "infer_s": chunk_s, "misses": loop.misses, "episodes": episodes, "error": error,
+            "missed_ticks": missed_ticks, "warmup_s": warmup_s, "memory": memory, "tick_counters": loop.counters}
 
 
 def summarise(run: Dict[str, Any]) -> Dict[str, Any]:
     t = percentiles_ms(run["tick_s"])
     out = {"backend": "flowedge-policy", "steps": t["n"], "p50_ms": t["p50"], "p99_ms": t["p99"], "p99_9_ms": t["p99_9"],
-           "max_ms": t["max"], "mean_ms": t["mean"], "tick_ms": t,
+           "p99_99_ms": t["p99_99"], "max_ms": t["max"], "mean_ms": t["mean"], "tick_ms": t,
+           "tick_counters": run["tick_counters"],  # getrusage deltas summed over the timed select_action calls
            "inference_ms": percentiles_ms(run["infer_s"]),  # ticks that generated a chunk
            "missed_deadlines": run["misses"], "warmup_ms": [round(s * 1e3, 3) for s in run["warmup_s"]],
            "memory": run["memory"],

@@ -32,13 +32,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ._deps import require_lerobot
+from .policy_loop import DeadlineLoop, DeadlineMissError, realtime_options
 from .replay import Backends, check_device, cpu_name, peak_rss_mib, percentiles_ms, set_threads, versions
 
 ON_MISS = ("hold", "drop", "raise")
-
-
-class DeadlineMissError(RuntimeError):
-    """Raised by ``--on-miss raise`` when a tick's inference overran the period."""
 
 
 def default_policy_dir() -> Optional[str]:
@@ -204,10 +201,9 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
     bk.use(backend)
     policy, pre, post = bk.policy, bk.pre, bk.post
     A = bk.config.action_feature.shape[0]
-    period_s = args.period_ms / 1e3 if args.period_ms and args.period_ms > 0 else None
+    loop = DeadlineLoop(args, A, progress)
     tick_s: List[float] = []
     infer_s: List[float] = []
-    misses = 0
     missed_ticks: List[List[int]] = []
     episodes: List[Dict[str, Any]] = []
     error = None
@@ -240,63 +236,32 @@ def run_episodes(bk: Backends, backend: str, make_env, args, progress: Progress)
             torch.manual_seed(seed)  # LeRobot draws x_T from the global torch RNG inside select_action
             policy.reset()
             obs, _ = env.reset(seed)
-            last_on_time = np.zeros(A, np.float32)
-            computed, sent, states = [], [], []
-            ep_miss: List[int] = []
-            max_cov, success, terminated = 0.0, False, False
-            for k in range(args.steps):
+            states: List[np.ndarray] = []
+
+            def tick(obs, _k):
                 n_before = len(bk.sampler_timer.times)
-                t0 = time.perf_counter()
-                act = infer(obs)
-                dt = time.perf_counter() - t0
-                a = act.detach().float().cpu().numpy().reshape(-1)
+                act, dt = loop.timed(lambda: infer(obs))
                 tick_s.append(dt)
                 if len(bk.sampler_timer.times) > n_before:
                     infer_s.append(dt)
-                computed.append(a)
-                miss = period_s is not None and dt > period_s
-                if miss:
-                    misses += 1
-                    ep_miss.append(k)
-                    if args.on_miss == "raise":
-                        raise DeadlineMissError(
-                            f"flowedge: rollout: deadline missed at episode {ep} step {k} (expected inference <= "
-                            f"{args.period_ms} ms, got {dt * 1e3:.3f} ms)")
-                    to_send = last_on_time if args.on_miss == "hold" else None
-                else:
-                    to_send = a
-                    last_on_time = a
                 states.append(obs["observation.state"][0].detach().cpu().numpy().copy())  # what tick k saw
-                if to_send is not None:
-                    sent.append(np.asarray(to_send, np.float32))
-                    obs, terminated, info = env.step(to_send)
-                    if "coverage" in info:
-                        max_cov = max(max_cov, float(info["coverage"]))
-                    success = success or bool(info.get("is_success", False))
-                else:
-                    sent.append(np.full(A, np.nan, np.float32))
-                progress.update()
-                if period_s is not None and not args.no_pace:
-                    rest = period_s - (time.perf_counter() - t0)
-                    if rest > 0:
-                        time.sleep(rest)
-                if terminated:
-                    progress.update(args.steps - 1 - k)
-                    break
-            row = {"seed": seed, "steps": len(computed), "misses": len(ep_miss),
-                   "computed_actions": np.stack(computed), "sent_actions": np.stack(sent),
+                return act.detach().float().cpu().numpy().reshape(-1), dt
+
+            r = loop.episode(env, obs, tick, ep)
+            row = {"seed": seed, "steps": len(r["computed"]), "misses": len(r["missed"]),
+                   "computed_actions": np.stack(r["computed"]), "sent_actions": np.stack(r["sent"]),
                    "states": np.stack(states) if states else np.zeros((0, A), np.float32)}
             if isinstance(env, PushTEnv):
-                row["success"] = success
-                row["max_coverage"] = round(max_cov, 4)
+                row["success"] = r["success"]
+                row["max_coverage"] = r["max_coverage"]
             episodes.append(row)
-            missed_ticks.append(ep_miss)
+            missed_ticks.append(r["missed"])
     except DeadlineMissError as e:
         error = str(e)
     finally:
         env.close()
-    return {"tick_s": tick_s, "infer_s": infer_s, "misses": misses, "episodes": episodes, "error": error,
-            "missed_ticks": missed_ticks, "warmup_s": warmup_s}
+    return {"tick_s": tick_s, "infer_s": infer_s, "misses": loop.misses, "episodes": episodes, "error": error,
+            "missed_ticks": missed_ticks, "warmup_s": warmup_s, "tick_counters": loop.counters}
 
 
 def summarise(run: Dict[str, Any], bk: Backends, backend: str, args) -> Dict[str, Any]:
@@ -305,6 +270,7 @@ def summarise(run: Dict[str, Any], bk: Backends, backend: str, args) -> Dict[str
         "backend": backend,
         "steps": len(run["tick_s"]),
         "p50_ms": ticks["p50"], "p99_ms": ticks["p99"], "max_ms": ticks["max"], "mean_ms": ticks["mean"],
+        "tick_counters": run["tick_counters"],  # getrusage deltas summed over the timed ticks
         "inference_ms": percentiles_ms(run["infer_s"]),  # ticks that sampled a new chunk
         "sampler_ms": percentiles_ms(bk.sampler_timer.times),
         "encoder_ms": percentiles_ms(bk.encoder_timer.times),
@@ -408,9 +374,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None,
                     help="flowedge-policy: weight storage (default f32)")
+    rt = ap.add_argument_group("real time (--backend flowedge-policy; docs/realtime.md)")
+    rt.add_argument("--lock-memory", action="store_true",
+                    help="mlockall + pre-fault after load (needs ulimit -l / CAP_IPC_LOCK)")
+    rt.add_argument("--prefault", action="store_true", help="pre-fault every mapped page without locking")
+    rt.add_argument("--cpus", help="pin the loop thread and the OpenMP workers to these CPUs, e.g. 2,3 or 2-5")
+    rt.add_argument("--rt-priority", type=int, default=0,
+                    help="SCHED_FIFO priority 1..99 for them (needs ulimit -r / CAP_SYS_NICE); 0 = leave")
+    rt.add_argument("--high-priority-stream", action="store_true", help="CUDA: a stream of the device's highest priority")
+    rt.add_argument("--pinned-staging", action="store_true", help="CUDA: page-locked host staging buffers")
     args = ap.parse_args(argv)
     if args.backend == "flowedge-policy":
         return main_policy(args, ap, t_start)
+    if realtime_options(args):
+        ap.error("--lock-memory / --prefault / --cpus / --rt-priority / --high-priority-stream / --pinned-staging are "
+                 "options of --backend flowedge-policy")
     if args.device == "auto":
         ap.error("--device auto is for --backend flowedge-policy (the LeRobot backends need a torch device)")
     require_lerobot("lerobot-rollout")
@@ -538,6 +516,14 @@ def main_policy(args, ap, t_start: float) -> int:
     policy = flowedge.DiffusionPolicy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
                                       scheduler=args.scheduler, seed=args.seed)
     load_ms = (time.perf_counter() - t0) * 1e3
+    rt_opts = realtime_options(args)
+    realtime = None
+    if rt_opts:  # after load, before the warm-up, on this (the loop's) thread
+        try:
+            realtime = policy.set_realtime(**rt_opts)
+        except flowedge.FlowEdgeError as e:
+            print(e, file=sys.stderr)
+            return 2
     pusht_missing = gym_pusht_available()
     env_name, env_reason = args.env, None
     if env_name == "auto":
@@ -573,7 +559,7 @@ def main_policy(args, ap, t_start: float) -> int:
         "episodes_requested": args.episodes, "steps_per_episode": args.steps, "seed": args.seed,
         "startup_ms": round(startup_ms, 1), "load_ms": {"flowedge_policy": round(load_ms, 1)},
         "torch_imported": "torch" in sys.modules, "lerobot_imported": "lerobot" in sys.modules,
-        **summary,
+        "realtime": realtime, **summary,
     }
     if env_reason:
         result["env_reason"] = env_reason
@@ -591,8 +577,9 @@ def main_policy(args, ap, t_start: float) -> int:
         print(text)
     mem = run["memory"]
     print(f"rollout (flowedge-policy on {policy.backend}, {env_name}): {summary['steps']} ticks, p50 {summary['p50_ms']} "
-          f"ms, p99 {summary['p99_ms']} ms, p99.9 {summary['p99_9_ms']} ms, max {summary['max_ms']} ms, missed "
-          f"{summary['missed_deadlines']}; RSS {mem['start']['rss_mib']} -> {mem['end']['rss_mib']} MiB"
+          f"ms, p99 {summary['p99_ms']} ms, p99.9 {summary['p99_9_ms']} ms, p99.99 {summary['p99_99_ms']} ms, max "
+          f"{summary['max_ms']} ms, missed {summary['missed_deadlines']}, page faults "
+          f"{summary['tick_counters']['minor_page_faults']}+{summary['tick_counters']['major_page_faults']}; RSS {mem['start']['rss_mib']} -> {mem['end']['rss_mib']} MiB"
           + (f"; stopped: {run['error']}" if run["error"] else ""), file=sys.stderr)
     return 3 if run["error"] else 0
 

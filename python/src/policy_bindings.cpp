@@ -18,6 +18,7 @@
 
 #include "binding_support.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "flowedge/realtime.hpp"
 
 namespace flowedge::python {
 namespace {
@@ -290,6 +291,49 @@ void bind_diffusion_policy(nb::module_& m) {
             "initial sample when this call generates a chunk (ignored otherwise). Returns the next un-normalised\n"
             "action [action_dim]. Missing keys, wrong shapes/dtypes raise FlowEdgeValueError (a ValueError); NaN/Inf\n"
             "values FlowEdgeError (a RuntimeError), as does select_action before reset().")
+        .def(
+            "set_realtime",
+            [](PyWholePolicy& s, bool lock_memory, bool prefault, nb::handle cpus, int rt_priority, bool high_priority_stream,
+               bool pinned_staging) {
+                RealtimeOptions o;
+                o.lock_memory = lock_memory;
+                o.prefault = prefault;
+                o.rt_priority = rt_priority;
+                o.high_priority_stream = high_priority_stream;
+                o.pinned_staging = pinned_staging;
+                if (nb::isinstance<nb::str>(cpus)) {
+                    o.cpus = realtime::parse_cpu_list(nb::cast<std::string>(cpus));
+                } else if (!cpus.is_none()) {
+                    try {
+                        o.cpus = nb::cast<std::vector<int>>(cpus);
+                    } catch (const nb::cast_error&) {
+                        throw nb::type_error("flowedge: python: cpus must be None, a list of ints or a string like '2,3'");
+                    }
+                }
+                RealtimeReport r;
+                s.run([&](auto& p) { r = p.set_realtime(o); });  // this thread: the one that calls select_action
+                nb::dict d;
+                d["memory_locked"] = r.memory_locked;
+                d["prefaulted"] = r.prefaulted;
+                d["prefaulted_bytes"] = r.prefaulted_bytes;
+                d["threads_placed"] = r.threads_placed;
+                d["cpus"] = o.cpus;
+                d["rt_priority"] = o.rt_priority;
+                d["high_priority_stream"] = r.high_priority_stream;
+                d["pinned_staging"] = r.pinned_staging;
+                return d;
+            },
+            nb::kw_only(), "lock_memory"_a = false, "prefault"_a = false, "cpus"_a = nb::none(), "rt_priority"_a = 0,
+            "high_priority_stream"_a = false, "pinned_staging"_a = false,
+            nb::sig("def set_realtime(self, *, lock_memory: bool = False, prefault: bool = False, "
+                    "cpus: typing.Sequence[int] | str | None = None, rt_priority: int = 0, high_priority_stream: bool = False, "
+                    "pinned_staging: bool = False) -> dict"),
+            "Real-time options (docs/realtime.md); call from the thread that runs the control loop, after loading and\n"
+            "before the warm-up ticks. lock_memory: mlockall + pre-fault (needs RLIMIT_MEMLOCK >= the mapped size or\n"
+            "CAP_IPC_LOCK); prefault: touch every mapped page without locking; cpus: pin this thread and the OpenMP\n"
+            "workers (worker i on cpus[i % len]); rt_priority: SCHED_FIFO 1..99 for them (needs RLIMIT_RTPRIO or\n"
+            "CAP_SYS_NICE); high_priority_stream / pinned_staging: CUDA only (ignored on the CPU). A refusal raises\n"
+            "FlowEdgeError naming the limit and the fix; a bad CPU or priority FlowEdgeValueError. Returns what was done.")
         .def(
             "_time_select_action",
             [](PyWholePolicy& s, nb::handle obs, int n) {

@@ -53,6 +53,12 @@ void copy_device(void* dst, const void* src, std::size_t bytes, Stream s);
 void fill_zero(void* dst, std::size_t bytes, Stream s);
 void synchronize(Stream s);
 
+/// A new non-blocking stream at the device's most urgent priority (the real-time option of a model: its kernels are
+/// scheduled ahead of other streams' pending work). Throws flowedge::Error on failure.
+void* stream_create_high_priority();
+/// Waits for the stream's work, then destroys it. Null is a no-op.
+void stream_destroy(void* stream) noexcept;
+
 /// Graph<Cuda> internals (opaque handles so include/ needs no CUDA header).
 /// Per-graph state: a lazily created non-blocking stream used when run() is given the default
 /// stream (which cannot be captured) plus two ordering events.

@@ -37,6 +37,9 @@ struct Memory<Cuda> {
     /// Page-locked host staging memory (not counted as device allocations).
     static void* allocate_pinned(std::size_t bytes) { return cuda::pinned_allocate(bytes); }
     static void deallocate_pinned(void* p) noexcept { cuda::pinned_free(p); }
+    /// A stream of the device's highest priority, owned by the caller until destroy_stream.
+    static Stream create_priority_stream() { return {cuda::stream_create_high_priority()}; }
+    static void destroy_stream(Stream s) noexcept { cuda::stream_destroy(s.handle); }
 };
 
 }  // namespace flowedge

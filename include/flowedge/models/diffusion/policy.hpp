@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "flowedge/error.hpp"
@@ -21,6 +23,7 @@
 #include "flowedge/noise.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
+#include "flowedge/realtime.hpp"
 
 namespace flowedge {
 
@@ -125,6 +128,27 @@ public:
         m_exec.set_stream(s);
         m_head.set_stream(s);
     }
+    /// Real-time options (docs/realtime.md), from the thread that will call select_action, after load and before the
+    /// warm-up ticks. On CUDA: a stream of the device's highest priority replaces the current one (graphs are
+    /// re-recorded) and the observation, noise and chunk copies go through page-locked staging buffers. Then the
+    /// process/thread part (realtime::apply): this thread and the OpenMP workers pinned / given the SCHED_FIFO
+    /// priority, memory locked or pre-faulted. Options turn things on; a later call without one does not undo it.
+    /// Throws flowedge::Error naming the limit and its fix when the system refuses.
+    RealtimeReport set_realtime(const RealtimeOptions& o) {
+        m_exec.check_live("set_realtime", "DiffusionPolicy");
+        if constexpr (std::same_as<B, Cuda>) {
+            if (o.high_priority_stream && !m_priority_stream) {
+                m_priority_stream.reset(Memory<B>::create_priority_stream().handle);
+                set_stream(Stream{m_priority_stream.get()});
+            }
+            if (o.pinned_staging && !m_pinned) allocate_pinned_staging();
+        }
+        RealtimeReport r = realtime::apply(o);
+        r.high_priority_stream = m_priority_stream != nullptr;
+        r.pinned_staging = m_pinned != nullptr;
+        return r;
+    }
+
     /// Arithmetic of the U-Net (see DiffusionHead::set_math); the encoder stays exact.
     void set_math(MathMode m) {
         m_head.set_math(m);
@@ -185,12 +209,16 @@ public:
         // chunk comes after the actions left in the queue run out): LeRobot's amount of encoder work, and a chunk tick
         // encodes only its own frame because the older ones in the window were encoded as they arrived.
         const bool encode = fill || m_queue_len - m_queue_pos < c.n_obs_steps;
-        Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
-        if (m_meta.env_dim > 0) Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
+        Memory<B>::copy_from_host(m_state_in.data(), staged(m_stage.state, obs.state.data(), obs.state.size_bytes()),
+                                  obs.state.size_bytes(), stream);
+        if (m_meta.env_dim > 0)
+            Memory<B>::copy_from_host(m_env_in.data(), staged(m_stage.env, obs.env_state.data(), obs.env_state.size_bytes()),
+                                      obs.env_state.size_bytes(), stream);
         std::uint64_t key = (fill ? 1u : 0u) | (chunk ? 2u : 0u) | (encode ? 4u : 0u);
         for (std::size_t cam = 0; encode && cam < m_encoders.size(); ++cam) {
             const PolicyFrame& f = obs.images[cam];
-            Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
+            const std::size_t bytes = frame_bytes(cam, f.layout);
+            Memory<B>::copy_from_host(m_frames[cam].data(), staged(m_stage.frames[cam], f.data, bytes), bytes, stream);
             m_layouts[cam] = f.layout;
             key |= std::uint64_t(f.layout == ImageLayout::F32Chw) << (8 + cam);
         }
@@ -198,13 +226,16 @@ public:
             const std::uint64_t stream_seed = m_seed + 2 * std::uint64_t(m_chunk_index);
             if (noise.empty()) fill_normal(stream_seed, 0, m_noise_host.data(), m_noise_host.size());
             else std::copy(noise.begin(), noise.end(), m_noise_host.begin());
-            Memory<B>::copy_from_host(m_noise.data(), m_noise_host.data(), m_noise_host.size() * sizeof(float), stream);
+            const std::size_t bytes = m_noise_host.size() * sizeof(float);
+            Memory<B>::copy_from_host(m_noise.data(), staged(m_stage.noise, m_noise_host.data(), bytes), bytes, stream);
             m_head.stage_seed(stream_seed + 1);
         }
         m_exec.run(0, key, [&] { enqueue_tick(fill, chunk, encode); });
         if (chunk) {
-            Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
+            const std::size_t bytes = m_chunk_host.size() * sizeof(float);
+            Memory<B>::copy_to_host(m_stage.chunk ? static_cast<void*>(m_stage.chunk) : m_chunk_host.data(), m_chunk.data(), bytes, stream);
             Memory<B>::synchronize(stream);
+            if (m_stage.chunk) std::memcpy(m_chunk_host.data(), m_stage.chunk, bytes);
             for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
                 if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
                     fail(ErrorKind::NonFinite, "policy", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " +
@@ -342,6 +373,31 @@ private:
         if (chunk) m_head.enqueue_sample_on_device(cond, m_noise.data(), m_chunk.data(), m_sample, 1, true);
     }
 
+    /// Host pointer a copy to the device reads: `src` itself, or its copy in the page-locked staging slot when the
+    /// policy has one (pinned_staging).
+    static const void* staged(std::byte* slot, const void* src, std::size_t bytes) {
+        if (slot == nullptr) return src;
+        std::memcpy(slot, src, bytes);
+        return slot;
+    }
+
+    /// One page-locked block holding every host side of a tick's copies, each slot 64-byte aligned.
+    void allocate_pinned_staging() {
+        const auto round = [](std::size_t n) { return (n + 63) / 64 * 64; };
+        const std::size_t ha = m_noise_host.size() * sizeof(float);
+        std::size_t total = round(std::size_t(m_meta.state_dim) * sizeof(float)) +
+                            round(std::size_t(std::max(m_meta.env_dim, 1)) * sizeof(float)) + 2 * round(ha);
+        for (const auto& f : m_frames) total += round(f.bytes());
+        m_pinned.reset(static_cast<std::byte*>(Memory<B>::allocate_pinned(total)));
+        std::byte* next = m_pinned.get();
+        const auto take = [&](std::size_t bytes) { return std::exchange(next, next + round(bytes)); };
+        m_stage.state = take(std::size_t(m_meta.state_dim) * sizeof(float));
+        m_stage.env = take(std::size_t(std::max(m_meta.env_dim, 1)) * sizeof(float));
+        m_stage.noise = take(ha);
+        m_stage.chunk = take(ha);
+        for (std::size_t cam = 0; cam < m_frames.size(); ++cam) m_stage.frames[cam] = take(m_frames[cam].bytes());
+    }
+
     static void normalize(const float* x, float* y, int dim, NormBuffers& n, Stream stream) {
         NormalizeParams p;
         p.x = x;
@@ -355,12 +411,34 @@ private:
     }
 
     using Execution = ModelExecution<B, 1>;
+    static constexpr std::size_t kMaxCameras = 32;  ///< size of the per-camera tables
 
+    /// Release of the set_realtime resources (CUDA only; the CPU never creates them).
+    struct StreamRelease {
+        void operator()(void* s) const noexcept {
+            if constexpr (std::same_as<B, Cuda>) Memory<B>::destroy_stream(Stream{s});
+        }
+    };
+    struct PinnedRelease {
+        void operator()(std::byte* p) const noexcept {
+            if constexpr (std::same_as<B, Cuda>) Memory<B>::deallocate_pinned(p);
+        }
+    };
+    /// Host slots of the pinned staging block (all null without pinned_staging).
+    struct Staging {
+        std::byte *state = nullptr, *env = nullptr, *noise = nullptr, *chunk = nullptr;
+        std::byte* frames[kMaxCameras]{};
+    };
+
+    // Declared first, destroyed last: the stream outlives every graph and buffer that used it.
+    std::unique_ptr<void, StreamRelease> m_priority_stream;
+    std::unique_ptr<std::byte, PinnedRelease> m_pinned;
+    Staging m_stage;
     io::LeRobotDiffusionPolicy m_meta;
     DiffusionHead<B> m_head;
     std::vector<DiffusionRgbEncoder<B>> m_encoders;
     std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
-    ImageLayout m_layouts[32]{};                  ///< per camera: the layout of the uploaded frame
+    ImageLayout m_layouts[kMaxCameras]{};         ///< per camera: the layout of the uploaded frame
     int m_feature_dim = 0, m_per_step = 0;
     SampleOptions m_sample{};
     std::uint64_t m_seed = 0;
