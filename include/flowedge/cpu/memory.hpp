@@ -78,6 +78,12 @@ struct Memory<Cpu> {
     static void copy(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memmove(dst, src, bytes); }
     static void fill_zero(void* dst, std::size_t bytes, Stream = {}) { std::memset(dst, 0, bytes); }
     static void synchronize(Stream = {}) {}
+    /// No staging and no streams on the CPU (ops read host memory on the calling thread): null, and no-op releases,
+    /// so a model asks for them the same way on every backend.
+    static void* allocate_pinned(std::size_t) { return nullptr; }
+    static void deallocate_pinned(void*) noexcept {}
+    static Stream create_priority_stream() { return {}; }
+    static void destroy_stream(Stream) noexcept {}
 };
 
 }  // namespace flowedge

@@ -128,21 +128,22 @@ public:
         m_exec.set_stream(s);
         m_head.set_stream(s);
     }
-    /// Real-time options (docs/realtime.md), from the thread that will call select_action, after load and before the
-    /// warm-up ticks. On CUDA: a stream of the device's highest priority replaces the current one (graphs are
-    /// re-recorded) and the observation, noise and chunk copies go through page-locked staging buffers. Then the
+    /// Real-time options (docs/realtime.md), from the thread that will call select_action, after load. On CUDA: a
+    /// stream of the device's highest priority replaces the current one (warm_up() records the graphs again) and the observation, noise and chunk copies go through page-locked staging buffers. Then the
     /// process/thread part (realtime::apply): this thread and the OpenMP workers pinned / given the SCHED_FIFO
     /// priority, memory locked or pre-faulted. Options turn things on; a later call without one does not undo it.
     /// Throws flowedge::Error naming the limit and its fix when the system refuses.
     RealtimeReport set_realtime(const RealtimeOptions& o) {
         m_exec.check_live("set_realtime", "DiffusionPolicy");
-        if constexpr (std::same_as<B, Cuda>) {
-            if (o.high_priority_stream && !m_priority_stream) {
-                m_priority_stream.reset(Memory<B>::create_priority_stream().handle);
-                set_stream(Stream{m_priority_stream.get()});
+        if (o.high_priority_stream && !m_priority_stream) {
+            const Stream s = Memory<B>::create_priority_stream();  // none on the CPU
+            if (s.handle) {
+                m_priority_stream.reset(s.handle);
+                set_stream(s);
+                warm_up();  // the new stream dropped the graphs load() recorded
             }
-            if (o.pinned_staging && !m_pinned) allocate_pinned_staging();
         }
+        if (o.pinned_staging && !m_pinned) allocate_pinned_staging();
         RealtimeReport r = realtime::apply(o);
         r.high_priority_stream = m_priority_stream != nullptr;
         r.pinned_staging = m_pinned != nullptr;
@@ -389,6 +390,7 @@ private:
                             round(std::size_t(std::max(m_meta.env_dim, 1)) * sizeof(float)) + 2 * round(ha);
         for (const auto& f : m_frames) total += round(f.bytes());
         m_pinned.reset(static_cast<std::byte*>(Memory<B>::allocate_pinned(total)));
+        if (!m_pinned) return;  // the CPU: copies read the caller's memory directly
         std::byte* next = m_pinned.get();
         const auto take = [&](std::size_t bytes) { return std::exchange(next, next + round(bytes)); };
         m_stage.state = take(std::size_t(m_meta.state_dim) * sizeof(float));
@@ -413,16 +415,12 @@ private:
     using Execution = ModelExecution<B, 1>;
     static constexpr std::size_t kMaxCameras = 32;  ///< size of the per-camera tables
 
-    /// Release of the set_realtime resources (CUDA only; the CPU never creates them).
+    /// Release of the set_realtime resources (the CPU never creates them).
     struct StreamRelease {
-        void operator()(void* s) const noexcept {
-            if constexpr (std::same_as<B, Cuda>) Memory<B>::destroy_stream(Stream{s});
-        }
+        void operator()(void* s) const noexcept { Memory<B>::destroy_stream(Stream{s}); }
     };
     struct PinnedRelease {
-        void operator()(std::byte* p) const noexcept {
-            if constexpr (std::same_as<B, Cuda>) Memory<B>::deallocate_pinned(p);
-        }
+        void operator()(std::byte* p) const noexcept { Memory<B>::deallocate_pinned(p); }
     };
     /// Host slots of the pinned staging block (all null without pinned_staging).
     struct Staging {
