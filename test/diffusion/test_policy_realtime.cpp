@@ -127,8 +127,15 @@ TEST_CASE_TEMPLATE("with memory locked and the thread pinned, 1000 ticks after w
         MESSAGE(std::string(backend_name<B>()) << ": 1000 ticks: minor faults " << d.minor_faults << ", major " << d.major_faults
                                   << ", voluntary switches " << d.voluntary_switches << ", involuntary " << d.involuntary_switches
                                   << ", operator new " << news << ", Memory allocations " << mems);
+#ifdef __SANITIZE_ADDRESS__
+        // ASan's own runtime keeps faulting pages in this process (~32 per tick here, with or without instrumenting
+        // this file), so the zero-fault claim is the Release build's (tools/gpu_run.sh rt, the realtime docs); the
+        // allocation claim holds under the sanitizer too.
+        MESSAGE("AddressSanitizer build: page-fault counts are the sanitizer's and not checked here");
+#else
         CHECK(d.minor_faults == 0);
         CHECK(d.major_faults == 0);
+#endif
         CHECK(news == 0);
         CHECK(mems == 0);
         if (r.memory_locked) ::munlockall();
