@@ -507,10 +507,20 @@ def main_policy(args, ap, t_start: float) -> int:
         ap.error("--steps and --episodes must be >= 1")
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be >= 1 (got {args.threads})")
     policy_dir = args.policy or default_policy_dir()
     if policy_dir is None:
         ap.error("no --policy given and the demo policy test/fixtures/dp_small was not found (set FLOWEDGE_DEMO_POLICY)")
     import flowedge
+
+    if args.threads is not None:  # flowedge's OpenMP team for this (the calling) thread; torch is not loaded here
+        import ctypes
+
+        try:
+            ctypes.CDLL("libgomp.so.1").omp_set_num_threads(ctypes.c_int(args.threads))
+        except OSError as e:
+            raise SystemExit(f"flowedge: rollout: --threads needs the OpenMP runtime libgomp.so.1 ({e})")
 
     t0 = time.perf_counter()
     policy = flowedge.DiffusionPolicy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
@@ -554,7 +564,7 @@ def main_policy(args, ap, t_start: float) -> int:
         "tool": "flowedge-lerobot-rollout", "env": env_name, "policy": policy_dir, "device": args.device,
         "flowedge_backend": policy.backend, "cuda_resident": bool(policy.cuda_resident),
         "fallback_reason": policy.fallback_reason, "cameras": policy.camera_shapes, "cpu": _cpu_name(),
-        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "scheduler": policy.scheduler,
+        "threads": args.threads, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "scheduler": policy.scheduler,
         "diffusion_steps": policy.steps, "period_ms": args.period_ms, "on_miss": args.on_miss, "paced": not args.no_pace,
         "episodes_requested": args.episodes, "steps_per_episode": args.steps, "seed": args.seed,
         "startup_ms": round(startup_ms, 1), "load_ms": {"flowedge_policy": round(load_ms, 1)},
