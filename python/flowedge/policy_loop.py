@@ -15,17 +15,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import DiffusionPolicy
+from . import DiffusionPolicy, _stats
 
 
 def percentiles_ms(seconds: List[float]) -> Dict[str, Optional[float]]:
     """p50/p99/p99.9/p99.99/mean/max of durations in seconds, in milliseconds (the tail is what a controller feels)."""
-    if not seconds:
-        return {"n": 0, "p50": None, "p99": None, "p99_9": None, "p99_99": None, "mean": None, "max": None}
-    a = np.asarray(seconds, dtype=np.float64) * 1e3
-    q = np.percentile(a, [50, 99, 99.9, 99.99])
-    return {"n": int(a.size), "p50": round(float(q[0]), 4), "p99": round(float(q[1]), 4), "p99_9": round(float(q[2]), 4),
-            "p99_99": round(float(q[3]), 4), "mean": round(float(a.mean()), 4), "max": round(float(a.max()), 4)}
+    return _stats.percentiles_ms(seconds, (50, 99, 99.9, 99.99))
 
 
 class DeadlineMissError(RuntimeError):

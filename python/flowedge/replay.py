@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from . import _stats
 from ._deps import require_lerobot
 
 # docs/numerics.md#whole-head-tolerances, max abs in normalised units: 10-step DDIM vs PyTorch float32.
@@ -81,12 +82,7 @@ def peak_rss_mib() -> float:
 
 def percentiles_ms(seconds: List[float]) -> Dict[str, Optional[float]]:
     """p50/p95/p99/mean/max of a list of durations in seconds, reported in milliseconds."""
-    if not seconds:
-        return {"n": 0, "p50": None, "p95": None, "p99": None, "mean": None, "max": None}
-    a = np.asarray(seconds, dtype=np.float64) * 1e3
-    return {"n": int(a.size), "p50": round(float(np.percentile(a, 50)), 4), "p95": round(float(np.percentile(a, 95)), 4),
-            "p99": round(float(np.percentile(a, 99)), 4), "mean": round(float(a.mean()), 4),
-            "max": round(float(a.max()), 4)}
+    return _stats.percentiles_ms(seconds, (50, 95, 99))
 
 
 def versions() -> Dict[str, str]:
