@@ -55,9 +55,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 /// `iters` timed runs (after `warm` untimed) of the first camera's encoder on `frame` (uint8 HWC), as the policy runs it:
 /// one recorded graph on CUDA, host wall clock around launch + synchronize.
 template <Backend B>
-std::vector<double> encoder_ms(const std::string& folder, const LoadOptions& lo, const std::vector<std::uint8_t>& frame, int iters,
-                               int warm = 10) {
-    const io::LeRobotDiffusionPolicy meta = io::open_lerobot_diffusion_policy(folder);
+std::vector<double> encoder_ms(const io::LeRobotDiffusionPolicy& meta, const LoadOptions& lo, const std::vector<std::uint8_t>& frame,
+                               int iters, int warm = 10) {
     const auto& cam = meta.cameras.at(0);
     DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(meta.config, cam.height, cam.width));
     enc.load(meta.head.weights, meta.separate_encoders ? "diffusion.rgb_encoder.0." : "diffusion.rgb_encoder.", lo);
@@ -88,7 +87,7 @@ int run_encoder_only(const std::string& folder, const LoadOptions& lo, int iters
     if (meta.cameras.empty()) throw Error("flowedge: policy_bench: --encoder-only needs a policy with a camera (got none)");
     std::vector<std::uint8_t> frame(std::size_t(meta.cameras[0].height) * meta.cameras[0].width * 3);
     for (std::size_t i = 0; i < frame.size(); ++i) frame[i] = std::uint8_t((i * 7) & 0xff);
-    const Stats s = stats(encoder_ms<B>(folder, lo, frame, iters, 1));
+    const Stats s = stats(encoder_ms<B>(meta, lo, frame, iters, 1));
     std::printf("encoder of %s on %s:\n", meta.cameras[0].key.c_str(), device_name.c_str());
     print("encoder alone, one frame", s);
     return 0;
@@ -138,7 +137,8 @@ int run(const std::string& folder, const LoadOptions& lo, int ticks, const std::
         }
     }
     // The encoder alone on one frame of the first camera, as the policy runs it (recorded graph on CUDA).
-    const std::vector<double> enc_ms = p.cameras().empty() ? std::vector<double>{} : encoder_ms<B>(folder, lo, frames[0], 200);
+    const std::vector<double> enc_ms =
+        p.cameras().empty() ? std::vector<double>{} : encoder_ms<B>(io::open_lerobot_diffusion_policy(folder), lo, frames[0], 200);
     const Stats s_all = stats(all), s_chunk = stats(chunk), s_other = stats(other), s_sample = stats(sample_ms), s_enc = stats(enc_ms);
     std::printf("select_action on %s (%d ticks after %d warm-up):\n", device_name.c_str(), ticks, warm);
     print("all ticks", s_all);

@@ -326,15 +326,10 @@ inline void conv2d_dot_columns(const WT* w, std::size_t ldw, const float* x, std
         gemm_rows(w, ldw, x, ldx, len, o0, o1, ncols, f);
         return;
     }
-    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
-    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
-    for (int ob = o0; ob < o1; ob += block) {
-        const int oe = std::min(o1, ob + block);
-        for (int cb = 0; cb < ncols; cb += kConv2dDotCols) {
-            ColumnOffset<F> g{f, cb};
-            conv2d_dot_rows(w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
-        }
-    }
+    for_l2_row_blocks(std::size_t(len) * sizeof(WT), o0, o1, ncols, kConv2dDotCols, [&](int ob, int oe, int cb, int) {
+        ColumnOffset<F> g{f, cb};
+        conv2d_dot_rows(w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
+    });
 }
 
 /// This thread's share (output channels [o0, o1)) of a conv2d with at most kConv2dDotPositions positions per image:

@@ -253,6 +253,18 @@ inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::
     }
 }
 
+/// Walks rows [o0, o1) in blocks small enough (rows of `row_bytes`) to stay in L2 while every column block of
+/// `block_cols` columns in [0, ncols) uses them, calling kernel(ob, oe, cb, n) per (row block, column block), so a
+/// weight row comes from memory once however many column blocks read it.
+template <class K>
+inline void for_l2_row_blocks(std::size_t row_bytes, int o0, int o1, int ncols, int block_cols, K&& kernel) {
+    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
+    for (int ob = o0; ob < o1; ob += block) {
+        const int oe = std::min(o1, ob + block);
+        for (int cb = 0; cb < ncols; cb += block_cols) kernel(ob, oe, cb, std::min(block_cols, ncols - cb));
+    }
+}
+
 /// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and columns [0, ncols): with more than kMaxCols
 /// columns the rows are walked in blocks small enough to stay in L2 while every column block uses them,
 /// so the weights still come from memory once. XT = float, or bf16 (MathMode::BF16: x holds ncols BF16 columns of
@@ -264,15 +276,10 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx
         dot_rows(ncols, w, ldw, x, ldx, len, o0, o1, f);
         return;
     }
-    const std::size_t row_bytes = std::size_t(len) * sizeof(WT);
-    const int block = int(std::clamp<std::size_t>((256u << 10) / (row_bytes ? row_bytes : 1), 8, 256));
-    for (int ob = o0; ob < o1; ob += block) {
-        const int oe = std::min(o1, ob + block);
-        for (int cb = 0; cb < ncols; cb += kMaxCols) {
-            ColumnOffset<F> g{f, cb};
-            dot_rows(std::min(kMaxCols, ncols - cb), w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
-        }
-    }
+    for_l2_row_blocks(std::size_t(len) * sizeof(WT), o0, o1, ncols, kMaxCols, [&](int ob, int oe, int cb, int n) {
+        ColumnOffset<F> g{f, cb};
+        dot_rows(n, w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
+    });
 }
 
 #if FLOWEDGE_ISA_AVX512
