@@ -405,6 +405,10 @@ stage_rt() {
         grep -E "MESSAGE|ERROR|test cases|skipped" "$LOGS/rt_$(basename "$t").log" | tee -a "$OUT/rt_tests.txt"
     done
     [ -d "$fix" ] || { echo "no $fix: skipping the stress benchmark" | tee -a "$OUT/rt_tests.txt"; return 1; }
+    # The GPU image has no stress-ng and no network: a binary and its libraries carried in .deps/stress-ng/{bin,lib}
+    # (tools/carry_stress_ng.sh) are used when present.
+    command -v stress-ng > /dev/null || [ ! -x .deps/stress-ng/bin/stress-ng ] || export PATH=$ROOT/.deps/stress-ng/bin:$PATH
+    stress-ng --version 2>&1 | tee -a "$OUT/rt_tests.txt"
     for dev in ${RT_DEVICES:-cuda cpu}; do
         local size=(--seconds "${RT_CPU_SECONDS:-40}" --threads 2)
         [ "$dev" = cuda ] && size=(--ticks "${RT_CUDA_TICKS:-20000}")
