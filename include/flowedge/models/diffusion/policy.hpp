@@ -20,28 +20,13 @@
 #include "flowedge/models/diffusion/lerobot_policy_folder.hpp"
 #include "flowedge/models/diffusion/rgb_encoder.hpp"
 #include "flowedge/models/model_execution.hpp"
+#include "flowedge/models/policy_observation.hpp"
 #include "flowedge/noise.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/realtime.hpp"
 
 namespace flowedge {
-
-/// One camera frame as the robot has it, in host memory: uint8 [height, width, 3] (HWC) or float32 [3, height,
-/// width] (CHW, values in [0, 1]); ImageLayout says which.
-struct PolicyFrame {
-    const void* data = nullptr;
-    ImageLayout layout = ImageLayout::U8Hwc;
-    int height = 0, width = 0;
-};
-
-/// One observation step: the robot state, the environment state (when the policy has one) and one frame per camera
-/// in DiffusionPolicy::cameras() order. Spans point at host memory and are read during the call only.
-struct PolicyObservation {
-    std::span<const float> state;
-    std::span<const float> env_state;
-    std::span<const PolicyFrame> images;
-};
 
 /// Load-time choices of a DiffusionPolicy.
 struct PolicyOptions {
