@@ -1,9 +1,11 @@
 // ActPolicy<Cpu> against LeRobot itself: the act_* fixtures hold random-init ACTPolicy checkpoints saved by pip
 // LeRobot with its own per-chunk outputs and select_action episodes (tools/make_reference_act.py); the weights are
 // rebuilt from the manifest (test/support/lerobot_fixture_folder.hpp). Every chunk must match within 1e-4 in
-// normalised units, whole episodes (queue and temporal ensembling) the same after un-normalisation; unsupported or
-// inconsistent folders and bad observations are errors naming the field, key or shape.
+// normalised units, whole episodes (queue and temporal ensembling) the same after un-normalisation; nothing is
+// allocated after load; unsupported or inconsistent folders and bad observations are errors naming the field, key
+// or shape.
 #include <doctest/doctest.h>
+#include "../support/counting_new.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -214,4 +216,26 @@ TEST_CASE("ActPolicy rejects bad observations with the key and the expected shap
     std::vector<float> short_action(3);
     CHECK_THROWS_WITH(p.select_action(o.obs, short_action), doctest::Contains("action output has the wrong size (expected 4, got 3)"));
     CHECK_NOTHROW(p.select_action(o.obs, a));
+}
+
+TEST_CASE("ActPolicy allocates nothing after load: reset, select_action (ensembling and queue), predict_action_chunk") {
+    for (const bool ensemble : {true, false}) {
+        CAPTURE(ensemble);  // before the count: doctest's first capture allocates its context stack
+        ActPolicyOptions opts;
+        if (!ensemble) opts.selection = ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5};
+        ActPolicy<Cpu> p = ActPolicy<Cpu>::load(fixture("act_cam2"), opts);
+        const Episode e = read_episode(p, "act_cam2");
+        std::vector<Observation> obs(std::size_t(e.T));
+        for (int t = 0; t < e.T; ++t) observation_at(p, e, t, t % 2 == 1, obs[std::size_t(t)]);
+        std::vector<float> a(std::size_t(p.action_dim())), chunk(std::size_t(p.config().chunk_size) * a.size());
+        p.reset();
+        p.select_action(obs[0].obs, a);  // the first call starts the OpenMP team
+        const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
+        p.reset();
+        for (const Observation& o : obs) p.select_action(o.obs, a);
+        p.predict_action_chunk(obs[1].obs, chunk);
+        CHECK(fe_test::g_operator_new_calls.load() - news0 == 0);
+        CHECK(Memory<Cpu>::allocation_count().load() - mem0 == 0);
+        CHECK(news0 > 0);  // the counter does see allocations (load made some)
+    }
 }
