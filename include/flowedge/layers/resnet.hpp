@@ -47,13 +47,14 @@ public:
         check(cfg.in_channels > 0 && cfg.height > 0 && cfg.width > 0, "resnet18",
               "input must have positive channels and size" +
                   expected_got("> 0", std::to_string(cfg.in_channels) + " x " + std::to_string(cfg.height) + " x " + std::to_string(cfg.width)));
-        m_stem = cfg.torchvision_names ? unit("conv1.", "bn1.", cfg.in_channels, 64, 7, 2, 3) : unit("0.", "1.", cfg.in_channels, 64, 7, 2, 3);
+        const bool tv = cfg.torchvision_names;
+        m_stem = unit(tv ? "conv1." : "0.", tv ? "bn1." : "1.", cfg.in_channels, 64, 7, 2, 3);
         const std::array<int, 4> widths{64, 128, 256, 512};
         int in = 64;
         for (int l = 0; l < 4; ++l) {
             const int out = widths[std::size_t(l)], stride = l == 0 ? 1 : 2;
             for (int j = 0; j < 2; ++j) {
-                const std::string p = (cfg.torchvision_names ? "layer" + std::to_string(1 + l) : std::to_string(4 + l)) + "." + std::to_string(j) + ".";
+                const std::string p = (tv ? "layer" + std::to_string(1 + l) : std::to_string(4 + l)) + "." + std::to_string(j) + ".";
                 Block b;
                 const int s = j == 0 ? stride : 1, cin = j == 0 ? in : out;
                 b.conv1 = unit(p + "conv1.", p + "bn1.", cin, out, 3, s, 1);
