@@ -138,14 +138,15 @@ void check_fixture(const std::string& name, const ActSelection& alt) {
     CHECK(p.chunks_generated() == (p.config().temporal_ensemble_coeff ? e.T : (e.T + p.config().n_action_steps - 1) / p.config().n_action_steps));
 }
 
-/// A copy of fixture `name` whose config.json is edited by `edit` (model.safetensors is linked, not copied).
-fs::path edited_copy(const std::string& name, const std::string& label, void (*edit)(nlohmann::json&)) {
+/// A copy of fixture `name` whose config.json is edited by `edit` (model.safetensors is linked, not copied), without
+/// the processor files when `drop_processors` (a pre-0.4 folder, whose statistics would be model.safetensors buffers).
+fs::path edited_copy(const std::string& name, const std::string& label, void (*edit)(nlohmann::json&), bool drop_processors = false) {
     const fs::path src = fixture(name), out = fs::path(FLOWEDGE_BINARY_DIR) / "test_fixtures" / (name + "_" + label);
     fs::remove_all(out);
     fs::create_directories(out);
     for (const auto& f : fs::directory_iterator(src)) {
         const std::string n = f.path().filename().string();
-        if (n == "config.json") continue;
+        if (n == "config.json" || (drop_processors && n.rfind("policy_", 0) == 0)) continue;
         if (n == "model.safetensors") fs::create_symlink(fs::absolute(f.path()), out / n);
         else fs::copy_file(f.path(), out / n);
     }
@@ -181,6 +182,9 @@ TEST_CASE("ActPolicy rejects unsupported or inconsistent folders naming the fiel
                       doctest::Contains("missing tensor 'model.encoder.layers.2.self_attn.in_proj_weight'"));
     CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "dim", [](nlohmann::json& j) { j["dim_model"] = 40; j["n_heads"] = 5; })),
                       doctest::Contains("has the wrong shape"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "legacy", [](nlohmann::json&) {}, true)),
+                      doctest::Contains("missing normalisation statistics for 'observation.image' (expected tensors "
+                                        "'normalize_inputs.buffer_observation_image.mean'"));
     CHECK_THROWS_WITH(ActPolicy<Cpu>::load(fixture("act_cam1"), {.selection = ActSelection{.n_action_steps = 11}}),
                       doctest::Contains("unsupported 'n_action_steps' (expected <= chunk_size 10, got 11)"));
 }

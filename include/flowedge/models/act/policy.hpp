@@ -267,47 +267,9 @@ private:
         return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
     }
 
-    /// Every input checked before anything runs: sizes, layouts, finiteness. Messages are built only on failure.
+    /// Every input checked before anything runs: sizes, layouts, finiteness.
     void check_observation(const PolicyObservation& obs) const {
-        const auto need = [](bool ok, ErrorKind k, auto&& what) {
-            if (!ok) [[unlikely]] fail(k, "act", what());
-        };
-        const auto vector_input = [&](std::span<const float> v, int dim, const std::string& key, const char* kind) {
-            if (dim == 0) {
-                need(v.empty(), ErrorKind::BadShape,
-                     [&] { return std::string(kind) + " was given but the policy has none" + expected_got(0, v.size()); });
-                return;
-            }
-            need(v.size() == std::size_t(dim), ErrorKind::BadShape,
-                 [&] { return "'" + key + "' has the wrong length" + expected_got(dim, v.size()); });
-            for (std::size_t i = 0; i < v.size(); ++i)
-                need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
-                    return "'" + key + "' element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
-                });
-        };
-        vector_input(obs.state, m_meta.state_dim, m_meta.state_key, "a robot state");
-        vector_input(obs.env_state, m_meta.env_dim, m_meta.env_key, "an environment state");
-        need(obs.images.size() == m_meta.cameras.size(), ErrorKind::BadShape,
-             [&] { return "wrong number of camera frames" + expected_got(m_meta.cameras.size(), obs.images.size()); });
-        for (std::size_t cam = 0; cam < obs.images.size(); ++cam) {
-            const io::PolicyCamera& pc = m_meta.cameras[cam];
-            const PolicyFrame& f = obs.images[cam];
-            need(f.data != nullptr, ErrorKind::BadInput, [&] { return "'" + pc.key + "': no frame data"; });
-            need(f.layout == ImageLayout::U8Hwc || f.layout == ImageLayout::F32Chw, ErrorKind::BadInput,
-                 [&] { return "'" + pc.key + "': unknown frame layout" + expected_got("uint8 HWC or float32 CHW", int(f.layout)); });
-            need(f.height == pc.height && f.width == pc.width, ErrorKind::BadShape, [&] {
-                return "'" + pc.key + "': frame has the wrong size" +
-                       expected_got(std::to_string(pc.height) + "x" + std::to_string(pc.width), std::to_string(f.height) + "x" + std::to_string(f.width));
-            });
-            if (f.layout == ImageLayout::F32Chw) {
-                const float* v = static_cast<const float*>(f.data);
-                const std::size_t n = std::size_t(pc.channels) * pc.height * pc.width;
-                for (std::size_t i = 0; i < n; ++i)
-                    need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
-                        return "'" + pc.key + "': pixel value " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
-                    });
-            }
-        }
+        check_policy_observation(obs, "act", m_meta.state_key, m_meta.state_dim, m_meta.env_key, m_meta.env_dim, m_meta.cameras);
     }
 
     static void normalize(const float* x, float* y, int dim, const NormBuffers& n, Stream stream) {
