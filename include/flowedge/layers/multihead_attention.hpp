@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "flowedge/io/safetensors.hpp"
+#include "flowedge/layers/conv2d.hpp"
 #include "flowedge/layers/linear.hpp"
-#include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/workspace.hpp"
@@ -48,17 +48,11 @@ public:
     void load(const std::shared_ptr<const io::SafeTensors>& file, const std::string& prefix, const LoadOptions& opts,
               std::string_view component) {
         const int D = m_cfg.dim;
-        const auto tensor = [&](const std::string& key, const Shape& shape) -> const io::TensorInfo& {
-            const io::TensorInfo* t = file->find(key);
-            if (!t) fail(ErrorKind::BadFile, component, file->path().string() + ": missing tensor '" + key + "'");
-            t->require_float(component, file->path().string());
-            if (!(t->shape == shape))
-                fail(ErrorKind::BadFile, component, "tensor '" + key + "' has the wrong shape" + expected_got(shape.str(), t->shape.str()));
-            return *t;
-        };
-        const io::TensorInfo& w = tensor(prefix + "in_proj_weight", Shape{3 * D, D});
-        const io::TensorInfo& b = tensor(prefix + "in_proj_bias", Shape{3 * D});
-        const std::vector<float> wv = io::detail::read_floats(w), bv = io::detail::read_floats(b);
+        const io::TensorInfo& w = require_tensor(*file, prefix + "in_proj_weight", Shape{3 * D, D}, component);
+        const io::TensorInfo& b = require_tensor(*file, prefix + "in_proj_bias", Shape{3 * D}, component);
+        std::vector<float> wv(std::size_t(3) * D * D), bv(std::size_t(3) * D);
+        Parameter<Cpu>::convert(w.data, w.dtype, wv.data(), DType::F32, wv.size());
+        Parameter<Cpu>::convert(b.data, b.dtype, bv.data(), DType::F32, bv.size());
         const DType dtype = opts.weight_dtype.value_or(w.dtype);
         const std::size_t block = std::size_t(D) * D;
         for (int part = 0; part < 3; ++part) {

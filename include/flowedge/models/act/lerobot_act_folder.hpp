@@ -3,6 +3,8 @@
 // normalizer step for the inputs, policy_postprocessor*.json's unnormalizer step for the action) or, for older
 // folders, the legacy normalize_inputs.* / unnormalize_outputs.* buffers of model.safetensors.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -47,12 +49,13 @@ struct LeRobotActFolder {
 
 namespace detail {
 
-/// The state file and settings of the first processor step named `registry` in any of `jsons`, or none.
+/// A (un)normalizer processor step: its opened state file (null when the folder has no such step), norm_map and eps.
 struct ProcessorStep {
     std::shared_ptr<const SafeTensors> state;
     nlohmann::json norm_map;
     float eps = 1e-8f;
 };
+/// The first step named `registry` in the folder's `<prefix>*.json` files (in name order).
 inline ProcessorStep find_processor_step(const std::filesystem::path& dir, const std::string& prefix, const std::string& registry) {
     namespace fs = std::filesystem;
     std::vector<fs::path> jsons;

@@ -148,12 +148,14 @@ public:
         m_chunk_host.resize(std::size_t(C) * A);
         m_queue.resize(std::size_t(c.n_action_steps) * A);
         if (c.temporal_ensemble_coeff) {
-            // ACTTemporalEnsembler's weights in float32, as torch computes them: exp(-coeff * i) and their cumsum.
+            // ACTTemporalEnsembler's weights in float32, as torch computes them: exp(-coeff * i) (the coefficient
+            // rounded to float first, as torch's scalar is) and their running sum.
             m_ens_w.resize(std::size_t(C));
             m_ens_cumsum.resize(std::size_t(C));
+            const float neg_coeff = float(-*c.temporal_ensemble_coeff);
             float run = 0.f;
             for (int i = 0; i < C; ++i) {
-                m_ens_w[std::size_t(i)] = std::exp(float(-*c.temporal_ensemble_coeff * i));
+                m_ens_w[std::size_t(i)] = std::exp(neg_coeff * float(i));
                 run += m_ens_w[std::size_t(i)];
                 m_ens_cumsum[std::size_t(i)] = run;
             }
