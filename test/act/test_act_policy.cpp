@@ -29,15 +29,7 @@ namespace {
 constexpr double kBound = 1e-4;  // max abs, normalised action units (issue 23)
 
 /// The rebuilt folder of fixture `name` (once per process).
-fs::path fixture(const std::string& name) {
-    const fs::path out = fs::path(FLOWEDGE_BINARY_DIR) / "test_fixtures" / name;
-    static std::vector<std::string> built;
-    if (std::find(built.begin(), built.end(), name) == built.end()) {
-        testsupport::rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, out);
-        built.push_back(name);
-    }
-    return out;
-}
+fs::path fixture(const std::string& name) { return testsupport::rebuilt_fixture(name); }
 
 fs::path ref_dir(const std::string& name) { return fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref"); }
 
