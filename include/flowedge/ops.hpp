@@ -5,10 +5,13 @@
 //   compute:  linear, linear_batch, conv1d, conv_transpose1d, group_norm, rms_norm, activation, axpby, concat_channels,
 //             sinusoid, embedding, causal_conv, selective_scan, diffusion_step, unnormalize,
 //             images: conv2d, max_pool2d, spatial_softmax, normalize, image_to_tensor, resize
+//             transformer (op_params_transformer.hpp): layer_norm, attention, gelu, transpose, position_embedding_2d
+//             (Ops<Cpu> only so far: a model using them is instantiated on Cpu until their CUDA kernels exist)
 // each taking (const XxxParams&, Stream). Launchers never synchronize; Ops<Cpu> runs synchronously.
 #pragma once
 #include "flowedge/backend.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/op_params_transformer.hpp"
 #include "flowedge/tensor.hpp"
 
 namespace flowedge {

@@ -25,15 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 /// The rebuilt folder of fixture `name` (once per process).
-fs::path fixture(const std::string& name) {
-    const fs::path out = fs::path(FLOWEDGE_BINARY_DIR) / "test_fixtures" / name;
-    static std::vector<std::string> built;
-    if (std::find(built.begin(), built.end(), name) == built.end()) {
-        testsupport::rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, out);
-        built.push_back(name);
-    }
-    return out;
-}
+fs::path fixture(const std::string& name) { return testsupport::rebuilt_fixture(name); }
 
 /// uint8 .npy payload (the fixtures' frames, [T, H, W, 3]).
 std::vector<std::uint8_t> read_u8(const fs::path& p) { return io::read_npy_u8(p).data; }

@@ -3,6 +3,7 @@
 // SplitMix64 normals of the tensor's seed, noise.hpp) and the rest from constants.safetensors; every other file is
 // copied. Each generated tensor is checked against the sum and first values LeRobot's script recorded.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -64,5 +65,20 @@ inline std::filesystem::path rebuild_lerobot_fixture(const std::filesystem::path
     w.write(out / "model.safetensors");
     return out;
 }
+
+#if defined(FLOWEDGE_FIXTURES_DIR) && defined(FLOWEDGE_BINARY_DIR)
+/// test/fixtures/<name> rebuilt into <build dir>/test_fixtures/<name>, once per process (test executables, which
+/// flowedge_add_test gives both directories).
+inline std::filesystem::path rebuilt_fixture(const std::string& name) {
+    namespace fs = std::filesystem;
+    const fs::path out = fs::path(FLOWEDGE_BINARY_DIR) / "test_fixtures" / name;
+    static std::vector<std::string> built;
+    if (std::find(built.begin(), built.end(), name) == built.end()) {
+        rebuild_lerobot_fixture(fs::path(FLOWEDGE_FIXTURES_DIR) / name, out);
+        built.push_back(name);
+    }
+    return out;
+}
+#endif
 
 }  // namespace flowedge::testsupport

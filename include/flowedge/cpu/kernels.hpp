@@ -23,6 +23,7 @@
 #include "flowedge/error.hpp"
 #include "flowedge/noise.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/op_params_transformer.hpp"
 
 #if defined(FLOWEDGE_CPU_X86)
 #include <immintrin.h>

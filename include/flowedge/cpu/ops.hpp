@@ -14,6 +14,7 @@
 #include "flowedge/error.hpp"
 #include "flowedge/op_checks.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/op_params_transformer.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/weights.hpp"
 
@@ -246,6 +247,46 @@ struct Ops<Cpu> {
                              "downscale too strong for the stack scratch" +
                                  expected_got("<= " + std::to_string(cpu::kScratchFloats) + " floats of taps and rows", need));
         FLOWEDGE_CPU_KERNEL(resize(p));
+    }
+
+    // ---- transformer ops (op_params_transformer.hpp) ----
+
+    /// torch.nn.LayerNorm of x (+ residual) per row, statistics in double. x, residual, y: [rows, dim].
+    static void layer_norm(const LayerNormParams& p, Stream = {}) {
+        check_args(p);
+        if (p.rows == 0) return;
+        FLOWEDGE_CPU_KERNEL(layer_norm(p));
+    }
+
+    /// Multi-head softmax(scale q k^T) v, exact float32 softmax. One query's scores and output row live on the stack.
+    static void attention(const AttentionParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_REQUIRE(p.n_kv <= cpu::scalar::kAttentionMaxKeys && p.head_dim <= cpu::scalar::kAttentionMaxHeadDim, "attention",
+                             "too many keys or too wide a head for the stack scratch" +
+                                 expected_got("n_kv <= " + std::to_string(cpu::scalar::kAttentionMaxKeys) + ", head_dim <= " +
+                                                  std::to_string(cpu::scalar::kAttentionMaxHeadDim),
+                                              std::to_string(p.n_kv) + ", " + std::to_string(p.head_dim)));
+        if (p.n_q == 0) return;
+        FLOWEDGE_CPU_KERNEL(attention(p));
+    }
+
+    /// Exact (erf) GELU, elementwise (x may equal y).
+    static void gelu(const GeluParams& p, Stream = {}) {
+        check_args(p);
+        if (p.n == 0) return;
+        FLOWEDGE_CPU_KERNEL(gelu(p));
+    }
+
+    /// [rows, cols] -> [cols, rows].
+    static void transpose(const TransposeParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_KERNEL(transpose(p));
+    }
+
+    /// LeRobot's ACTSinusoidalPositionEmbedding2d of an h x w map, token-major [h * w, dim].
+    static void position_embedding_2d(const PositionEmbedding2dParams& p, Stream = {}) {
+        check_args(p);
+        FLOWEDGE_CPU_KERNEL(position_embedding_2d(p));
     }
 };
 

@@ -26,7 +26,8 @@ namespace flowedge {
 /// norm is BatchNorm2d (eps 1e-5, running statistics; folded into the conv before it at load) or, with group_norm,
 /// nn.GroupNorm(C / 16, C) as LeRobot's use_group_norm substitutes it (same state-dict names, no running stats).
 /// x: [batch, in_channels, height, width] -> y: [batch, 512, out_h, out_w]. Parameter names are those of the
-/// Sequential ("0.weight", "1.running_mean", "4.0.conv1.weight", "5.0.downsample.1.weight", ...).
+/// Sequential ("0.weight", "1.running_mean", "4.0.conv1.weight", "5.0.downsample.1.weight", ...) or, with
+/// torchvision_names, of torchvision's module ("conv1.weight", "bn1.running_mean", "layer1.0.conv1.weight", ...).
 template <Backend B>
 class ResNet18Backbone {
 public:
@@ -35,6 +36,9 @@ public:
         int height = 0;  ///< input image rows
         int width = 0;   ///< input image columns
         bool group_norm = false;
+        /// Name tensors as torchvision's resnet18 module does ("conv1.", "bn1.", "layer1.0.conv1.", ...: ACT's
+        /// IntermediateLayerGetter backbone) instead of the Sequential's indices.
+        bool torchvision_names = false;
     };
     static constexpr int kOutChannels = 512;
 
@@ -43,13 +47,14 @@ public:
         check(cfg.in_channels > 0 && cfg.height > 0 && cfg.width > 0, "resnet18",
               "input must have positive channels and size" +
                   expected_got("> 0", std::to_string(cfg.in_channels) + " x " + std::to_string(cfg.height) + " x " + std::to_string(cfg.width)));
-        m_stem = unit("0.", "1.", cfg.in_channels, 64, 7, 2, 3);
+        const bool tv = cfg.torchvision_names;
+        m_stem = unit(tv ? "conv1." : "0.", tv ? "bn1." : "1.", cfg.in_channels, 64, 7, 2, 3);
         const std::array<int, 4> widths{64, 128, 256, 512};
         int in = 64;
         for (int l = 0; l < 4; ++l) {
             const int out = widths[std::size_t(l)], stride = l == 0 ? 1 : 2;
             for (int j = 0; j < 2; ++j) {
-                const std::string p = std::to_string(4 + l) + "." + std::to_string(j) + ".";
+                const std::string p = (tv ? "layer" + std::to_string(1 + l) : std::to_string(4 + l)) + "." + std::to_string(j) + ".";
                 Block b;
                 const int s = j == 0 ? stride : 1, cin = j == 0 ? in : out;
                 b.conv1 = unit(p + "conv1.", p + "bn1.", cin, out, 3, s, 1);

@@ -13,3 +13,6 @@
 #include "flowedge/cpu/kernels/conv2d.hpp"
 #include "flowedge/cpu/kernels/pool2d.hpp"
 #include "flowedge/cpu/kernels/image.hpp"
+#include "flowedge/cpu/kernels/layer_norm.hpp"
+#include "flowedge/cpu/kernels/attention.hpp"
+#include "flowedge/cpu/kernels/transformer_elementwise.hpp"

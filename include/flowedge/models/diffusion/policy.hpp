@@ -20,28 +20,13 @@
 #include "flowedge/models/diffusion/lerobot_policy_folder.hpp"
 #include "flowedge/models/diffusion/rgb_encoder.hpp"
 #include "flowedge/models/model_execution.hpp"
+#include "flowedge/models/policy_observation.hpp"
 #include "flowedge/noise.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/realtime.hpp"
 
 namespace flowedge {
-
-/// One camera frame as the robot has it, in host memory: uint8 [height, width, 3] (HWC) or float32 [3, height,
-/// width] (CHW, values in [0, 1]); ImageLayout says which.
-struct PolicyFrame {
-    const void* data = nullptr;
-    ImageLayout layout = ImageLayout::U8Hwc;
-    int height = 0, width = 0;
-};
-
-/// One observation step: the robot state, the environment state (when the policy has one) and one frame per camera
-/// in DiffusionPolicy::cameras() order. Spans point at host memory and are read during the call only.
-struct PolicyObservation {
-    std::span<const float> state;
-    std::span<const float> env_state;
-    std::span<const PolicyFrame> images;
-};
 
 /// Load-time choices of a DiffusionPolicy.
 struct PolicyOptions {
@@ -292,57 +277,17 @@ private:
         const auto need = [](bool ok, ErrorKind k, auto&& what) {
             if (!ok) [[unlikely]] fail(k, "policy", what());
         };
-        // `name` is a view of a string that outlives the call (a feature key or a literal): nothing is built unless it fails.
-        const auto finite_all = [&](std::span<const float> v, std::string_view name, bool quoted) {
-            for (std::size_t i = 0; i < v.size(); ++i)
-                need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
-                    const std::string n = quoted ? "'" + std::string(name) + "'" : std::string(name);
-                    return n + " element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(v[i]));
-                });
-        };
         need(action.size() == std::size_t(c.action_dim), ErrorKind::BadShape,
              [&] { return "action output has the wrong size" + expected_got(c.action_dim, action.size()); });
-        need(obs.state.size() == std::size_t(m_meta.state_dim), ErrorKind::BadShape,
-             [&] { return "'" + m_meta.state_key + "' has the wrong length" + expected_got(m_meta.state_dim, obs.state.size()); });
-        finite_all(obs.state, m_meta.state_key, true);
-        if (m_meta.env_dim > 0) {
-            need(obs.env_state.size() == std::size_t(m_meta.env_dim), ErrorKind::BadShape,
-                 [&] { return "'" + m_meta.env_key + "' has the wrong length" + expected_got(m_meta.env_dim, obs.env_state.size()); });
-            finite_all(obs.env_state, m_meta.env_key, true);
-        } else {
-            need(obs.env_state.empty(), ErrorKind::BadShape, [&] {
-                return "an environment state was given but the policy has none" + expected_got(0, obs.env_state.size());
-            });
-        }
-        need(obs.images.size() == m_meta.cameras.size(), ErrorKind::BadShape,
-             [&] { return "wrong number of camera frames" + expected_got(m_meta.cameras.size(), obs.images.size()); });
-        for (std::size_t cam = 0; cam < obs.images.size(); ++cam) {
-            const io::PolicyCamera& pc = m_meta.cameras[cam];
-            const PolicyFrame& f = obs.images[cam];
-            need(f.data != nullptr, ErrorKind::BadInput, [&] { return "'" + pc.key + "': no frame data"; });
-            need(f.layout == ImageLayout::U8Hwc || f.layout == ImageLayout::F32Chw, ErrorKind::BadInput, [&] {
-                return "'" + pc.key + "': unknown frame layout" + expected_got("uint8 HWC or float32 CHW", int(f.layout));
-            });
-            need(f.height == pc.height && f.width == pc.width, ErrorKind::BadShape, [&] {
-                return "'" + pc.key + "': frame has the wrong size" +
-                       expected_got(std::to_string(pc.height) + "x" + std::to_string(pc.width),
-                                    std::to_string(f.height) + "x" + std::to_string(f.width));
-            });
-            if (f.layout == ImageLayout::F32Chw) {
-                const float* v = static_cast<const float*>(f.data);
-                const std::size_t n = std::size_t(pc.channels) * pc.height * pc.width;
-                for (std::size_t i = 0; i < n; ++i)
-                    need(std::isfinite(v[i]), ErrorKind::NonFinite, [&] {
-                        return "'" + pc.key + "': pixel value " + std::to_string(i) + " is not finite" +
-                               expected_got("finite", std::to_string(v[i]));
-                    });
-            }
-        }
+        check_policy_observation(obs, "policy", m_meta.state_key, m_meta.state_dim, m_meta.env_key, m_meta.env_dim, m_meta.cameras);
         if (!noise.empty()) {
             need(noise.size() == m_noise_host.size(), ErrorKind::BadShape, [&] {
                 return "noise has the wrong size" + expected_got("[horizon, action_dim] = " + std::to_string(m_noise_host.size()), noise.size());
             });
-            finite_all(noise, "noise", false);
+            for (std::size_t i = 0; i < noise.size(); ++i)
+                need(std::isfinite(noise[i]), ErrorKind::NonFinite, [&] {
+                    return "noise element " + std::to_string(i) + " is not finite" + expected_got("finite", std::to_string(noise[i]));
+                });
         }
     }
 

@@ -1,0 +1,410 @@
+// LeRobot's whole ACT policy (Action Chunking with Transformers) on a backend: observation normalisation, the
+// ResNet18 backbone per camera, the transformer encoder over [latent, state, env state, camera pixels] tokens, the
+// decoder over chunk_size action queries, the action head, and select_action's n_action_steps queue or temporal
+// ensembling, from a pretrained_model folder with no Python. Inference only: the VAE encoder is not run (the latent
+// is zero, as LeRobot does in eval) and its tensors are ignored. The transformer ops exist on the CPU only so far.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "flowedge/error.hpp"
+#include "flowedge/layers/conv2d.hpp"
+#include "flowedge/layers/layer_norm.hpp"
+#include "flowedge/layers/linear.hpp"
+#include "flowedge/layers/resnet.hpp"
+#include "flowedge/models/act/config.hpp"
+#include "flowedge/models/act/lerobot_act_folder.hpp"
+#include "flowedge/models/act/transformer.hpp"
+#include "flowedge/models/model_execution.hpp"
+#include "flowedge/models/policy_observation.hpp"
+#include "flowedge/ops.hpp"
+#include "flowedge/parameter.hpp"
+
+namespace flowedge {
+
+/// How select_action turns chunks into actions, replacing config.json's choice (LeRobot's eval-time
+/// --policy.temporal_ensemble_coeff / --policy.n_action_steps); validated by LeRobot's rules.
+struct ActSelection {
+    std::optional<double> temporal_ensemble_coeff{};  ///< set: ensemble every step (n_action_steps must be 1)
+    int n_action_steps = 1;
+};
+
+/// Load-time choices of an ActPolicy.
+struct ActPolicyOptions {
+    LoadOptions load{};
+    std::optional<ActSelection> selection{};  ///< default: the folder's temporal_ensemble_coeff and n_action_steps
+};
+
+/// The whole LeRobot ACT policy, batch 1. Everything is allocated at load; reset(), predict_action_chunk() and
+/// select_action() never allocate.
+template <Backend B>
+class ActPolicy {
+public:
+    /// Opens a LeRobot ACTPolicy pretrained_model folder (config.json, model.safetensors, processors).
+    static ActPolicy load(const std::filesystem::path& folder, const ActPolicyOptions& opts = {}) {
+        return ActPolicy(io::open_lerobot_act_folder(folder), opts);
+    }
+
+    ActPolicy(io::LeRobotActFolder folder, const ActPolicyOptions& opts) : m_meta(std::move(folder)) {
+        ActConfig& c = m_meta.config;
+        if (opts.selection) {
+            c.temporal_ensemble_coeff = opts.selection->temporal_ensemble_coeff;
+            c.n_action_steps = opts.selection->n_action_steps;
+            c.validate("ActPolicyOptions::selection");
+        }
+        const int D = c.dim_model, C = c.chunk_size, A = m_meta.action_dim;
+        const auto& file = m_meta.weights;
+        const LoadOptions& lo = opts.load;
+        m_n_1d = 1 + (m_meta.state_dim > 0) + (m_meta.env_dim > 0);
+
+        std::size_t ws = 256;
+        if (!m_meta.cameras.empty()) {
+            const io::PolicyCamera& cam0 = m_meta.cameras.front();
+            m_backbone = ResNet18Backbone<B>({.height = cam0.height, .width = cam0.width, .torchvision_names = true});
+            m_backbone.load(file, "model.backbone.", lo);
+            m_img_proj = Conv2d<B>({.in = ResNet18Backbone<B>::kOutChannels, .out = D, .kernel = 1, .bias = true});
+            m_img_proj.load(file, "model.encoder_img_feat_input_proj.", "", lo, "act");
+            m_feat_h = m_backbone.out_h();
+            m_feat_w = m_backbone.out_w();
+            ws = std::max(ws, m_backbone.workspace_bytes(1));
+            for (const io::PolicyCamera& pc : m_meta.cameras) {
+                m_frames.emplace_back(std::size_t(pc.channels) * pc.height * pc.width * sizeof(float));
+                m_cam_norm.push_back(upload_norm(pc.norm));
+            }
+            m_image = Buffer<float, B>(std::size_t(3) * cam0.height * cam0.width);
+            m_feat = Buffer<float, B>(std::size_t(ResNet18Backbone<B>::kOutChannels) * m_feat_h * m_feat_w);
+            m_proj = Buffer<float, B>(std::size_t(D) * m_feat_h * m_feat_w);
+        }
+        m_n_tokens = m_n_1d + int(m_meta.cameras.size()) * m_feat_h * m_feat_w;
+
+        m_latent_proj = Linear<B>({.in = c.latent_dim, .out = D});
+        bind_parameters<B>(m_latent_proj, file, "model.encoder_latent_input_proj.", lo, "act");
+        if (m_meta.state_dim > 0) {
+            m_state_proj = Linear<B>({.in = m_meta.state_dim, .out = D});
+            bind_parameters<B>(m_state_proj, file, "model.encoder_robot_state_input_proj.", lo, "act");
+        }
+        if (m_meta.env_dim > 0) {
+            m_env_proj = Linear<B>({.in = m_meta.env_dim, .out = D});
+            bind_parameters<B>(m_env_proj, file, "model.encoder_env_state_input_proj.", lo, "act");
+        }
+        Table pos_1d{.shape = Shape{m_n_1d, D}, .weight = {}}, dec_pos{.shape = Shape{C, D}, .weight = {}};
+        bind_parameters<B>(pos_1d, file, "model.encoder_1d_feature_pos_embed.", lo, "act");
+        bind_parameters<B>(dec_pos, file, "model.decoder_pos_embed.", lo, "act");
+        m_dec_pos = std::move(dec_pos.weight);
+        for (int l = 0; l < c.n_encoder_layers; ++l) {
+            m_encoder.emplace_back(c);
+            m_encoder.back().load(file, "model.encoder.layers." + std::to_string(l) + ".", lo);
+        }
+        if (c.pre_norm) {
+            m_encoder_norm = LayerNorm<B>({.dim = D});
+            bind_parameters<B>(m_encoder_norm, file, "model.encoder.norm.", lo, "act");
+        }
+        for (int l = 0; l < c.n_decoder_layers; ++l) {
+            m_decoder.emplace_back(c);
+            m_decoder.back().load(file, "model.decoder.layers." + std::to_string(l) + ".", lo);
+        }
+        m_decoder_norm = LayerNorm<B>({.dim = D});
+        bind_parameters<B>(m_decoder_norm, file, "model.decoder.norm.", lo, "act");
+        m_action_head = Linear<B>({.in = D, .out = A});
+        bind_parameters<B>(m_action_head, file, "model.action_head.", lo, "act");
+
+        const std::size_t S = std::size_t(m_n_tokens), rows = std::size_t(std::max(m_n_tokens, C));
+        m_tokens = Buffer<float, B>(S * D);
+        m_pos = Buffer<float, B>(S * D);
+        m_memory_keys = Buffer<float, B>(S * D);
+        m_queries = Buffer<float, B>(std::size_t(C) * D);
+        m_zero_latent = Buffer<float, B>(std::size_t(c.latent_dim));
+        m_state_in = Buffer<float, B>(std::size_t(std::max(m_meta.state_dim, 1)));
+        m_env_in = Buffer<float, B>(std::size_t(std::max(m_meta.env_dim, 1)));
+        m_state_norm = upload_norm(m_meta.state_norm);
+        m_env_norm = upload_norm(m_meta.env_norm);
+        for (Buffer<float, B>* b : {&m_q, &m_k, &m_v, &m_heads, &m_sum, &m_normed, &m_branch}) *b = Buffer<float, B>(rows * D);
+        m_hidden = Buffer<float, B>(rows * std::size_t(c.dim_feedforward));
+        m_chunk = Buffer<float, B>(std::size_t(C) * A);
+        m_exec = Execution("act", ws);
+
+        // Constant inputs, written once: the zero latent and the encoder position embeddings, [1-D learned rows |
+        // the 2-D sinusoidal table of every camera's feature map].
+        const Stream stream = m_exec.stream();
+        Memory<B>::fill_zero(m_zero_latent.data(), m_zero_latent.bytes(), stream);
+        Memory<B>::copy(m_pos.data(), pos_1d.weight.f32(), std::size_t(m_n_1d) * D * sizeof(float), stream);
+        const std::size_t hw = std::size_t(m_feat_h) * m_feat_w;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            PositionEmbedding2dParams pe;
+            pe.y = m_pos.data() + (std::size_t(m_n_1d) + cam * hw) * D;
+            pe.h = m_feat_h;
+            pe.w = m_feat_w;
+            pe.dim = D;
+            Ops<B>::position_embedding_2d(pe, stream);
+        }
+        Memory<B>::synchronize(stream);
+        m_chunk_host.resize(std::size_t(C) * A);
+        m_queue.resize(std::size_t(c.n_action_steps) * A);
+        if (c.temporal_ensemble_coeff) {
+            // ACTTemporalEnsembler's weights in float32, as torch computes them: exp(-coeff * i) (the coefficient
+            // rounded to float first, as torch's scalar is) and their running sum.
+            m_ens_w.resize(std::size_t(C));
+            m_ens_cumsum.resize(std::size_t(C));
+            const float neg_coeff = float(-*c.temporal_ensemble_coeff);
+            float run = 0.f;
+            for (int i = 0; i < C; ++i) {
+                m_ens_w[std::size_t(i)] = std::exp(neg_coeff * float(i));
+                run += m_ens_w[std::size_t(i)];
+                m_ens_cumsum[std::size_t(i)] = run;
+            }
+            m_ens.resize(std::size_t(C) * A);
+            m_ens_count.resize(std::size_t(C));
+        }
+    }
+
+    ActPolicy(ActPolicy&&) noexcept = default;
+    ActPolicy& operator=(ActPolicy&&) noexcept = default;
+
+    const ActConfig& config() const { return m_meta.config; }
+    int action_dim() const { return m_meta.action_dim; }
+    int state_dim() const { return m_meta.state_dim; }
+    int env_dim() const { return m_meta.env_dim; }
+    const std::string& state_key() const { return m_meta.state_key; }
+    const std::string& env_key() const { return m_meta.env_key; }
+    const std::vector<io::PolicyCamera>& cameras() const { return m_meta.cameras; }
+    /// Encoder tokens per chunk: latent, state, env state, then feature_h * feature_w per camera.
+    int n_tokens() const { return m_n_tokens; }
+    int feature_h() const { return m_feat_h; }
+    int feature_w() const { return m_feat_w; }
+    /// Chunks predicted since the last reset().
+    int chunks_generated() const { return m_chunk_index; }
+
+    /// LeRobot's reset(): empties the action queue or the temporal ensemble (call at every episode start).
+    void reset() {
+        m_exec.check_live("reset", "ActPolicy");
+        m_was_reset = true;
+        m_queue_len = m_queue_pos = 0;
+        m_ens_len = 0;
+        m_chunk_index = 0;
+    }
+
+    /// LeRobot's predict_action_chunk(): the normalised action chunk for one observation. chunk: [chunk_size, action_dim].
+    void predict_action_chunk(const PolicyObservation& obs, std::span<float> chunk) {
+        m_exec.check_live("predict_action_chunk", "ActPolicy");
+        check_observation(obs);
+        if (chunk.size() != m_chunk_host.size()) [[unlikely]]
+            fail(ErrorKind::BadShape, "act", "chunk output has the wrong size" +
+                                                 expected_got("[chunk_size, action_dim] = " + std::to_string(m_chunk_host.size()), chunk.size()));
+        run_chunk(obs);
+        std::copy(m_chunk_host.begin(), m_chunk_host.end(), chunk.begin());
+    }
+
+    /// LeRobot's select_action() with its post-processor: with temporal ensembling, predicts a chunk every call and
+    /// returns the ensembled first action; otherwise predicts when the queue is empty and pops the next of the
+    /// chunk's first n_action_steps actions. action: [action_dim], un-normalised.
+    void select_action(const PolicyObservation& obs, std::span<float> action) {
+        m_exec.check_live("select_action", "ActPolicy");
+        if (!m_was_reset) [[unlikely]]
+            fail(ErrorKind::BadInput, "act", "select_action() before reset() (call reset() at the start of every episode)");
+        check_observation(obs);
+        const std::size_t A = std::size_t(m_meta.action_dim);
+        if (action.size() != A) [[unlikely]]
+            fail(ErrorKind::BadShape, "act", "action output has the wrong size" + expected_got(A, action.size()));
+        const float* next = nullptr;
+        if (m_meta.config.temporal_ensemble_coeff) {
+            run_chunk(obs);
+            next = ensemble_update();
+        } else {
+            if (m_queue_pos == m_queue_len) {
+                run_chunk(obs);
+                std::copy_n(m_chunk_host.begin(), m_queue.size(), m_queue.begin());
+                m_queue_len = m_meta.config.n_action_steps;
+                m_queue_pos = 0;
+            }
+            next = m_queue.data() + std::size_t(m_queue_pos++) * A;
+        }
+        for (std::size_t d = 0; d < A; ++d) action[d] = m_meta.action.apply(next[d], d);
+    }
+
+    /// Bytes held on B for buffers and the workspace (weights mapped from the file are not counted).
+    std::size_t buffer_bytes() const {
+        std::size_t n = m_exec.workspace().capacity();
+        for (const Buffer<float, B>* b : {&m_image, &m_feat, &m_proj, &m_tokens, &m_pos, &m_memory_keys, &m_queries, &m_q, &m_k, &m_v,
+                                          &m_heads, &m_sum, &m_normed, &m_branch, &m_hidden, &m_chunk})
+            n += b->bytes();
+        for (const auto& f : m_frames) n += f.bytes();
+        return n;
+    }
+
+private:
+    /// A learned table bound whole by name ("weight"), e.g. nn.Embedding(n, dim).weight used as position embeddings.
+    struct Table {
+        Shape shape;
+        Parameter<B> weight;
+        template <class F>
+        void visit_parameters(F&& f) {
+            f("weight", weight, shape, Storage::Vector);
+        }
+    };
+    struct NormBuffers {
+        NormKind kind = NormKind::Identity;
+        Buffer<float, B> offset, denom;
+    };
+
+    NormBuffers upload_norm(const io::FeatureNorm& n) {
+        NormBuffers b;
+        b.kind = n.kind;
+        if (n.kind == NormKind::Identity) return b;
+        b.offset = Buffer<float, B>(n.offset.size());
+        b.denom = Buffer<float, B>(n.denom.size());
+        Memory<B>::copy_from_host(b.offset.data(), n.offset.data(), n.offset.size() * sizeof(float));
+        Memory<B>::copy_from_host(b.denom.data(), n.denom.data(), n.denom.size() * sizeof(float));
+        return b;
+    }
+
+    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
+        const io::PolicyCamera& pc = m_meta.cameras[cam];
+        return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
+    }
+
+    /// Every input checked before anything runs: sizes, layouts, finiteness.
+    void check_observation(const PolicyObservation& obs) const {
+        check_policy_observation(obs, "act", m_meta.state_key, m_meta.state_dim, m_meta.env_key, m_meta.env_dim, m_meta.cameras);
+    }
+
+    static void normalize(const float* x, float* y, int dim, const NormBuffers& n, Stream stream) {
+        NormalizeParams p;
+        p.x = x;
+        p.y = y;
+        p.offset = n.offset.data();
+        p.denom = n.denom.data();
+        p.rows = 1;
+        p.dim = dim;
+        p.kind = n.kind;
+        Ops<B>::normalize(p, stream);
+    }
+
+    /// One ACT forward pass (LeRobot's ACT.forward in eval) into m_chunk_host: [chunk_size, action_dim], normalised.
+    void run_chunk(const PolicyObservation& obs) {
+        const ActConfig& c = m_meta.config;
+        const int D = c.dim_model, C = c.chunk_size, S = m_n_tokens;
+        Context<B> ctx = m_exec.context();
+        const Stream stream = m_exec.stream();
+        float* tokens = m_tokens.data();
+        // 1-D tokens: the zero latent's projection, then the normalised robot state and environment state.
+        m_latent_proj.forward(ctx, m_zero_latent.data(), tokens, 1);
+        int row = 1;
+        if (m_meta.state_dim > 0) {
+            Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
+            normalize(m_state_in.data(), m_state_in.data(), m_meta.state_dim, m_state_norm, stream);
+            m_state_proj.forward(ctx, m_state_in.data(), tokens + std::size_t(row++) * D, 1);
+        }
+        if (m_meta.env_dim > 0) {
+            Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
+            normalize(m_env_in.data(), m_env_in.data(), m_meta.env_dim, m_env_norm, stream);
+            m_env_proj.forward(ctx, m_env_in.data(), tokens + std::size_t(row++) * D, 1);
+        }
+        // Camera tokens: normalised frame -> layer4 [512, h, w] -> 1x1 projection [D, h, w] -> rows [h * w, D].
+        const int hw = m_feat_h * m_feat_w;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            const io::PolicyCamera& pc = m_meta.cameras[cam];
+            const PolicyFrame& f = obs.images[cam];
+            Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
+            ImageToTensorParams it;
+            it.x = m_frames[cam].data();
+            it.layout = f.layout;
+            it.y = m_image.data();
+            it.offset = m_cam_norm[cam].offset.data();
+            it.denom = m_cam_norm[cam].denom.data();
+            it.kind = m_cam_norm[cam].kind;
+            it.channels = pc.channels;
+            it.height = it.out_h = pc.height;
+            it.width = it.out_w = pc.width;
+            Ops<B>::image_to_tensor(it, stream);
+            m_exec.workspace().reset();
+            const View<float, B> feat{m_feat.data(), Shape{1, ResNet18Backbone<B>::kOutChannels, m_feat_h, m_feat_w}};
+            m_backbone.forward(ctx, View<const float, B>{m_image.data(), Shape{1, pc.channels, pc.height, pc.width}}, feat);
+            m_img_proj.forward(ctx, View<const float, B>{feat.data, feat.shape}, View<float, B>{m_proj.data(), Shape{1, D, m_feat_h, m_feat_w}});
+            TransposeParams tp;
+            tp.x = m_proj.data();
+            tp.y = tokens + (std::size_t(m_n_1d) + cam * std::size_t(hw)) * D;
+            tp.rows = D;
+            tp.cols = hw;
+            Ops<B>::transpose(tp, stream);
+        }
+        const ActScratch s{.attn = {.q = m_q.data(), .k = m_k.data(), .v = m_v.data(), .heads = m_heads.data()},
+                           .sum = m_sum.data(), .normed = m_normed.data(), .branch = m_branch.data(), .hidden = m_hidden.data()};
+        for (const ActEncoderLayer<B>& layer : m_encoder) layer.forward(ctx, tokens, m_pos.data(), S, s);
+        if (c.pre_norm) m_encoder_norm.forward(ctx, tokens, nullptr, tokens, S);
+        // Decoder: zero queries, the learned decoder position embedding; keys see the encoder's embedding.
+        act_detail::add_rows(ctx, tokens, m_pos.data(), m_memory_keys.data(), S, D);
+        Memory<B>::fill_zero(m_queries.data(), m_queries.bytes(), stream);
+        for (const ActDecoderLayer<B>& layer : m_decoder)
+            layer.forward(ctx, m_queries.data(), m_dec_pos.f32(), C, m_memory_keys.data(), tokens, S, s);
+        m_decoder_norm.forward(ctx, m_queries.data(), nullptr, m_queries.data(), C);
+        m_action_head.forward(ctx, m_queries.data(), m_chunk.data(), C);
+        Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
+        Memory<B>::synchronize(stream);
+        for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
+            if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
+                fail(ErrorKind::NonFinite, "act", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " + std::to_string(i) + ")");
+        ++m_chunk_index;
+    }
+
+    /// ACTTemporalEnsembler.update with the chunk in m_chunk_host, in float32 as torch does; returns the consumed
+    /// first row (normalised). Rows held: the running averages of the future steps, each with its count.
+    const float* ensemble_update() {
+        const std::size_t C = std::size_t(m_meta.config.chunk_size), A = std::size_t(m_meta.action_dim);
+        if (m_ens_len == 0) {
+            std::copy(m_chunk_host.begin(), m_chunk_host.end(), m_ens.begin());
+            std::fill(m_ens_count.begin(), m_ens_count.end(), 1);
+        } else {
+            for (std::size_t i = 0; i + 1 < C; ++i) {
+                const int n = m_ens_count[i];
+                for (std::size_t d = 0; d < A; ++d) {
+                    float& e = m_ens[i * A + d];
+                    e *= m_ens_cumsum[std::size_t(n - 1)];
+                    e += m_chunk_host[i * A + d] * m_ens_w[std::size_t(n)];
+                    e /= m_ens_cumsum[std::size_t(n)];
+                }
+                m_ens_count[i] = std::min(n + 1, int(C));
+            }
+            std::copy_n(m_chunk_host.begin() + std::ptrdiff_t((C - 1) * A), A, m_ens.begin() + std::ptrdiff_t((C - 1) * A));
+            m_ens_count[C - 1] = 1;
+        }
+        // Consume the first row: it goes to m_queue's front, the rest shift up one row.
+        std::copy_n(m_ens.begin(), A, m_queue.begin());
+        std::copy(m_ens.begin() + std::ptrdiff_t(A), m_ens.end(), m_ens.begin());
+        std::copy(m_ens_count.begin() + 1, m_ens_count.end(), m_ens_count.begin());
+        m_ens_len = C - 1;
+        return m_queue.data();
+    }
+
+    using Execution = ModelExecution<B, 1>;
+
+    io::LeRobotActFolder m_meta;
+    int m_n_1d = 1, m_n_tokens = 0, m_feat_h = 0, m_feat_w = 0;
+    ResNet18Backbone<B> m_backbone;
+    Conv2d<B> m_img_proj;
+    Linear<B> m_latent_proj, m_state_proj, m_env_proj, m_action_head;
+    Parameter<B> m_dec_pos;
+    std::vector<ActEncoderLayer<B>> m_encoder;
+    std::vector<ActDecoderLayer<B>> m_decoder;
+    LayerNorm<B> m_encoder_norm, m_decoder_norm;
+    std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
+    std::vector<NormBuffers> m_cam_norm;
+    NormBuffers m_state_norm, m_env_norm;
+    Buffer<float, B> m_image, m_feat, m_proj, m_tokens, m_pos, m_memory_keys, m_queries, m_zero_latent, m_state_in, m_env_in;
+    Buffer<float, B> m_q, m_k, m_v, m_heads, m_sum, m_normed, m_branch, m_hidden, m_chunk;
+    std::vector<float> m_chunk_host, m_queue;
+    std::vector<float> m_ens, m_ens_w, m_ens_cumsum;
+    std::vector<int> m_ens_count;
+    std::size_t m_ens_len = 0;
+    int m_queue_len = 0, m_queue_pos = 0, m_chunk_index = 0;
+    bool m_was_reset = false;
+    Execution m_exec;
+};
+
+}  // namespace flowedge

@@ -1,0 +1,237 @@
+// ActPolicy<Cpu> against LeRobot itself: the act_* fixtures hold random-init ACTPolicy checkpoints saved by pip
+// LeRobot with its own per-chunk outputs and select_action episodes (tools/make_reference_act.py); the weights are
+// rebuilt from the manifest (test/support/lerobot_fixture_folder.hpp). Every chunk must match within 1e-4 in
+// normalised units, whole episodes (queue and temporal ensembling) the same after un-normalisation; nothing is
+// allocated after load; unsupported or inconsistent folders and bad observations are errors naming the field, key
+// or shape.
+#include <doctest/doctest.h>
+#include "../support/counting_new.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../support/lerobot_fixture_folder.hpp"
+#include "flowedge/io/npy.hpp"
+#include "flowedge/models/act/policy.hpp"
+
+using namespace flowedge;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kBound = 1e-4;  // max abs, normalised action units (issue 23)
+
+/// The rebuilt folder of fixture `name` (once per process).
+fs::path fixture(const std::string& name) { return testsupport::rebuilt_fixture(name); }
+
+fs::path ref_dir(const std::string& name) { return fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref"); }
+
+/// One reference episode's observations: states and per camera uint8 frames [T, H, W, 3].
+struct Episode {
+    int T = 0;
+    std::vector<float> state, env;
+    std::vector<std::vector<std::uint8_t>> frames;
+};
+
+Episode read_episode(const ActPolicy<Cpu>& p, const std::string& name) {
+    Episode e;
+    const auto st = io::read_npy_f32(ref_dir(name) / (p.state_key() + ".npy"));
+    e.T = int(st.shape[0]);
+    e.state = st.data;
+    if (p.env_dim() > 0) e.env = io::read_npy_f32(ref_dir(name) / (p.env_key() + ".npy")).data;
+    for (const auto& cam : p.cameras()) e.frames.push_back(io::read_npy_u8(ref_dir(name) / (cam.key + ".npy")).data);
+    return e;
+}
+
+/// Observation t (frames uint8 HWC, or float CHW / 255 with `as_float`); the spans point into `store`.
+struct Observation {
+    std::vector<PolicyFrame> frames;
+    std::vector<std::vector<float>> float_frames;
+    PolicyObservation obs;
+};
+void observation_at(const ActPolicy<Cpu>& p, const Episode& e, int t, bool as_float, Observation& o) {
+    o.frames.clear();
+    o.float_frames.resize(p.cameras().size());
+    for (std::size_t c = 0; c < p.cameras().size(); ++c) {
+        const auto& cam = p.cameras()[c];
+        const std::size_t hw = std::size_t(cam.height) * cam.width;
+        const std::uint8_t* src = e.frames[c].data() + std::size_t(t) * hw * 3;
+        if (as_float) {
+            auto& f = o.float_frames[c];
+            f.resize(3 * hw);
+            for (std::size_t ch = 0; ch < 3; ++ch)
+                for (std::size_t i = 0; i < hw; ++i) f[ch * hw + i] = float(src[i * 3 + ch]) / 255.f;
+            o.frames.push_back(PolicyFrame{f.data(), ImageLayout::F32Chw, cam.height, cam.width});
+        } else {
+            o.frames.push_back(PolicyFrame{src, ImageLayout::U8Hwc, cam.height, cam.width});
+        }
+    }
+    const std::size_t S = std::size_t(p.state_dim()), E = std::size_t(p.env_dim());
+    o.obs.state = std::span<const float>(e.state.data() + std::size_t(t) * S, S);
+    o.obs.env_state = E ? std::span<const float>(e.env.data() + std::size_t(t) * E, E) : std::span<const float>{};
+    o.obs.images = o.frames;
+}
+
+/// Max over an episode of |ours - LeRobot's| in normalised units (divided by the action's std).
+double episode_error(ActPolicy<Cpu>& p, const Episode& e, const std::vector<float>& want, const std::vector<float>& std_dev) {
+    const std::size_t A = std::size_t(p.action_dim());
+    REQUIRE(want.size() == std::size_t(e.T) * A);
+    p.reset();
+    std::vector<float> a(A);
+    Observation o;
+    double worst = 0;
+    for (int t = 0; t < e.T; ++t) {
+        observation_at(p, e, t, false, o);
+        p.select_action(o.obs, a);
+        for (std::size_t d = 0; d < A; ++d)
+            worst = std::max(worst, std::fabs(double(a[d]) - double(want[std::size_t(t) * A + d])) / double(std_dev[d]));
+    }
+    return worst;
+}
+
+/// Checks one fixture: every step's chunk, the config's episode and the other selection mode's episode.
+void check_fixture(const std::string& name, const ActSelection& alt) {
+    const fs::path folder = fixture(name);
+    ActPolicy<Cpu> p = ActPolicy<Cpu>::load(folder);
+    const Episode e = read_episode(p, name);
+    const std::size_t C = std::size_t(p.config().chunk_size), A = std::size_t(p.action_dim());
+    const auto chunks = io::read_npy_f32(ref_dir(name) / "chunks.npy");
+    REQUIRE(chunks.shape == std::vector<std::int64_t>{e.T, std::int64_t(C), std::int64_t(A)});
+    std::vector<float> chunk(C * A);
+    Observation o;
+    double chunk_err = 0, float_err = 0;
+    for (int t = 0; t < e.T; ++t) {
+        observation_at(p, e, t, false, o);
+        p.predict_action_chunk(o.obs, chunk);
+        for (std::size_t i = 0; i < chunk.size(); ++i)
+            chunk_err = std::max(chunk_err, std::fabs(double(chunk[i]) - double(chunks.data[std::size_t(t) * C * A + i])));
+    }
+    observation_at(p, e, 0, true, o);
+    p.predict_action_chunk(o.obs, chunk);
+    for (std::size_t i = 0; i < chunk.size(); ++i) float_err = std::max(float_err, std::fabs(double(chunk[i]) - double(chunks.data[i])));
+
+    const std::vector<float> std_dev = io::open_lerobot_act_folder(folder).action.hi;
+    const double ep_err = episode_error(p, e, io::read_npy_f32(ref_dir(name) / "actions.npy").data, std_dev);
+    ActPolicy<Cpu> q = ActPolicy<Cpu>::load(folder, {.selection = alt});
+    const double alt_err = episode_error(q, e, io::read_npy_f32(ref_dir(name) / "actions_alt.npy").data, std_dev);
+    MESSAGE(name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err, "); episode ", ep_err, ", other selection ",
+            alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
+    CHECK(chunk_err <= kBound);
+    CHECK(float_err <= kBound);
+    CHECK(ep_err <= kBound);
+    CHECK(alt_err <= kBound);
+    CHECK(p.chunks_generated() == (p.config().temporal_ensemble_coeff ? e.T : (e.T + p.config().n_action_steps - 1) / p.config().n_action_steps));
+}
+
+/// A copy of fixture `name` whose config.json is edited by `edit` (model.safetensors is linked, not copied), without
+/// the processor files when `drop_processors` (a pre-0.4 folder, whose statistics would be model.safetensors buffers).
+fs::path edited_copy(const std::string& name, const std::string& label, void (*edit)(nlohmann::json&), bool drop_processors = false) {
+    const fs::path src = fixture(name), out = fs::path(FLOWEDGE_BINARY_DIR) / "test_fixtures" / (name + "_" + label);
+    fs::remove_all(out);
+    fs::create_directories(out);
+    for (const auto& f : fs::directory_iterator(src)) {
+        const std::string n = f.path().filename().string();
+        if (n == "config.json" || (drop_processors && n.rfind("policy_", 0) == 0)) continue;
+        if (n == "model.safetensors") fs::create_symlink(fs::absolute(f.path()), out / n);
+        else fs::copy_file(f.path(), out / n);
+    }
+    std::ifstream in(src / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(out / "config.json") << j.dump(1);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("ActPolicy matches LeRobot on one 64x80 camera: post-norm, ReLU, queue of 4 and temporal ensembling") {
+    check_fixture("act_cam1", ActSelection{.temporal_ensemble_coeff = 0.05, .n_action_steps = 1});
+}
+
+TEST_CASE("ActPolicy matches LeRobot on two 96x96 cameras + environment state: pre-norm, GELU, ensembling and queue of 5") {
+    check_fixture("act_cam2", ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5});
+}
+
+TEST_CASE("ActPolicy rejects unsupported or inconsistent folders naming the field or key") {
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "no_dim", [](nlohmann::json& j) { j.erase("dim_model"); })),
+                      doctest::Contains("missing field 'dim_model'"));
+    CHECK_THROWS_WITH(
+        ActPolicy<Cpu>::load(edited_copy("act_cam1", "glu", [](nlohmann::json& j) { j["feedforward_activation"] = "glu"; })),
+        doctest::Contains("unsupported 'feedforward_activation' (expected relu or gelu, got glu)"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "resnet34", [](nlohmann::json& j) { j["vision_backbone"] = "resnet34"; })),
+                      doctest::Contains("unsupported 'vision_backbone' (expected resnet18, got resnet34)"));
+    CHECK_THROWS_WITH(
+        ActPolicy<Cpu>::load(edited_copy("act_cam1", "ensemble_queue", [](nlohmann::json& j) { j["temporal_ensemble_coeff"] = 0.1; })),
+        doctest::Contains("unsupported 'n_action_steps' (expected 1 with temporal_ensemble_coeff set"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "layers", [](nlohmann::json& j) { j["n_encoder_layers"] = 3; })),
+                      doctest::Contains("missing tensor 'model.encoder.layers.2.self_attn.in_proj_weight'"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "dim", [](nlohmann::json& j) { j["dim_model"] = 40; j["n_heads"] = 5; })),
+                      doctest::Contains("has the wrong shape"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "legacy", [](nlohmann::json&) {}, true)),
+                      doctest::Contains("missing normalisation statistics for 'observation.image' (expected tensors "
+                                        "'normalize_inputs.buffer_observation_image.mean'"));
+    CHECK_THROWS_WITH(ActPolicy<Cpu>::load(fixture("act_cam1"), {.selection = ActSelection{.n_action_steps = 11}}),
+                      doctest::Contains("unsupported 'n_action_steps' (expected <= chunk_size 10, got 11)"));
+}
+
+TEST_CASE("ActPolicy rejects bad observations with the key and the expected shape") {
+    ActPolicy<Cpu> p = ActPolicy<Cpu>::load(fixture("act_cam1"));
+    const Episode e = read_episode(p, "act_cam1");
+    Observation o;
+    observation_at(p, e, 0, false, o);
+    std::vector<float> a(std::size_t(p.action_dim()));
+    CHECK_THROWS_WITH(p.select_action(o.obs, a), doctest::Contains("select_action() before reset()"));
+    p.reset();
+    PolicyObservation bad = o.obs;
+    bad.state = bad.state.first(2);
+    CHECK_THROWS_WITH(p.select_action(bad, a), doctest::Contains("'observation.state' has the wrong length (expected 3, got 2)"));
+    std::vector<PolicyFrame> frames = o.frames;
+    frames[0].height = 60;
+    bad = o.obs;
+    bad.images = frames;
+    CHECK_THROWS_WITH(p.select_action(bad, a), doctest::Contains("'observation.image': frame has the wrong size (expected 64x80, got 60x80)"));
+    bad = o.obs;
+    bad.images = {};
+    CHECK_THROWS_WITH(p.select_action(bad, a), doctest::Contains("wrong number of camera frames (expected 1, got 0)"));
+    const float env[2] = {0.f, 0.f};
+    bad = o.obs;
+    bad.env_state = env;
+    CHECK_THROWS_WITH(p.select_action(bad, a), doctest::Contains("an environment state was given but the policy has none"));
+    std::vector<float> nan_state(o.obs.state.begin(), o.obs.state.end());
+    nan_state[1] = NAN;
+    bad = o.obs;
+    bad.state = nan_state;
+    CHECK_THROWS_WITH(p.select_action(bad, a), doctest::Contains("'observation.state' element 1 is not finite"));
+    std::vector<float> short_action(3);
+    CHECK_THROWS_WITH(p.select_action(o.obs, short_action), doctest::Contains("action output has the wrong size (expected 4, got 3)"));
+    CHECK_NOTHROW(p.select_action(o.obs, a));
+}
+
+TEST_CASE("ActPolicy allocates nothing after load: reset, select_action (ensembling and queue), predict_action_chunk") {
+    for (const bool ensemble : {true, false}) {
+        CAPTURE(ensemble);  // before the count: doctest's first capture allocates its context stack
+        ActPolicyOptions opts;
+        if (!ensemble) opts.selection = ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5};
+        ActPolicy<Cpu> p = ActPolicy<Cpu>::load(fixture("act_cam2"), opts);
+        const Episode e = read_episode(p, "act_cam2");
+        std::vector<Observation> obs(std::size_t(e.T));
+        for (int t = 0; t < e.T; ++t) observation_at(p, e, t, t % 2 == 1, obs[std::size_t(t)]);
+        std::vector<float> a(std::size_t(p.action_dim())), chunk(std::size_t(p.config().chunk_size) * a.size());
+        p.reset();
+        p.select_action(obs[0].obs, a);  // the first call starts the OpenMP team
+        const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
+        p.reset();
+        for (const Observation& o : obs) p.select_action(o.obs, a);
+        p.predict_action_chunk(obs[1].obs, chunk);
+        CHECK(fe_test::g_operator_new_calls.load() - news0 == 0);
+        CHECK(Memory<Cpu>::allocation_count().load() - mem0 == 0);
+        CHECK(news0 > 0);  // the counter does see allocations (load made some)
+    }
+}
