@@ -118,6 +118,7 @@ RealtimeOptions realtime_options_of(const fe_realtime_options* o) {
     r.rt_priority = o->rt_priority;
     r.high_priority_stream = o->high_priority_stream != 0;
     r.pinned_staging = o->pinned_staging != 0;
+    r.isolate_cpus = o->isolate_cpus != 0;
     return r;
 }
 

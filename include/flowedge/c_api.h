@@ -331,6 +331,8 @@ typedef struct fe_realtime_options {
                                        Needs RLIMIT_RTPRIO >= it or CAP_SYS_NICE */
     int32_t high_priority_stream; /**< 1: a CUDA policy runs on a stream of the device's highest priority */
     int32_t pinned_staging;       /**< 1: a CUDA policy copies through page-locked host buffers */
+    int32_t isolate_cpus;         /**< 1: move the process's other threads (CUDA driver, loggers) off `cpus` onto the
+                                       other allowed CPUs; needs cpus and at least one allowed CPU outside them */
 } fe_realtime_options;
 
 /** The process and thread part of `options` (lock / pre-fault, CPUs, priority) for any engine: call it from the

@@ -99,7 +99,7 @@ def realtime_options(args) -> Dict[str, Any]:
     """The real-time flags of the rollout tool as DiffusionPolicy.set_realtime keyword arguments ({} when none)."""
     opts = {"lock_memory": args.lock_memory, "prefault": args.prefault, "cpus": args.cpus or None,
             "rt_priority": args.rt_priority or 0, "high_priority_stream": args.high_priority_stream,
-            "pinned_staging": args.pinned_staging}
+            "pinned_staging": args.pinned_staging, "isolate_cpus": args.isolate_cpus}
     return opts if any(v for v in opts.values()) else {}
 
 

@@ -379,6 +379,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="mlockall + pre-fault after load (needs ulimit -l / CAP_IPC_LOCK)")
     rt.add_argument("--prefault", action="store_true", help="pre-fault every mapped page without locking")
     rt.add_argument("--cpus", help="pin the loop thread and the OpenMP workers to these CPUs, e.g. 2,3 or 2-5")
+    rt.add_argument("--isolate-cpus", action="store_true",
+                    help="move this process's other threads (CUDA driver, loggers) off the --cpus CPUs")
     rt.add_argument("--rt-priority", type=int, default=0,
                     help="SCHED_FIFO priority 1..99 for them (needs ulimit -r / CAP_SYS_NICE); 0 = leave")
     rt.add_argument("--high-priority-stream", action="store_true", help="CUDA: a stream of the device's highest priority")
@@ -387,7 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.backend == "flowedge-policy":
         return main_policy(args, ap, t_start)
     if realtime_options(args):
-        ap.error("--lock-memory / --prefault / --cpus / --rt-priority / --high-priority-stream / --pinned-staging are "
+        ap.error("--lock-memory / --prefault / --cpus / --isolate-cpus / --rt-priority / --high-priority-stream / --pinned-staging are "
                  "options of --backend flowedge-policy")
     if args.device == "auto":
         ap.error("--device auto is for --backend flowedge-policy (the LeRobot backends need a torch device)")

@@ -294,13 +294,14 @@ void bind_diffusion_policy(nb::module_& m) {
         .def(
             "set_realtime",
             [](PyWholePolicy& s, bool lock_memory, bool prefault, nb::handle cpus, int rt_priority, bool high_priority_stream,
-               bool pinned_staging) {
+               bool pinned_staging, bool isolate_cpus) {
                 RealtimeOptions o;
                 o.lock_memory = lock_memory;
                 o.prefault = prefault;
                 o.rt_priority = rt_priority;
                 o.high_priority_stream = high_priority_stream;
                 o.pinned_staging = pinned_staging;
+                o.isolate_cpus = isolate_cpus;
                 if (nb::isinstance<nb::str>(cpus)) {
                     o.cpus = realtime::parse_cpu_list(nb::cast<std::string>(cpus));
                 } else if (!cpus.is_none()) {
@@ -317,6 +318,7 @@ void bind_diffusion_policy(nb::module_& m) {
                 d["prefaulted"] = r.prefaulted;
                 d["prefaulted_bytes"] = r.prefaulted_bytes;
                 d["threads_placed"] = r.threads_placed;
+                d["threads_moved"] = r.threads_moved;
                 d["cpus"] = o.cpus;
                 d["rt_priority"] = o.rt_priority;
                 d["high_priority_stream"] = r.high_priority_stream;
@@ -324,14 +326,15 @@ void bind_diffusion_policy(nb::module_& m) {
                 return d;
             },
             nb::kw_only(), "lock_memory"_a = false, "prefault"_a = false, "cpus"_a = nb::none(), "rt_priority"_a = 0,
-            "high_priority_stream"_a = false, "pinned_staging"_a = false,
+            "high_priority_stream"_a = false, "pinned_staging"_a = false, "isolate_cpus"_a = false,
             nb::sig("def set_realtime(self, *, lock_memory: bool = False, prefault: bool = False, "
                     "cpus: typing.Sequence[int] | str | None = None, rt_priority: int = 0, high_priority_stream: bool = False, "
-                    "pinned_staging: bool = False) -> dict"),
+                    "pinned_staging: bool = False, isolate_cpus: bool = False) -> dict"),
             "Real-time options (docs/realtime.md); call from the thread that runs the control loop, after loading and\n"
             "before the warm-up ticks. lock_memory: mlockall + pre-fault (needs RLIMIT_MEMLOCK >= the mapped size or\n"
             "CAP_IPC_LOCK); prefault: touch every mapped page without locking; cpus: pin this thread and the OpenMP\n"
-            "workers (worker i on cpus[i % len]); rt_priority: SCHED_FIFO 1..99 for them (needs RLIMIT_RTPRIO or\n"
+            "workers (worker i on cpus[i % len]); isolate_cpus: move the process's other threads off those CPUs;\n"
+            "rt_priority: SCHED_FIFO 1..99 for them (needs RLIMIT_RTPRIO or\n"
             "CAP_SYS_NICE); high_priority_stream / pinned_staging: CUDA only (ignored on the CPU). A refusal raises\n"
             "FlowEdgeError naming the limit and the fix; a bad CPU or priority FlowEdgeValueError. Returns what was done.")
         .def(
