@@ -1,5 +1,5 @@
 // The torch.nn.Conv2d paths that conv2d() in conv2d.cu chooses between beside its own tile kernel. Which shape takes
-// which path: docs/kernels/cuda_conv.md (Conv2d).
+// which path: docs/kernels/cuda.md (Image ops).
 #pragma once
 #include <cuda_runtime.h>
 
