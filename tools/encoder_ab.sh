@@ -9,7 +9,7 @@
 #   bench     policy_bench on the PushT-size image policy, F32 and BF16 weights, old then new then old then new:
 #             --encoder-only N (the encoder alone as a CUDA graph) and whole ticks (chunk vs U-Net sample)
 #             -> $OUT/bench.txt, $OUT/policy_bench_{old,new}_{f32,bf16}.json
-#   ncu       per-kernel times of one encoder call, new path -> $OUT/ncu_encoder_new_f32.csv
+#   ncu       per-kernel times of one encoder call (F32), old and new path -> $OUT/ncu_encoder_{old,new}_f32.csv
 # Env: BUILD_DIR (default build-cuda), OUT (default out), POLICY_FIXTURE (default .bench-fixtures/dp_pusht_image),
 # ENC_ITERS (default 2000), TICKS (default 160).
 set -u
@@ -76,8 +76,14 @@ stage_bench() {
 
 stage_ncu() {
     [ -f "$FOLDER/model.safetensors" ] || "$BUILD/policy_bench" "$FOLDER" --rebuild-from "$FIX" --device cpu --encoder-only 1 > /dev/null || return $?
-    ncu --clock-control none --metrics gpu__time_duration.sum --graph-profiling node --csv \
-        "$BUILD/policy_bench" "$FOLDER" --device cuda --encoder-only 1 > "$OUT/ncu_encoder_new_f32.csv" 2> "$OUT/ncu_stderr.txt"
+    local path rc=0
+    for path in old new; do
+        local run=(ncu)
+        [ "$path" = old ] && run=("${OLD[@]}" ncu)
+        "${run[@]}" --clock-control none --metrics gpu__time_duration.sum --graph-profiling node --csv \
+            "$BUILD/policy_bench" "$FOLDER" --device cuda --encoder-only 1 > "$OUT/ncu_encoder_${path}_f32.csv" 2>> "$OUT/ncu_stderr.txt" || rc=$?
+    done
+    return $rc
 }
 
 for stage in ${*:-tests sanitize bench}; do
