@@ -1,18 +1,18 @@
-// torch.nn.Conv2d on small output maps (ResNet18 layer1..layer4 on an 84 x 84 input: 21x21, 11x11, 6x6 and 3x3
-// outputs, 64..512 channels, K up to 4608), where conv2d.cu's output-tile GEMM leaves most SMs idle or streams the
-// weights a few scalars at a time: a weight stream in which the lanes of a warp split K.
+// torch.nn.Conv2d on output maps of <= 9 pixels with a long reduction (K >= 2048: ResNet18 layer4's 3x3 convs on an
+// 84 x 84 input, 3x3 outputs, 512 channels, K 2304 / 4608, 2.4-9.4 MB of F32 weights each), where conv2d.cu's
+// output-tile GEMM streams the weights a few scalars per thread per step: a weight stream in which the lanes of a warp
+// split K. (On larger maps and short reductions the output-tile kernel measured faster: docs/kernels/cuda.md.)
 //
 // GEMM view as in conv2d.cu: y[b, o, pix] = act(sum_k W[o, k] * X[k, pix] + bias[o] + residual[b, o, pix]),
 // K = in_channels * kernel_h * kernel_w, W the stored [out, in, kh, kw] weights read as a row-major M x K matrix.
 //
 // Launch geometry: 256 threads = 8 warps. A block owns 32 output channels (warp w: channels o0 + 4w .. o0 + 4w + 3),
-// a tile of PT output pixels of one image (grid y = batch x pixel tiles; PT = 9 for maps of <= 9 pixels, else 16)
-// and a K range: on sm_90 the 4-wide K units are split into contiguous ranges over a thread-block cluster of S blocks
+// the (up to 9) output pixels of one image (grid y = batch) and a K range: on sm_90 the 4-wide K units are split into contiguous ranges over a thread-block cluster of S blocks
 // along grid z (rank order). Before the programmatic-dependent-launch wait each warp prefetches its weight rows' slab
 // to L2 and loads its first two steps (weights never depend on an earlier kernel); after it the block gathers the
 // im2col columns of its pixels over its K range into shared memory as Xs[pixel][k] (zero outside the image and past
-// the tile's last pixel). Lane l then takes the units u = l, l + 32, ...: per unit one 16-byte (F32) or 8-byte
-// (BF16/F16) load per weight row and one 16-byte shared load per pixel, 4 x 4 x PT FMAs.
+// the last pixel). Lane l then takes the units u = l, l + 32, ...: per unit one 16-byte (F32) or 8-byte (BF16/F16)
+// load per weight row and one 16-byte shared load per pixel, 4 x 4 x 9 FMAs.
 //
 // Numerics (float, deterministic): per lane acc[o][pixel] is one FMA chain over its units in ascending order (k
 // ascending within a unit); the lanes are added by a warp butterfly; with S > 1 the S partial tiles are added in rank
@@ -35,7 +35,8 @@ constexpr int kOW = 4;              // output channels per warp
 constexpr int kBO = kWarps * kOW;   // output channels per block
 constexpr int kDepth = 2;           // weight steps (32 units each) held in registers ahead of the one multiplied
 constexpr int kMaxSplit = 8;        // portable cluster size limit
-constexpr int kMaxPixels = 512;     // larger maps fill the GPU with conv2d.cu's output tiles
+constexpr int kPixels = 9;          // output pixels per image at most (the accumulators are [kOW][kPixels])
+constexpr int kMinK = 2048;         // shorter reductions: conv2d.cu's output tiles are as fast or faster
 constexpr int kMaxSmem = 44 * 1024; // the im2col stage: with the static tile, under the 48 KiB default
 
 /// Sizes the host derives once per call.
@@ -45,18 +46,17 @@ struct KGeom {
     int units = 0;      // k / 4
     int pix = 0;        // out_h * out_w
     int khw = 0;        // kernel_h * kernel_w
-    int pix_tiles = 0;  // ceil(pix / PT)
     int ldx = 0;        // row stride of Xs: 4 * (the largest unit range of a rank), floats
 };
 
-template <class T, int PT, bool kCluster>
+template <class T, bool kCluster>
 __global__ void __launch_bounds__(kThreads) conv2d_kstream_kernel(Conv2dParams p, KGeom g) {
-    extern __shared__ __align__(16) float xs[];  // [PT][ldx]: the im2col columns of the tile's pixels
+    constexpr int PT = kPixels;
+    extern __shared__ __align__(16) float xs[];  // [PT][ldx]: the im2col columns of the image's pixels
     __shared__ float red[kBO * PT];              // the block's partial tile [kBO][PT]
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int o0 = int(blockIdx.x) * kBO;
-    const int b = int(blockIdx.y) / g.pix_tiles, pix0 = (int(blockIdx.y) - b * g.pix_tiles) * PT;
-    const int n_pix = min(PT, g.pix - pix0);
+    const int b = int(blockIdx.y), pix0 = 0, n_pix = g.pix;
     int u_begin = 0, u_end = g.units;
     if constexpr (kCluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -175,11 +175,11 @@ __global__ void __launch_bounds__(kThreads) conv2d_kstream_kernel(Conv2dParams p
     }
 }
 
-template <class T, int PT>
+template <class T>
 void launch(const Conv2dParams& p, const KGeom& g, int split, std::size_t smem, cudaStream_t st) {
-    const dim3 grid(unsigned((g.m + kBO - 1) / kBO), unsigned(p.batch * g.pix_tiles), unsigned(split));
-    if (split == 1) launch_pdl(conv2d_kstream_kernel<T, PT, false>, grid, dim3(kThreads), smem, st, p, g);
-    else launch_pdl_cluster(conv2d_kstream_kernel<T, PT, true>, grid, dim3(kThreads), smem, st, unsigned(split), p, g);
+    const dim3 grid(unsigned((g.m + kBO - 1) / kBO), unsigned(p.batch), unsigned(split));
+    if (split == 1) launch_pdl(conv2d_kstream_kernel<T, false>, grid, dim3(kThreads), smem, st, p, g);
+    else launch_pdl_cluster(conv2d_kstream_kernel<T, true>, grid, dim3(kThreads), smem, st, unsigned(split), p, g);
 }
 
 }  // namespace
@@ -188,32 +188,26 @@ bool try_conv2d_kstream(const Conv2dParams& p, cudaStream_t st) {
     static const bool disabled = env_flag("FLOWEDGE_CUDA_CONV2D_NO_KSTREAM");
     const long long k = (long long)p.in_channels * p.kernel_h * p.kernel_w, pix = (long long)p.out_h * p.out_w;
     const std::size_t w_align = 4 * (p.w.dtype == DType::F32 ? 4 : 2);
-    if (disabled || k % 4 != 0 || pix > kMaxPixels || !aligned(p.w.data, w_align)) return false;
-    const int pt = pix <= 9 ? 9 : 16;
+    if (disabled || k % 4 != 0 || k < kMinK || pix > kPixels || p.batch > 65535 || !aligned(p.w.data, w_align)) return false;
     KGeom g;
     g.m = p.out_channels;
     g.k = int(k);
     g.units = int(k / 4);
     g.pix = int(pix);
     g.khw = p.kernel_h * p.kernel_w;
-    g.pix_tiles = int((pix + pt - 1) / pt);
-    if ((long long)p.batch * g.pix_tiles > 65535) return false;
     // Cluster split: a function of one image's geometry and the device (never the batch). The smallest power of two
     // (<= 8) that gives one image at least one block per SM while every lane keeps a whole unit per step, raised
     // while the block's im2col stage would not fit.
-    const long long blocks = (long long)((g.m + kBO - 1) / kBO) * g.pix_tiles;
+    const long long blocks = (g.m + kBO - 1) / kBO;
     const int max_split = compute_major() >= 9 ? kMaxSplit : 1;
-    auto stage_bytes = [&](int s) { return std::size_t(pt) * 4 * ((g.units + s - 1) / s) * sizeof(float); };
+    auto stage_bytes = [&](int s) { return std::size_t(kPixels) * 4 * ((g.units + s - 1) / s) * sizeof(float); };
     int split = 1;
     while (split < max_split && blocks * split < sm_count() && g.units / (2 * split) >= 32) split *= 2;
     while (split < max_split && stage_bytes(split) > std::size_t(kMaxSmem)) split *= 2;
     if (stage_bytes(split) > std::size_t(kMaxSmem)) return false;
     g.ldx = 4 * ((g.units + split - 1) / split);
     const std::size_t smem = stage_bytes(split);
-    dispatch_dtype(p.w.dtype, [&]<class T>() {
-        if (pt == 9) launch<T, 9>(p, g, split, smem, st);
-        else launch<T, 16>(p, g, split, smem, st);
-    });
+    dispatch_dtype(p.w.dtype, [&]<class T>() { launch<T>(p, g, split, smem, st); });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv2d_kstream_kernel");
     return true;
 }
