@@ -131,6 +131,10 @@ TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype a
         {1, 40, 7, 3, 3, 1, 1, 1, 1, 0, 0},       // 1x1 kernel
         {1, 5, 6, 5, 3, 3, 1, 1, 1, 0, 0},        // a non-square 3x1 kernel: 3x3 output
         {1, 30, 4, 7, 7, 5, 5, 1, 1, 0, 0},       // 5x5 kernel, reduction 750: chunks that split input channels
+        // <= 9 output pixels with a reduction >= 2048 divisible by 4 (the K-stream path on CUDA): output channels
+        // past a block's 32, batches.
+        {3, 256, 40, 6, 6, 3, 3, 2, 2, 1, 1},     // 3x3 outputs, reduction 2304
+        {2, 128, 33, 4, 4, 4, 4, 2, 2, 1, 1},     // 2x2 outputs, reduction 2048
     };
     std::uint32_t seed = 9500;
     int n = 0;
