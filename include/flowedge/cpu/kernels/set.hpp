@@ -11,5 +11,6 @@
 #include "flowedge/cpu/kernels/mamba.hpp"
 #include "flowedge/cpu/kernels/elementwise.hpp"
 #include "flowedge/cpu/kernels/conv2d.hpp"
+#include "flowedge/cpu/kernels/conv2d_packed.hpp"
 #include "flowedge/cpu/kernels/pool2d.hpp"
 #include "flowedge/cpu/kernels/image.hpp"
