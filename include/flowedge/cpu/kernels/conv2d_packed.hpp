@@ -2,7 +2,7 @@
 // weights of kLanes consecutive output channels are one vector per reduction step j = (i * kh + u) * kw + v
 // ([out / kLanes][j][kLanes], zero past `out`), and a micro-kernel keeps NB such output vectors x P output positions
 // of accumulators in registers, multiplying the NB weight vectors of a step by each position's activation broadcast
-// from conv2d.hpp's im2col panel ([j][position] per tile). No horizontal reductions, every lane busy whatever the
+// from conv2d.hpp's im2col panel ([j][position] of a block of tiles). No horizontal reductions, every lane busy whatever the
 // position count (the ResNet's late layers have 36 or 9), each weight vector loaded once per P FMAs. BF16/F16
 // weights stay 16-bit in the packed copy and widen in registers. Kernel-set body, SIMD sets only: included once per
 // instruction set by cpu/kernels.hpp; the checks are in Ops<Cpu>.
@@ -38,14 +38,15 @@ inline constexpr int kConv2dPackedBlockTiles = 4;
 inline constexpr int kConv2dPackedAccFloats = 16 * 1024;
 
 /// acc_b[q] (the kLanes outputs of vector b at position q, at acc + b * ld_acc + q * kLanes) = (first ? 0 : acc_b[q])
-/// + sum_{j < len} w_b[j] * panel[j * P + q] for NB output vectors (w_b = w + b * ldb, kLanes elements per step) and
-/// P positions; the sum runs in j order.
+/// + sum_{j < len} w_b[j] * panel[j * ldp + q] for NB output vectors (w_b = w + b * ldb, kLanes elements per step)
+/// and P positions; the sum runs in j order.
 template <int NB, int P, class WT>
-inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel, int len, float* acc, std::size_t ld_acc, bool first) {
+inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel, std::size_t ldp, int len, float* acc,
+                               std::size_t ld_acc, bool first) {
     VecF a[NB][P];
     for (int b = 0; b < NB; ++b)
         for (int q = 0; q < P; ++q) a[b][q] = first ? vzero() : vload(acc + b * ld_acc + q * kLanes);
-    for (int j = 0; j < len; ++j, panel += P) {
+    for (int j = 0; j < len; ++j, panel += ldp) {
         VecF wv[NB];
         for (int b = 0; b < NB; ++b) wv[b] = vload(w + b * ldb + std::size_t(j) * kLanes);
         for (int q = 0; q < P; ++q) {
@@ -60,18 +61,18 @@ inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel,
 /// conv2d_packed_tile for a run-time P in [1, conv2d_packed_positions(NB)].
 template <int NB, class WT, int... Ps>
 inline void conv2d_packed_tile_p(std::integer_sequence<int, Ps...>, int P, const WT* w, std::size_t ldb, const float* panel,
-                                 int len, float* acc, std::size_t ld_acc, bool first) {
-    (void)((P == Ps + 1 ? (conv2d_packed_tile<NB, Ps + 1>(w, ldb, panel, len, acc, ld_acc, first), true) : false) || ...);
+                                 std::size_t ldp, int len, float* acc, std::size_t ld_acc, bool first) {
+    (void)((P == Ps + 1 ? (conv2d_packed_tile<NB, Ps + 1>(w, ldb, panel, ldp, len, acc, ld_acc, first), true) : false) || ...);
 }
 /// conv2d_packed_tile for run-time NB in [1, kConv2dPackedMaxVecs] and P.
 template <class WT>
-inline void conv2d_packed_tile_any(int NB, int P, const WT* w, std::size_t ldb, const float* panel, int len, float* acc,
-                                   std::size_t ld_acc, bool first) {
+inline void conv2d_packed_tile_any(int NB, int P, const WT* w, std::size_t ldb, const float* panel, std::size_t ldp, int len,
+                                   float* acc, std::size_t ld_acc, bool first) {
     static_assert(kConv2dPackedMaxVecs == 3, "conv2d: the NB switch below covers 1..3");
     switch (NB) {
-        case 1: conv2d_packed_tile_p<1>(std::make_integer_sequence<int, conv2d_packed_positions(1)>{}, P, w, ldb, panel, len, acc, ld_acc, first); return;
-        case 2: conv2d_packed_tile_p<2>(std::make_integer_sequence<int, conv2d_packed_positions(2)>{}, P, w, ldb, panel, len, acc, ld_acc, first); return;
-        default: conv2d_packed_tile_p<3>(std::make_integer_sequence<int, conv2d_packed_positions(3)>{}, P, w, ldb, panel, len, acc, ld_acc, first); return;
+        case 1: conv2d_packed_tile_p<1>(std::make_integer_sequence<int, conv2d_packed_positions(1)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
+        case 2: conv2d_packed_tile_p<2>(std::make_integer_sequence<int, conv2d_packed_positions(2)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
+        default: conv2d_packed_tile_p<3>(std::make_integer_sequence<int, conv2d_packed_positions(3)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
     }
 }
 
@@ -100,23 +101,70 @@ struct Conv2dPackedPlan {
     }
 };
 
-/// y[b, o, n0 + q] = act(acc[o - o0 vector, q, lane] + bias[o] (+ residual[b, o, n0 + q])) for output vectors
-/// [v0, v1) (o0 = v0 * kLanes, o < out_channels) and positions q < cnt; acc rows of pb positions per vector.
+/// v[l][q] = v[q][l]: a kLanes x kLanes transpose in registers.
+inline void transpose_lanes(VecF (&v)[kLanes]) {
+#if FLOWEDGE_ISA_AVX512
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    // u[4i + k], 128-bit lane m: rows 4i .. 4i+3 of column 4m + k.
+    for (int i = 0; i < 4; ++i) {
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+        const __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
+        const __m512 c = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
+        v[k] = _mm512_shuffle_f32x4(a, c, 0x88);
+        v[k + 8] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        v[k + 4] = _mm512_shuffle_f32x4(b, d, 0x88);
+        v[k + 12] = _mm512_shuffle_f32x4(b, d, 0xDD);
+    }
+#else
+    __m256 t[8], s4[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    // s4[4h + k], 128-bit half m: rows 4h .. 4h+3 of column 4m + k.
+    for (int h = 0; h < 2; ++h) {
+        s4[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        s4[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        s4[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        s4[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+        v[k] = _mm256_permute2f128_ps(s4[k], s4[4 + k], 0x20);
+        v[k + 4] = _mm256_permute2f128_ps(s4[k], s4[4 + k], 0x31);
+    }
+#endif
+}
+
+/// y[b, o, n0 + q] = act((acc + bias[o]) (+ residual[b, o, n0 + q])) for output vectors [v0, v1) (o < out_channels)
+/// and positions q < cnt, acc[vector - v0][q][o % kLanes] (pb positions per vector): kLanes positions of a vector at
+/// a time, transposed in registers so each output channel's run of positions is one vector store.
 inline void conv2d_packed_epilogue(const Conv2dParams& p, int b, int n0, int cnt, int v0, int v1, const float* acc, int pb) {
     const std::size_t N = std::size_t(p.out_h) * std::size_t(p.out_w);
-    const int o1 = std::min(p.out_channels, v1 * kLanes);
-    for (int o = v0 * kLanes; o < o1; ++o) {
-        const std::size_t base = (std::size_t(b) * p.out_channels + std::size_t(o)) * N + std::size_t(n0);
-        float* y = p.y + base;
-        const float* a = acc + (std::size_t(o / kLanes - v0) * pb) * kLanes + std::size_t(o % kLanes);
-        const float bias = p.bias ? p.bias[o] : 0.f;
-        if (p.residual) {
-            const float* res = p.residual + base;
-            for (int q = 0; q < cnt; ++q) y[q] = (a[std::size_t(q) * kLanes] + bias) + res[q];
-        } else {
-            for (int q = 0; q < cnt; ++q) y[q] = a[std::size_t(q) * kLanes] + bias;
+    for (int v = v0; v < v1; ++v) {
+        const int lanes = std::min(kLanes, p.out_channels - v * kLanes);
+        const float* av = acc + std::size_t(v - v0) * std::size_t(pb) * kLanes;
+        for (int q0 = 0; q0 < cnt; q0 += kLanes) {
+            const int n = std::min(kLanes, cnt - q0);
+            VecF r[kLanes];
+            for (int q = 0; q < kLanes; ++q) r[q] = q < n ? vload(av + std::size_t(q0 + q) * kLanes) : vzero();
+            transpose_lanes(r);
+            for (int l = 0; l < lanes; ++l) {
+                const int o = v * kLanes + l;
+                const std::size_t base = (std::size_t(b) * p.out_channels + std::size_t(o)) * N + std::size_t(n0 + q0);
+                VecF y = p.bias ? vadd(r[l], vset1(p.bias[o])) : r[l];
+                if (p.residual) y = vadd(y, packed::load_n(p.residual + base, n));
+                packed::store_n(p.y + base, packed::activate_vec(p.act, y), n);
+            }
         }
-        activate_inplace(p.act, y, cnt);
     }
 }
 
@@ -136,15 +184,12 @@ inline void conv2d_packed_part(const Conv2dParams& p, const Conv2dPackedPlan& k,
             const int s1 = std::min(v1, s0 + k.slab);
             for (int j0 = 0; j0 < k.R; j0 += k.len) {
                 const int len = std::min(k.len, k.R - j0);
-                for (int q0 = 0; q0 < cnt; q0 += k.P) {
-                    const int c = std::min(k.P, cnt - q0);
-                    conv2d_im2col(p, b, n0 + q0, c, c, j0, len, panel + std::size_t(q0) * len);
-                }
+                conv2d_im2col(p, b, n0, cnt, cnt, j0, len, panel);
                 for (int g = s0; g < s1; g += k.nb) {
                     const int nbg = std::min(k.nb, s1 - g);
                     const WT* wg = w + std::size_t(g) * ldb + std::size_t(j0) * kLanes;
                     for (int q0 = 0; q0 < cnt; q0 += k.P)
-                        conv2d_packed_tile_any(nbg, std::min(k.P, cnt - q0), wg, ldb, panel + std::size_t(q0) * len, len,
+                        conv2d_packed_tile_any(nbg, std::min(k.P, cnt - q0), wg, ldb, panel + q0, std::size_t(cnt), len,
                                                acc + (std::size_t(g - s0) * pb + std::size_t(q0)) * kLanes,
                                                std::size_t(pb) * kLanes, j0 == 0);
                 }
