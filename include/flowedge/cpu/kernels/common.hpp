@@ -34,3 +34,17 @@ inline void pack_output_blocks(const T* w, int out, std::size_t R, int width, T*
             for (int l = 0; l < width; ++l) db[l] = rows[l] ? rows[l][j] : T{};
     }
 }
+
+#if FLOWEDGE_ISA_SIMD
+/// act(v) for one vector: the vector math activate_inplace applies (bit for bit).
+inline VecF activate_vector(Activation act, VecF v) {
+    switch (act) {
+        case Activation::None: return v;
+        case Activation::Silu: return vsilu(v);
+        case Activation::Softplus: return vsoftplus(v);
+        case Activation::Mish: return vmish(v);
+        case Activation::Relu: return vrelu(v);
+    }
+    return v;
+}
+#endif

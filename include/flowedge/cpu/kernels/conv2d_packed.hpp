@@ -162,7 +162,7 @@ inline void conv2d_packed_epilogue(const Conv2dParams& p, int b, int n0, int cnt
                 const std::size_t base = (std::size_t(b) * p.out_channels + std::size_t(o)) * N + std::size_t(n0 + q0);
                 VecF y = p.bias ? vadd(r[l], vset1(p.bias[o])) : r[l];
                 if (p.residual) y = vadd(y, packed::load_n(p.residual + base, n));
-                packed::store_n(p.y + base, packed::activate_vec(p.act, y), n);
+                packed::store_n(p.y + base, activate_vector(p.act, y), n);
             }
         }
     }
