@@ -99,6 +99,8 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 for (int s = 0; s < s_lo; ++s) row[q + s] = 0.f;
                 if (sw == 1) {
                     copy_floats(row + q + s_lo, xr + base + s_lo, s_hi - s_lo);
+                } else if (sw == 2) {
+                    copy_floats_even(row + q + s_lo, xr + base + 2 * s_lo, s_hi - s_lo);
                 } else {
                     for (int s = s_lo; s < s_hi; ++s) row[q + s] = xr[base + s * sw];
                 }
