@@ -2,10 +2,10 @@
 // weights of kLanes consecutive output channels are one vector per reduction step j = (i * kh + u) * kw + v
 // ([out / kLanes][j][kLanes], zero past `out`), and a micro-kernel keeps NB such output vectors x P output positions
 // of accumulators in registers, multiplying the NB weight vectors of a step by each position's activation broadcast
-// from conv2d.hpp's im2col panel ([j][position] of a block of tiles). No horizontal reductions, every lane busy whatever the
-// position count (the ResNet's late layers have 36 or 9), each weight vector loaded once per P FMAs. BF16/F16
-// weights stay 16-bit in the packed copy and widen in registers. Kernel-set body, SIMD sets only: included once per
-// instruction set by cpu/kernels.hpp; the checks are in Ops<Cpu>.
+// from conv2d.hpp's im2col panel ([j][position] of a block of tiles). No horizontal reductions, every lane busy
+// whatever the position count (the ResNet's late layers have 36 or 9), each weight vector loaded once per P FMAs.
+// BF16/F16 weights stay 16-bit in the packed copy and widen in registers. Kernel-set body, SIMD sets only: included
+// once per instruction set by cpu/kernels.hpp; the checks are in Ops<Cpu>.
 #if FLOWEDGE_ISA_SIMD
 
 /// Elements of the packed copy of a [out, R] weight: whole blocks of kLanes outputs.
@@ -76,10 +76,15 @@ template <class WT>
 inline void conv2d_packed_tile_any(int NB, int P, const WT* w, std::size_t ldb, const float* panel, std::size_t ldp, int len,
                                    float* acc, std::size_t ld_acc, bool first) {
     static_assert(kConv2dPackedMaxVecs == 3, "conv2d: the NB switch below covers 1..3");
+    auto run = [&](auto nb) {
+        constexpr int kNb = decltype(nb)::value;
+        conv2d_packed_tile_p<kNb>(std::make_integer_sequence<int, conv2d_packed_positions(kNb)>{}, P, w, ldb, panel, ldp, len,
+                                  acc, ld_acc, first);
+    };
     switch (NB) {
-        case 1: conv2d_packed_tile_p<1>(std::make_integer_sequence<int, conv2d_packed_positions(1)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
-        case 2: conv2d_packed_tile_p<2>(std::make_integer_sequence<int, conv2d_packed_positions(2)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
-        default: conv2d_packed_tile_p<3>(std::make_integer_sequence<int, conv2d_packed_positions(3)>{}, P, w, ldb, panel, ldp, len, acc, ld_acc, first); return;
+        case 1: run(std::integral_constant<int, 1>{}); return;
+        case 2: run(std::integral_constant<int, 2>{}); return;
+        default: run(std::integral_constant<int, 3>{}); return;
     }
 }
 
@@ -176,7 +181,7 @@ inline void conv2d_packed_epilogue(const Conv2dParams& p, int b, int n0, int cnt
 }
 
 /// This thread's share: position blocks [pb0, pb1) of the flattened (image, block) index and output vectors
-/// [v0, v1). Per block and slab of output vectors: per reduction chunk the tiles' panels, then every group of nb
+/// [v0, v1). Per block and slab of output vectors: per reduction chunk the block's panel, then every group of nb
 /// output vectors over every tile (accumulating in the slab's scratch), then the epilogue.
 template <class WT>
 inline void conv2d_packed_part(const Conv2dParams& p, const Conv2dPackedPlan& k, const WT* w, int pb0, int pb1, int v0, int v1) {
