@@ -9,6 +9,7 @@
 //                stored tensor.
 //   scalar set:  nothing is prepared.
 #pragma once
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -172,9 +173,14 @@ inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const Wei
         case Storage::ConvTransposeWeight:
             if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, what);
             return nullptr;
-        case Storage::Conv2dWeight:
-            if (isa == Isa::Avx2 || isa == Isa::Avx512) return PackedWeight::conv2d_blocks(w, shape, isa, what);
+        case Storage::Conv2dWeight: {
+            // FLOWEDGE_CPU_CONV2D_NO_PACK=1 keeps the stored layout (the im2col paths): the old path of an A/B run in
+            // one process image, as FLOWEDGE_CUDA_CONV2D_NO_KSTREAM does on the GPU.
+            const char* no_pack = std::getenv("FLOWEDGE_CPU_CONV2D_NO_PACK");
+            if ((isa == Isa::Avx2 || isa == Isa::Avx512) && !(no_pack && std::string_view(no_pack) == "1"))
+                return PackedWeight::conv2d_blocks(w, shape, isa, what);
             return nullptr;
+        }
         case Storage::SmallRowsMatrix:
             if (isa == Isa::Avx2 || isa == Isa::Avx512)
                 return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32);
