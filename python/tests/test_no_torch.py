@@ -208,3 +208,13 @@ def test_rollout_act_folder_runs_without_torch(act_policy, tmp_path):
     """)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "ACT runs on the CPU only for now" in r.stderr
+
+
+@pytest.mark.parametrize("module, args", [("replay", "[{folder!r}]"), ("rollout", "['--policy', {folder!r}, '--backend', 'both']")])
+def test_lerobot_backends_send_act_folders_to_flowedge_policy(act_policy, module, args):
+    r = run_hidden(f"""
+        from flowedge import {module}
+        {module}.main({args.format(folder=str(act_policy))})
+    """)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # argparse's usage error
+    assert "an ACT folder" in r.stderr and "--backend flowedge-policy" in r.stderr
