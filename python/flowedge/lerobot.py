@@ -207,8 +207,8 @@ def wrap(policy: "DiffusionPolicy", path: Optional[os.PathLike] = None, *, devic
     The LeRobot U-Net stays in memory (``unwrap`` restores it); only ``conditional_sample`` is replaced.
     """
     if not isinstance(policy, DiffusionPolicy):
-        raise _err(f"expected a lerobot DiffusionPolicy (got {type(policy).__name__})" + _ACT_ADVICE * (
-            getattr(getattr(policy, "config", None), "type", None) == "act"))
+        is_act = getattr(getattr(policy, "config", None), "type", None) == "act"
+        raise _err(f"expected a lerobot DiffusionPolicy (got {type(policy).__name__})" + (_ACT_ADVICE if is_act else ""))
     if is_wrapped(policy):
         unwrap(policy)
     cfg = policy.config
