@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -233,9 +234,12 @@ int run_episode(P& policy, const RunInputs& in) {
     std::sort(ms.begin(), ms.end());
     std::string what;
     if constexpr (kIsAct<P>) {
-        const auto coeff = policy.config().temporal_ensemble_coeff;
-        what = "ACT chunk " + std::to_string(chunk) +
-               (coeff ? ", temporal ensembling " + std::to_string(*coeff) : ", n_action_steps " + std::to_string(n_action_steps));
+        char selection[64];
+        if (const auto coeff = policy.config().temporal_ensemble_coeff)
+            std::snprintf(selection, sizeof selection, "temporal ensembling %g", *coeff);
+        else
+            std::snprintf(selection, sizeof selection, "n_action_steps %d", n_action_steps);
+        what = "ACT chunk " + std::to_string(chunk) + ", " + selection;
     } else {
         what = std::string(scheduler_name(policy.scheduler())) + " " + std::to_string(policy.steps()) + " steps";
     }

@@ -420,7 +420,7 @@ TEST_CASE("ACT folders: LeRobot's episodes through the program; Diffusion Policy
     const std::string dir = "\"" + folder.string() + "\" ";
     RunResult r = run(FLOWEDGE_POLICY_EXE, dir + args + " --seed 3");
     REQUIRE(r.rc == 0);
-    CHECK(has(r, "ACT chunk 12, temporal ensembling"));
+    CHECK(has(r, "ACT chunk 12, temporal ensembling 0.01, T=12 observations"));
     CHECK(has(r, "chunks generated: 12"));  // T = 12: a chunk every step
     CHECK(has(r, "note: --seed is ignored (an ACT policy draws no noise)"));
     const double ens_err = error_vs("actions.npy");
