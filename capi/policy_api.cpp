@@ -216,8 +216,6 @@ std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const Devi
             raise(FE_ERR_INVALID_ARGUMENT, "options->scheduler is a Diffusion Policy option and this is an ACT policy (expected NULL, got '" +
                                                std::string(options->scheduler) + "')");
         if (const fe_act_selection* s = options->act_selection) {
-            if (s->n_action_steps < 1)
-                raise(FE_ERR_INVALID_ARGUMENT, "options->act_selection->n_action_steps must be >= 1" + expected_got(">= 1", s->n_action_steps));
             ActSelection sel;
             if (s->temporal_ensemble != 0) sel.temporal_ensemble_coeff = s->temporal_ensemble_coeff;
             sel.n_action_steps = s->n_action_steps;

@@ -60,7 +60,6 @@ std::optional<ActSelection> selection_arg(nb::handle coeff, nb::handle n_action_
     if (!n_action_steps.is_none()) {
         if (!nb::try_cast(n_action_steps, s.n_action_steps))
             throw nb::type_error("flowedge: python: n_action_steps must be None or an int");
-        if (s.n_action_steps < 1) bad_arg("n_action_steps must be >= 1 (got " + std::to_string(s.n_action_steps) + ")");
     }
     return s;
 }

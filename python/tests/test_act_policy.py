@@ -104,7 +104,7 @@ def test_bad_selection_and_observations_are_value_errors(act_folder, episode):
         flowedge.ActPolicy(act_folder, n_action_steps=13)
     with pytest.raises(flowedge.FlowEdgeValueError, match="1 with temporal_ensemble_coeff set"):
         flowedge.ActPolicy(act_folder, temporal_ensemble_coeff=0.01, n_action_steps=5)
-    with pytest.raises(flowedge.FlowEdgeValueError, match="n_action_steps must be >= 1"):
+    with pytest.raises(flowedge.FlowEdgeValueError, match="unsupported 'n_action_steps' \\(expected >= 1, got 0\\)"):
         flowedge.ActPolicy(act_folder, n_action_steps=0)
     p = flowedge.ActPolicy(act_folder)
     obs = {k: v[0] for k, v in episode.items()}

@@ -159,7 +159,7 @@ TEST_CASE("fe_policy: on ACT, Diffusion Policy options, caller noise and bad sel
     CHECK(mentions("temporal_ensemble_coeff"));
     sel = fe_act_selection{0, 0.0, 0};
     CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
-    CHECK(mentions("n_action_steps must be >= 1"));
+    CHECK(mentions("ActPolicyOptions::selection: unsupported 'n_action_steps' (expected >= 1, got 0)"));
     sel = fe_act_selection{0, 0.0, 2};
     const std::string dp = std::string(FLOWEDGE_FIXTURES_DIR) + "/dp_small";
     CHECK(fe_policy_load_ex(dp.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
