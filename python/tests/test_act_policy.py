@@ -120,4 +120,4 @@ def test_bad_selection_and_observations_are_value_errors(act_folder, episode):
     assert p.chunks_generated == 0
     assert p.select_action(obs).shape == (5,) and p.chunks_generated == 1
     assert p.set_realtime() == {"memory_locked": False, "prefaulted": False, "prefaulted_bytes": 0, "threads_placed": 0,
-                                "cpus": [], "rt_priority": 0, "high_priority_stream": False, "pinned_staging": False}
+                                "threads_moved": 0, "cpus": [], "rt_priority": 0, "high_priority_stream": False, "pinned_staging": False}

@@ -140,45 +140,11 @@ inline LeRobotActFolder open_lerobot_act_folder(const std::filesystem::path& pat
 
     const auto inputs_it = oj.find("input_features");
     if (inputs_it == oj.end() || !inputs_it->is_object()) lerobot_fail(cfg_where + ": 'input_features' must be an object");
-    for (const auto& [key, feat] : inputs_it->items()) {
-        const std::string where = cfg_where + ": input_features." + key;
-        const nlohmann::json fj = nlohmann::json::parse(feat.dump());
-        const std::string type = string_field(fj, "type", where);
-        const std::vector<int> shape = feature_shape(fj, where);
-        if (type == "STATE") {
-            if (!f.state_key.empty()) lerobot_fail(where + ": a second STATE feature" + expected_got("at most one", key), ErrorKind::Unsupported);
-            f.state_key = key;
-            f.state_dim = shape[0];
-            f.state_norm = feature_norm(stats, key, mode_of("STATE"), eps, std::size_t(shape[0]));
-        } else if (type == "ENV") {
-            if (!f.env_key.empty()) lerobot_fail(where + ": a second ENV feature" + expected_got("at most one", key), ErrorKind::Unsupported);
-            f.env_key = key;
-            f.env_dim = shape[0];
-            f.env_norm = feature_norm(stats, key, mode_of("ENV"), eps, std::size_t(shape[0]));
-        } else if (type == "VISUAL") {
-            if (shape.size() != 3 || shape[0] != 3)
-                lerobot_fail(where + ": camera shape must be [3, H, W]" +
-                                 expected_got("[3, H, W]", "rank " + std::to_string(shape.size()) + ", channels " + std::to_string(shape[0])),
-                             ErrorKind::Unsupported);
-            PolicyCamera cam;
-            cam.key = key;
-            cam.channels = shape[0];
-            cam.height = shape[1];
-            cam.width = shape[2];
-            cam.norm = feature_norm(stats, key, mode_of("VISUAL"), eps, std::size_t(shape[0]));
-            f.cameras.push_back(std::move(cam));
-        } else {
-            lerobot_fail(where + ": unsupported input feature type" + expected_got("STATE, ENV or VISUAL", type), ErrorKind::Unsupported);
-        }
-    }
+    for (const auto& [key, feat] : inputs_it->items())
+        add_input_feature(f, key, nlohmann::json::parse(feat.dump()), cfg_where + ": input_features." + key, stats, mode_of, eps);
     if (f.cameras.empty() && f.env_key.empty())
         lerobot_fail(cfg_where + ": no VISUAL and no ENV input feature (ACT needs an image or the environment state)");
-    for (std::size_t c = 1; c < f.cameras.size(); ++c)
-        if (f.cameras[c].height != f.cameras[0].height || f.cameras[c].width != f.cameras[0].width)
-            lerobot_fail(cfg_where + ": every camera must have the same shape (as LeRobot requires)" +
-                             expected_got(std::to_string(f.cameras[0].height) + "x" + std::to_string(f.cameras[0].width),
-                                          f.cameras[c].key + " " + std::to_string(f.cameras[c].height) + "x" + std::to_string(f.cameras[c].width)),
-                         ErrorKind::Unsupported);
+    check_same_camera_shapes(f.cameras, cfg_where);
 
     // The action: output_features.action, un-normalised with the postprocessor's statistics (then the
     // preprocessor's, which hold the same dataset stats, then the legacy unnormalize_outputs buffers).

@@ -167,6 +167,50 @@ inline std::vector<int> feature_shape(const nlohmann::json& f, const std::string
     return out;
 }
 
+/// Adds config.json's input feature `key` (STATE, ENV or VISUAL) to `to`, a policy folder's feature fields (state_key /
+/// state_dim / state_norm, env_*, cameras), normalised from `stats` in the mode `mode_of(type)` gives. Another type, a
+/// second STATE or ENV feature, or a camera that is not [3, H, W] is a load error naming `where`.
+template <class Features, class ModeOf>
+void add_input_feature(Features& to, const std::string& key, const nlohmann::json& fj, const std::string& where,
+                       const StatsSource& stats, const ModeOf& mode_of, float eps) {
+    const std::string type = string_field(fj, "type", where);
+    const std::vector<int> shape = feature_shape(fj, where);
+    if (type == "STATE") {
+        if (!to.state_key.empty()) lerobot_fail(where + ": a second STATE feature" + expected_got("at most one", key), ErrorKind::Unsupported);
+        to.state_key = key;
+        to.state_dim = shape[0];
+        to.state_norm = feature_norm(stats, key, mode_of("STATE"), eps, std::size_t(shape[0]));
+    } else if (type == "ENV") {
+        if (!to.env_key.empty()) lerobot_fail(where + ": a second ENV feature" + expected_got("at most one", key), ErrorKind::Unsupported);
+        to.env_key = key;
+        to.env_dim = shape[0];
+        to.env_norm = feature_norm(stats, key, mode_of("ENV"), eps, std::size_t(shape[0]));
+    } else if (type == "VISUAL") {
+        if (shape.size() != 3 || shape[0] != 3)
+            lerobot_fail(where + ": camera shape must be [3, H, W]" +
+                             expected_got("[3, H, W]", "rank " + std::to_string(shape.size()) + ", channels " + std::to_string(shape[0])),
+                         ErrorKind::Unsupported);
+        PolicyCamera cam;
+        cam.key = key;
+        cam.channels = shape[0];
+        cam.height = shape[1];
+        cam.width = shape[2];
+        cam.norm = feature_norm(stats, key, mode_of("VISUAL"), eps, std::size_t(shape[0]));
+        to.cameras.push_back(std::move(cam));
+    } else {
+        lerobot_fail(where + ": unsupported input feature type" + expected_got("STATE, ENV or VISUAL", type), ErrorKind::Unsupported);
+    }
+}
+
+/// LeRobot's rule that every camera of a policy has the same [H, W].
+inline void check_same_camera_shapes(const std::vector<PolicyCamera>& cameras, const std::string& where) {
+    for (std::size_t c = 1; c < cameras.size(); ++c)
+        if (cameras[c].height != cameras[0].height || cameras[c].width != cameras[0].width)
+            lerobot_fail(where + ": every camera must have the same shape (as LeRobot requires)" +
+                         expected_got(std::to_string(cameras[0].height) + "x" + std::to_string(cameras[0].width),
+                                      cameras[c].key + " " + std::to_string(cameras[c].height) + "x" + std::to_string(cameras[c].width)));
+}
+
 }  // namespace detail
 
 /// A policy_preprocessor*.json already in memory: its text and the name that labels its messages (its path).
@@ -242,45 +286,11 @@ inline LeRobotDiffusionPolicy lerobot_diffusion_policy_from_parts(DiffusionCheck
     const auto inputs_it = oj.find("input_features");
     if (inputs_it == oj.end() || !inputs_it->is_object()) lerobot_fail(cfg_where + ": 'input_features' must be an object");
     const nlohmann::ordered_json& inputs = *inputs_it;
-    bool have_state = false;
-    for (const auto& [key, f] : inputs.items()) {
-        const std::string where = cfg_where + ": input_features." + key;
-        const nlohmann::json fj = nlohmann::json::parse(f.dump());
-        const std::string type = string_field(fj, "type", where);
-        const std::vector<int> shape = feature_shape(fj, where);
-        if (type == "STATE") {
-            if (have_state) lerobot_fail(where + ": a second STATE feature" + expected_got("one STATE feature", key), ErrorKind::Unsupported);
-            have_state = true;
-            pol.state_key = key;
-            pol.state_dim = shape[0];
-            pol.state_norm = feature_norm(stats, key, mode_of("STATE"), eps, std::size_t(shape[0]));
-        } else if (type == "ENV") {
-            if (!pol.env_key.empty()) lerobot_fail(where + ": a second ENV feature" + expected_got("at most one", key), ErrorKind::Unsupported);
-            pol.env_key = key;
-            pol.env_dim = shape[0];
-            pol.env_norm = feature_norm(stats, key, mode_of("ENV"), eps, std::size_t(shape[0]));
-        } else if (type == "VISUAL") {
-            if (shape.size() != 3 || shape[0] != 3)
-                lerobot_fail(where + ": camera shape must be [3, H, W]" +
-                             expected_got("[3, H, W]", "rank " + std::to_string(shape.size()) + ", channels " + std::to_string(shape[0])),
-                             ErrorKind::Unsupported);
-            PolicyCamera cam;
-            cam.key = key;
-            cam.channels = shape[0];
-            cam.height = shape[1];
-            cam.width = shape[2];
-            cam.norm = feature_norm(stats, key, mode_of("VISUAL"), eps, std::size_t(shape[0]));
-            pol.cameras.push_back(std::move(cam));
-        } else {
-            lerobot_fail(where + ": unsupported input feature type" + expected_got("STATE, ENV or VISUAL", type), ErrorKind::Unsupported);
-        }
-    }
-    if (!have_state) lerobot_fail(cfg_where + ": no STATE input feature (LeRobot's DiffusionPolicy requires observation.state)");
-    for (std::size_t c = 1; c < pol.cameras.size(); ++c)
-        if (pol.cameras[c].height != pol.cameras[0].height || pol.cameras[c].width != pol.cameras[0].width)
-            lerobot_fail(cfg_where + ": every camera must have the same shape (as LeRobot requires)" +
-                         expected_got(std::to_string(pol.cameras[0].height) + "x" + std::to_string(pol.cameras[0].width),
-                                      pol.cameras[c].key + " " + std::to_string(pol.cameras[c].height) + "x" + std::to_string(pol.cameras[c].width)));
+    pol.state_key.clear();  // set by the STATE feature, which LeRobot's DiffusionPolicy requires (checked below)
+    for (const auto& [key, f] : inputs.items())
+        add_input_feature(pol, key, nlohmann::json::parse(f.dump()), cfg_where + ": input_features." + key, stats, mode_of, eps);
+    if (pol.state_key.empty()) lerobot_fail(cfg_where + ": no STATE input feature (LeRobot's DiffusionPolicy requires observation.state)");
+    check_same_camera_shapes(pol.cameras, cfg_where);
     if (!pol.cameras.empty()) pol.separate_encoders = bool_field(j, "use_separate_rgb_encoder_per_camera", cfg_where);
     return pol;
 }
