@@ -1,7 +1,7 @@
 // torch.nn.Conv2d on output maps of <= 9 pixels with a long reduction (K >= 2048: ResNet18 layer4's 3x3 convs on an
 // 84 x 84 input, 3x3 outputs, 512 channels, K 2304 / 4608, 2.4-9.4 MB of F32 weights each), where conv2d.cu's
 // output-tile GEMM streams the weights a few scalars per thread per step: a weight stream in which the lanes of a warp
-// split K. (On larger maps and short reductions the output-tile kernel measured faster: docs/kernels/cuda.md.)
+// split K. Elsewhere the output-tile kernel is the faster one (docs/kernels/cuda.md has the numbers).
 //
 // GEMM view as in conv2d.cu: y[b, o, pix] = act(sum_k W[o, k] * X[k, pix] + bias[o] + residual[b, o, pix]),
 // K = in_channels * kernel_h * kernel_w, W the stored [out, in, kh, kw] weights read as a row-major M x K matrix.
