@@ -131,8 +131,8 @@ void check_fixture(const std::string& name, const ActSelection& alt) {
     const double ep_err = episode_error(p, e, io::read_npy_f32(ref_dir(name) / "actions.npy").data, std_dev);
     ActPolicy<B> q = ActPolicy<B>::load(folder, {.selection = alt});
     const double alt_err = episode_error(q, e, io::read_npy_f32(ref_dir(name) / "actions_alt.npy").data, std_dev);
-    MESSAGE(std::string(backend_name<B>()), " ", name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err, "); episode ", ep_err, ", other selection ",
-            alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
+    MESSAGE(std::string(backend_name<B>()), " ", name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err,
+            "); episode ", ep_err, ", other selection ", alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
     CHECK(chunk_err <= kBound);
     CHECK(float_err <= kBound);
     CHECK(ep_err <= kBound);

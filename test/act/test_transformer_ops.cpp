@@ -156,6 +156,15 @@ TEST_CASE_TEMPLATE("attention rejects bad sizes, short strides, an output overla
     bad = p;
     bad.n_heads = 0;
     CHECK_THROWS_WITH(Ops<B>::attention(bad), doctest::Contains("flowedge: attention: sizes must be positive"));
+    if constexpr (!optest::kIsCpu<B>) {  // the CUDA kernel's register accumulators bound the head width
+        bad = p;
+        bad.k = bad.v = keys.ptr();
+        bad.out = buf.ptr() + 2048;
+        bad.n_q = bad.n_kv = bad.n_heads = 1;
+        bad.head_dim = 300;
+        CHECK_THROWS_WITH(Ops<B>::attention(bad),
+                          doctest::Contains("head_dim too large for the per-thread accumulators (expected <= 256, got 300)"));
+    }
     Memory<B>::synchronize();
 }
 
