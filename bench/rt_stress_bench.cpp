@@ -5,7 +5,7 @@
 // moving pattern per camera, a drifting state): latency does not depend on their values.
 //
 // Usage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
-//          [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--rt-priority P]
+//          [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]
 //          [--high-priority-stream] [--pinned-staging] [--label NAME] [--json FILE] [--samples FILE]
 //   --ticks: timed ticks (default 2000); --seconds: as many ticks as fit (ends at the first of the two when both are
 //   given). --period-ms: sleep until the next period boundary between ticks (0, the default: back to back).
@@ -42,7 +42,7 @@ struct Args {
     int threads = 0, warmup = 0, rt_priority = 0;
     long ticks = -1;
     double seconds = 0, period_ms = 0;
-    bool lock_memory = false, prefault = false, high_priority_stream = false, pinned_staging = false;
+    bool lock_memory = false, prefault = false, isolate_cpus = false, high_priority_stream = false, pinned_staging = false;
 };
 
 /// Nearest-rank percentile of sorted `v`.
@@ -92,6 +92,7 @@ int run(const Args& a, const std::string& device_name) {
     o.lock_memory = a.lock_memory;
     o.prefault = a.prefault;
     o.cpus = a.cpus.empty() ? std::vector<int>{} : realtime::parse_cpu_list(a.cpus);
+    o.isolate_cpus = a.isolate_cpus;
     o.rt_priority = a.rt_priority;
     o.high_priority_stream = a.high_priority_stream;
     o.pinned_staging = a.pinned_staging;
@@ -174,8 +175,8 @@ int run(const Args& a, const std::string& device_name) {
     std::printf("  max/p50 %.2f  p99.99/p50 %.2f\n", max_over_p50, p9999_over_p50);
     std::printf("  in the ticks: minor faults %ld, major %ld, voluntary switches %ld, involuntary %ld\n", in_ticks.minor_faults,
                 in_ticks.major_faults, in_ticks.voluntary_switches, in_ticks.involuntary_switches);
-    std::printf("  options: lock %d prefault %d cpus [%s] rt_priority %d high_priority_stream %d pinned_staging %d\n", rep.memory_locked,
-                rep.prefaulted, a.cpus.c_str(), a.rt_priority, rep.high_priority_stream, rep.pinned_staging);
+    std::printf("  options: lock %d prefault %d cpus [%s] other threads moved %d rt_priority %d high_priority_stream %d "
+                "pinned_staging %d\n", rep.memory_locked, rep.prefaulted, a.cpus.c_str(), rep.threads_moved, a.rt_priority, rep.high_priority_stream, rep.pinned_staging);
     if (!a.json_path.empty()) {
         double load[3] = {0, 0, 0};
         if (::getloadavg(load, 3) < 0) load[0] = -1;
@@ -187,10 +188,10 @@ int run(const Args& a, const std::string& device_name) {
         nlohmann::json j = {
             {"bench", "rt_stress"}, {"label", a.label}, {"folder", a.folder}, {"device", device_name}, {"threads", threads},
             {"ticks", ms.size()}, {"wall_s", wall_s}, {"period_ms", a.period_ms}, {"warmup_ticks", warm},
-            {"options", {{"lock_memory", a.lock_memory}, {"prefault", a.prefault}, {"cpus", o.cpus}, {"rt_priority", a.rt_priority},
+            {"options", {{"lock_memory", a.lock_memory}, {"prefault", a.prefault}, {"cpus", o.cpus}, {"isolate_cpus", a.isolate_cpus}, {"rt_priority", a.rt_priority},
                          {"high_priority_stream", a.high_priority_stream}, {"pinned_staging", a.pinned_staging}}},
             {"applied", {{"memory_locked", rep.memory_locked}, {"prefaulted", rep.prefaulted}, {"prefaulted_bytes", rep.prefaulted_bytes},
-                         {"threads_placed", rep.threads_placed}, {"high_priority_stream", rep.high_priority_stream},
+                         {"threads_placed", rep.threads_placed}, {"threads_moved", rep.threads_moved}, {"high_priority_stream", rep.high_priority_stream},
                          {"pinned_staging", rep.pinned_staging}}},
             {"p50_ms", all.p50}, {"p99_ms", all.p99}, {"p99_9_ms", all.p999}, {"p99_99_ms", all.p9999}, {"max_ms", all.max},
             {"max_over_p50", max_over_p50}, {"p99_99_over_p50", p9999_over_p50},
@@ -223,6 +224,7 @@ int main(int argc, char** argv) {
             else if (s == "--lock-memory") a.lock_memory = true;
             else if (s == "--prefault") a.prefault = true;
             else if (s == "--cpus") a.cpus = next();
+            else if (s == "--isolate-cpus") a.isolate_cpus = true;
             else if (s == "--rt-priority") a.rt_priority = std::stoi(next());
             else if (s == "--high-priority-stream") a.high_priority_stream = true;
             else if (s == "--pinned-staging") a.pinned_staging = true;
@@ -234,7 +236,7 @@ int main(int argc, char** argv) {
         } catch (const std::exception& e) {
             std::fprintf(stderr,
                          "%s\nusage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]\n"
-                         "         [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--rt-priority P]\n"
+                         "         [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]\n"
                          "         [--high-priority-stream] [--pinned-staging] [--label NAME] [--json FILE] [--samples FILE]\n",
                          e.what());
             return 2;

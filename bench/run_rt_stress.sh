@@ -92,7 +92,7 @@ common=("$folder" --device "$device" --threads "$threads")
 [ -n "$rebuild" ] && common+=(--rebuild-from "$rebuild")
 [ -n "$ticks" ] && common+=(--ticks "$ticks")
 [ -n "$seconds" ] && common+=(--seconds "$seconds")
-on=(--lock-memory --cpus "$RT_CPUS")
+on=(--lock-memory --cpus "$RT_CPUS" --isolate-cpus)
 [ "$rt_priority" -gt 0 ] && on+=(--rt-priority "$rt_priority")
 [ "$device" = cuda ] && on+=(--high-priority-stream --pinned-staging)
 prefix="$out/rt_stress_$device$tag"
@@ -159,7 +159,7 @@ for r in cases:
                 f"{r['p99_99_ms']:.3f} | {r['max_ms']:.3f} | {r['max_over_p50']:.2f} | {r['p99_99_over_p50']:.2f} | "
                 f"{trio(r['chunk_ticks'])} | {trio(r['other_ticks'])} | "
                 f"{c['minor_page_faults']}+{c['major_page_faults']} | {c['voluntary_context_switches']}/"
-                f"{c['involuntary_context_switches']} | {a['memory_locked']} | {','.join(map(str, o['cpus'])) or '-'} | "
+                f"{c['involuntary_context_switches']} | {a['memory_locked']} | {','.join(map(str, o['cpus'])) or '-'}{' (others moved off)' if o.get('isolate_cpus') else ''} | "
                 f"{o['rt_priority'] or '-'} |")
 md = [f"# rt_stress on {device} ({cases[0]['device']})", "",
       f"Host: {kernel}, {ncpu} CPUs. Load in the stress cases: {stressor}.", "", *rows, "",

@@ -1,5 +1,6 @@
-// The fe_policy part of the C API (include/flowedge/c_api.h): a LeRobot DiffusionPolicy folder behind reset() /
-// select_action(), with the observation struct checked field by field before the C++ class sees it.
+// The fe_policy part of the C API (include/flowedge/c_api.h): a LeRobot DiffusionPolicy or ACT folder (chosen by
+// config.json's "type") behind reset() / select_action(), with the observation struct checked field by field before
+// the C++ class sees it.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -12,7 +13,9 @@
 
 #include "boundary.hpp"
 #include "flowedge/c_api.h"
+#include "flowedge/models/act/policy.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "flowedge/models/lerobot_policy_type.hpp"
 #include "flowedge/residency.hpp"
 
 using namespace flowedge;
@@ -20,16 +23,30 @@ using namespace flowedge::capi;
 
 /// Shapes and keys cached at load so introspection needs neither the lock nor a visit.
 struct PolicyInfo {
+    PolicyType type = PolicyType::Diffusion;
     int action_dim = 0, state_dim = 0, env_dim = 0, horizon = 0, n_obs_steps = 0, n_action_steps = 0, steps = 0;
     std::string state_key, env_key;
     std::vector<io::PolicyCamera> cameras;
 };
 
+/// Exactly one of `diffusion` and `act` is set.
 struct fe_policy {
     PolicyInfo info;
-    std::optional<Resident<DiffusionPolicy>> model;
-    std::vector<PolicyFrame> frames;  ///< per camera, reused by every select_action (no allocation per call)
+    std::optional<Resident<DiffusionPolicy>> diffusion;
+    std::optional<ActPolicy<Cpu>> act;  ///< ACT runs on the CPU only for now (kActCpuOnly)
+    std::string act_fallback_reason;    ///< set when device "auto" was asked for an ACT folder
+    std::vector<PolicyFrame> frames;    ///< per camera, reused by every select_action (no allocation per call)
     std::mutex mutex;
+
+    /// f(model) on whichever policy is held; both calls must return the same type.
+    template <class F>
+    decltype(auto) visit(F&& f) {
+        if (act) return f(*act);
+        return diffusion->visit(f);
+    }
+    const char* backend() const { return act ? "cpu" : diffusion->backend(); }
+    bool cuda_resident() const { return !act && diffusion->cuda_resident(); }
+    const std::string& fallback_reason() const { return act ? act_fallback_reason : diffusion->fallback_reason(); }
 };
 
 namespace {
@@ -84,7 +101,7 @@ PolicyObservation observation_of(fe_policy& p, const fe_observation* obs) {
             raise(FE_ERR_INVALID_ARGUMENT, "obs->frames[" + std::to_string(c) + "].layout ('" + cam.key + "') is unknown" +
                                                expected_got("FE_IMAGE_U8_HWC (0) or FE_IMAGE_F32_CHW (1)", f.layout));
         p.frames[c] = PolicyFrame{f.data, f.layout == FE_IMAGE_U8_HWC ? ImageLayout::U8Hwc : ImageLayout::F32Chw, f.height,
-                                  f.width};  // the size is checked by DiffusionPolicy, with the key
+                                  f.width};  // the size is checked by the policy class, with the key
     }
     return PolicyObservation{std::span<const float>(obs->state, obs->state_len),
                              std::span<const float>(obs->env_state, info.env_dim > 0 ? obs->env_state_len : 0),
@@ -99,11 +116,16 @@ fe_status select(fe_policy* policy, const fe_observation* obs, const float* nois
         const PolicyObservation o = observation_of(p, obs);
         std::span<const float> ns;
         if (with_noise) {
+            if (p.act)
+                raise(FE_ERR_UNSUPPORTED, "fe_policy_select_action_noise: an ACT policy draws no noise (expected a Diffusion Policy; "
+                                          "use fe_policy_select_action)");
             check_input(noise, noise_len, std::size_t(p.info.horizon) * std::size_t(p.info.action_dim), "noise");
             ns = std::span<const float>(noise, noise_len);
         }
         check_output(action, action_len, std::size_t(p.info.action_dim), "action");
-        p.model->visit([&](auto& m) { m.select_action(o, std::span<float>(action, std::size_t(p.info.action_dim)), ns); });
+        const std::span<float> a(action, std::size_t(p.info.action_dim));
+        if (p.act) p.act->select_action(o, a);
+        else p.diffusion->visit([&](auto& m) { m.select_action(o, a, ns); });
     });
 }
 
@@ -118,7 +140,115 @@ RealtimeOptions realtime_options_of(const fe_realtime_options* o) {
     r.rt_priority = o->rt_priority;
     r.high_priority_stream = o->high_priority_stream != 0;
     r.pinned_staging = o->pinned_staging != 0;
+    r.isolate_cpus = o->isolate_cpus != 0;
     return r;
+}
+
+/// The fields every policy type shares, from the loaded model.
+template <class M>
+void fill_common_info(PolicyInfo& i, const M& m) {
+    i.action_dim = m.action_dim();
+    i.state_dim = m.state_dim();
+    i.env_dim = m.env_dim();
+    i.state_key = m.state_key();
+    i.env_key = m.env_dim() > 0 ? m.env_key() : std::string();
+    i.cameras = m.cameras();
+}
+
+std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, const DeviceRequest& req, const ResidencyFlags& flags,
+                                          const fe_policy_options* options) {
+    PolicyOptions opts;
+    if (options != nullptr) {
+        if (options->act_selection != nullptr)
+            raise(FE_ERR_INVALID_ARGUMENT, "options->act_selection applies to ACT policies only (expected NULL for a Diffusion Policy folder)");
+        opts.load.weight_dtype = dtype_arg(options->dtype);
+        if (options->steps < 0) raise(FE_ERR_INVALID_ARGUMENT, "options->steps must be >= 0 (0 = the checkpoint's)" +
+                                                                 expected_got(">= 0", options->steps));
+        opts.steps = options->steps;
+        if (options->scheduler != nullptr) {
+            try {
+                opts.scheduler = parse_scheduler(options->scheduler);
+            } catch (const Error& e) {
+                raise(FE_ERR_INVALID_ARGUMENT, std::string("options->scheduler: ") + e.what());
+            }
+        }
+        opts.seed = options->seed;
+    }
+    if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
+        raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
+                             "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
+    auto p = std::make_unique<fe_policy>();
+    try {
+        p->diffusion.emplace(Resident<DiffusionPolicy>::load(req.want, flags, [&](auto tag) {
+            return DiffusionPolicy<decltype(tag)>::load(dir, opts);
+        }));
+    } catch (const Error& e) {
+        // A step count the schedule rejects is the caller's value, not a bad file.
+        if (opts.steps > 0 && std::string_view(e.what()).find("steps out of range") != std::string_view::npos)
+            throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
+        throw;
+    }
+    p->diffusion->visit([&](auto& m) {
+        const DiffusionConfig& c = m.config();
+        PolicyInfo& i = p->info;
+        fill_common_info(i, m);
+        i.horizon = c.horizon;
+        i.n_obs_steps = c.n_obs_steps;
+        i.n_action_steps = c.n_action_steps;
+        i.steps = m.steps();
+    });
+    if (req.want == Device::Cuda && !req.fallback_allowed && !p->diffusion->cuda_resident())
+        raise(FE_ERR_DEVICE, "device \"cuda\" requested but the policy is not resident on the GPU (" +
+                                 p->diffusion->fallback_reason() + ")" + kUseAuto);
+    return p;
+}
+
+/// An ACT folder on the CPU. The sampler options are the Diffusion Policy's: a value other than the zero default is
+/// the caller's mistake, named here; the seed is ignored (ACT draws no noise).
+std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const DeviceRequest& req, const ResidencyFlags& flags,
+                                    const fe_policy_options* options) {
+    ActPolicyOptions opts;
+    if (options != nullptr) {
+        opts.load.weight_dtype = dtype_arg(options->dtype);
+        if (options->steps != 0)
+            raise(FE_ERR_INVALID_ARGUMENT, "options->steps is a Diffusion Policy option and this is an ACT policy (expected 0, got " +
+                                               std::to_string(options->steps) + ")");
+        if (options->scheduler != nullptr)
+            raise(FE_ERR_INVALID_ARGUMENT, "options->scheduler is a Diffusion Policy option and this is an ACT policy (expected NULL, got '" +
+                                               std::string(options->scheduler) + "')");
+        if (const fe_act_selection* s = options->act_selection) {
+            ActSelection sel;
+            if (s->temporal_ensemble != 0) sel.temporal_ensemble_coeff = s->temporal_ensemble_coeff;
+            sel.n_action_steps = s->n_action_steps;
+            opts.selection = sel;
+        }
+    }
+    std::string reason;
+    if (req.want == Device::Cuda) {
+        if (!req.fallback_allowed) raise(FE_ERR_DEVICE, std::string("device \"cuda\" requested but ") + kActCpuOnly + "; pass device \"cpu\" or \"auto\"");
+        if (flags.cuda_required)
+            raise(FE_ERR_DEVICE, std::string("FLOWEDGE_CUDA_REQUIRED=1 but the model is not resident on the GPU: ") + kActCpuOnly);
+        reason = kActCpuOnly;
+    }
+    auto p = std::make_unique<fe_policy>();
+    try {
+        p->act.emplace(ActPolicy<Cpu>::load(dir, opts));
+    } catch (const Error& e) {
+        // A selection ActConfig::validate rejects is the caller's value, not a bad file.
+        if (opts.selection && std::string_view(e.what()).find("ActPolicyOptions::selection") != std::string_view::npos)
+            throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
+        throw;
+    }
+    p->act_fallback_reason = std::move(reason);
+    const ActConfig& c = p->act->config();
+    PolicyInfo& i = p->info;
+    i.type = PolicyType::Act;
+    fill_common_info(i, *p->act);
+    i.horizon = c.chunk_size;
+    i.n_obs_steps = 1;
+    i.n_action_steps = c.n_action_steps;
+    i.steps = 0;
+    return p;
 }
 
 }  // namespace
@@ -131,57 +261,12 @@ fe_status fe_policy_load_ex(const char* folder, const char* device, const fe_pol
         need_ptr(out, "out");
         need_ptr(folder, "folder");
         const DeviceRequest req = device_arg(device);
-        PolicyOptions opts;
-        if (options != nullptr) {
-            opts.load.weight_dtype = dtype_arg(options->dtype);
-            if (options->steps < 0) raise(FE_ERR_INVALID_ARGUMENT, "options->steps must be >= 0 (0 = the checkpoint's)" +
-                                                                     expected_got(">= 0", options->steps));
-            opts.steps = options->steps;
-            if (options->scheduler != nullptr) {
-                try {
-                    opts.scheduler = parse_scheduler(options->scheduler);
-                } catch (const Error& e) {
-                    raise(FE_ERR_INVALID_ARGUMENT, std::string("options->scheduler: ") + e.what());
-                }
-            }
-            opts.seed = options->seed;
-        }
         const ResidencyFlags flags = ResidencyFlags::from_env();
-        if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
-            raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
-                                 "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
         const std::filesystem::path dir(folder);
         std::error_code ec;
         if (!std::filesystem::exists(dir, ec)) raise(FE_ERR_IO, dir.string() + ": no such folder");
-        auto p = std::make_unique<fe_policy>();
-        try {
-            p->model.emplace(Resident<DiffusionPolicy>::load(req.want, flags, [&](auto tag) {
-                return DiffusionPolicy<decltype(tag)>::load(dir, opts);
-            }));
-        } catch (const Error& e) {
-            // A step count the schedule rejects is the caller's value, not a bad file.
-            if (opts.steps > 0 && std::string_view(e.what()).find("steps out of range") != std::string_view::npos)
-                throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
-            throw;
-        }
-        p->model->visit([&](auto& m) {
-            const DiffusionConfig& c = m.config();
-            PolicyInfo& i = p->info;
-            i.action_dim = c.action_dim;
-            i.horizon = c.horizon;
-            i.n_obs_steps = c.n_obs_steps;
-            i.n_action_steps = c.n_action_steps;
-            i.steps = m.steps();
-            i.state_dim = m.state_dim();
-            i.env_dim = m.env_dim();
-            i.state_key = m.state_key();
-            i.env_key = m.env_dim() > 0 ? m.env_key() : std::string();
-            i.cameras = m.cameras();
-        });
+        auto p = lerobot_policy_type(dir) == PolicyType::Act ? load_act(dir, req, flags, options) : load_diffusion(dir, req, flags, options);
         p->frames.resize(p->info.cameras.size());
-        if (req.want == Device::Cuda && !req.fallback_allowed && !p->model->cuda_resident())
-            raise(FE_ERR_DEVICE, "device \"cuda\" requested but the policy is not resident on the GPU (" +
-                                     p->model->fallback_reason() + ")" + kUseAuto);
         *out = p.release();
     });
 }
@@ -203,7 +288,8 @@ fe_status fe_policy_reset(fe_policy* policy, const uint64_t* seed) {
         std::optional<std::uint64_t> s;
         if (seed != nullptr) s = *seed;
         std::lock_guard lock(p.mutex);
-        p.model->visit([&](auto& m) { m.reset(s); });
+        if (p.act) p.act->reset();  // ACT draws no noise: the seed has nothing to drive
+        else p.diffusion->visit([&](auto& m) { m.reset(s); });
     });
 }
 
@@ -225,7 +311,8 @@ fe_status fe_policy_set_realtime(fe_policy* policy, const fe_realtime_options* o
         fe_policy& p = policy_of(policy);
         const RealtimeOptions o = realtime_options_of(options);
         std::lock_guard lock(p.mutex);
-        p.model->visit([&](auto& m) { m.set_realtime(o); });
+        if (p.act) realtime::apply(o);  // a CPU policy: only the process and thread part applies
+        else p.diffusion->visit([&](auto& m) { m.set_realtime(o); });
     });
 }
 
@@ -255,7 +342,7 @@ int32_t fe_policy_chunks_generated(fe_policy* p) {
         return -1;
     }
     std::lock_guard lock(p->mutex);
-    return p->model->visit([](auto& m) { return int32_t(m.chunks_generated()); });
+    return p->visit([](auto& m) { return int32_t(m.chunks_generated()); });
 }
 
 const char* fe_policy_state_key(const fe_policy* p) { return p == nullptr ? "" : p->info.state_key.c_str(); }
@@ -278,17 +365,20 @@ fe_status fe_policy_camera(const fe_policy* policy, int32_t index, const char** 
     });
 }
 
-const char* fe_policy_backend(const fe_policy* p) { return p == nullptr ? "" : p->model->backend(); }
+const char* fe_policy_type(const fe_policy* p) { return p == nullptr ? "" : policy_type_name(p->info.type); }
 
-int fe_policy_cuda_resident(const fe_policy* p) { return p != nullptr && p->model->cuda_resident() ? 1 : 0; }
+const char* fe_policy_backend(const fe_policy* p) { return p == nullptr ? "" : p->backend(); }
 
-const char* fe_policy_fallback_reason(const fe_policy* p) { return p == nullptr ? "" : p->model->fallback_reason().c_str(); }
+int fe_policy_cuda_resident(const fe_policy* p) { return p != nullptr && p->cuda_resident() ? 1 : 0; }
+
+const char* fe_policy_fallback_reason(const fe_policy* p) { return p == nullptr ? "" : p->fallback_reason().c_str(); }
 
 size_t fe_policy_device_bytes(fe_policy* p) {
     if (p == nullptr) return 0;
     try {
         std::lock_guard lock(p->mutex);
-        return p->model->visit([](auto& m) { return m.device_bytes(); });
+        if (p->act) return p->act->buffer_bytes();
+        return p->diffusion->visit([](auto& m) { return m.device_bytes(); });
     } catch (...) {
         return 0;
     }

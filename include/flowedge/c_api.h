@@ -204,12 +204,14 @@ FLOWEDGE_C_EXPORT fe_status fe_engine_diffusion_denoise(fe_engine* engine, const
                                                         const float* sample, size_t sample_len, int32_t batch,
                                                         int32_t timestep, float* eps, size_t eps_len);
 
-/* ---- whole LeRobot Diffusion Policy (RGB encoder + queues + normalisation + U-Net) ---- */
+/* ---- whole LeRobot policies: Diffusion Policy and ACT (encoders + queues + normalisation + network) ---- */
 
 /**
- * A LeRobot DiffusionPolicy pretrained_model folder as LeRobot's reset() / select_action() run it (observation
- * normalisation, RGB encoders, the n_obs_steps observation queue, the sampler, the n_action_steps action queue and
- * un-normalisation); opaque. Like fe_engine it may be used from any thread; calls on one policy are serialised.
+ * A LeRobot pretrained_model folder as LeRobot's reset() / select_action() run it; opaque. The class is chosen by
+ * config.json's "type" (fe_policy_type): "diffusion" (observation normalisation, RGB encoders, the n_obs_steps
+ * observation queue, the sampler, the n_action_steps action queue and un-normalisation) or "act" (Action Chunking
+ * with Transformers: ResNet18 backbones, the transformer, the n_action_steps queue or temporal ensembling). Like
+ * fe_engine it may be used from any thread; calls on one policy are serialised.
  */
 typedef struct fe_policy fe_policy;
 
@@ -240,39 +242,57 @@ typedef struct fe_observation {
     size_t n_frames;
 } fe_observation;
 
-/** Load-time choices of fe_policy_load_ex; zero-initialise and set what you need. */
+/** ACT's action selection, replacing config.json's (LeRobot's eval-time --policy.temporal_ensemble_coeff and
+ *  --policy.n_action_steps), checked by LeRobot's rules. */
+typedef struct fe_act_selection {
+    int32_t temporal_ensemble;      /**< 1: a chunk every step, ensembled with weights exp(-coeff * i) (n_action_steps
+                                         must be 1); 0: the n_action_steps queue */
+    double temporal_ensemble_coeff; /**< the coefficient when temporal_ensemble is 1 (LeRobot's default 0.01) */
+    int32_t n_action_steps;         /**< actions taken from each chunk, 1..chunk_size */
+} fe_act_selection;
+
+/** Load-time choices of fe_policy_load_ex; zero-initialise and set what you need. steps, scheduler and seed are
+ *  Diffusion Policy options: for an ACT folder a non-zero steps or a scheduler is FE_ERR_INVALID_ARGUMENT and the seed
+ *  is ignored (ACT draws no noise). act_selection is for ACT folders only (FE_ERR_INVALID_ARGUMENT otherwise). */
 typedef struct fe_policy_options {
     const char* dtype;     /**< weight storage: NULL or "f32" (default), "bf16", "f16" */
     int32_t steps;         /**< inference steps; 0 = the checkpoint's num_inference_steps (else num_train_timesteps) */
     const char* scheduler; /**< "ddim" | "ddpm"; NULL = the checkpoint's noise_scheduler_type */
     uint64_t seed;         /**< seed of the generated noise when select_action gets none */
+    const fe_act_selection* act_selection; /**< ACT: NULL = the checkpoint's temporal_ensemble_coeff and n_action_steps */
 } fe_policy_options;
 
 /**
- * Loads a LeRobot DiffusionPolicy pretrained_model folder (config.json, model.safetensors and the
- * policy_preprocessor/postprocessor files, or the legacy normalize_* buffers). device: as fe_engine_load ("cpu",
- * "cuda" which fails with FE_ERR_DEVICE unless resident, "auto" with the CPU fallback reported by
- * fe_policy_fallback_reason; NULL = "cpu"). Scheduler and steps default to the checkpoint's, seed 0, F32 weights.
- * The policy must be reset before its first select_action. On failure *out is set to NULL.
+ * Loads a LeRobot DiffusionPolicy or ACT pretrained_model folder (config.json, model.safetensors and the
+ * policy_preprocessor/postprocessor files, or the legacy normalize_* buffers), choosing the class by config.json's
+ * "type". device: as fe_engine_load ("cpu", "cuda" which fails with FE_ERR_DEVICE unless resident, "auto" with the
+ * CPU fallback reported by fe_policy_fallback_reason; NULL = "cpu"). ACT runs on the CPU only for now: "cuda" is
+ * FE_ERR_DEVICE saying so, "auto" runs on the CPU with that reason. Scheduler and steps default to the
+ * checkpoint's, seed 0, F32 weights. The policy must be reset before its first select_action. On failure *out is
+ * set to NULL.
  */
 FLOWEDGE_C_EXPORT fe_status fe_policy_load(const char* folder, const char* device, fe_policy** out);
 
-/** fe_policy_load with options (NULL = the defaults). Unknown dtype/scheduler names and steps outside
- *  [0, num_train_timesteps] are FE_ERR_INVALID_ARGUMENT. */
+/** fe_policy_load with options (NULL = the defaults). Unknown dtype/scheduler names, steps outside
+ *  [0, num_train_timesteps], options of the other policy type and an act_selection LeRobot's rules reject
+ *  (n_action_steps outside 1..chunk_size, ensembling with n_action_steps != 1, a non-finite coefficient) are
+ *  FE_ERR_INVALID_ARGUMENT. */
 FLOWEDGE_C_EXPORT fe_status fe_policy_load_ex(const char* folder, const char* device, const fe_policy_options* options,
                                               fe_policy** out);
 
 /** Frees a policy and everything it holds. NULL is a no-op. */
 FLOWEDGE_C_EXPORT void fe_policy_free(fe_policy* policy);
 
-/** LeRobot's reset(): empties the observation and action queues; call at every episode start. seed: NULL keeps
- *  the current seed of the generated noise, otherwise it replaces it. */
+/** LeRobot's reset(): empties the observation and action queues (ACT: the action queue or the temporal ensemble);
+ *  call at every episode start. seed: NULL keeps the current seed of the generated noise, otherwise it replaces it
+ *  (ignored by ACT, which draws no noise). */
 FLOWEDGE_C_EXPORT fe_status fe_policy_reset(fe_policy* policy, const uint64_t* seed);
 
 /**
  * LeRobot's select_action(): pushes the observation on the queue and writes the next action, un-normalised:
  * action [action_dim] (action_len >= action_dim). A new chunk is generated when the action queue is empty (every
- * n_action_steps calls), from seeded noise (fe_policy_options.seed). Errors: select_action before fe_policy_reset,
+ * n_action_steps calls), from seeded noise (fe_policy_options.seed) for a Diffusion Policy; an ACT policy with
+ * temporal ensembling predicts a chunk every call. Errors: select_action before fe_policy_reset,
  * a NULL or undersized field (FE_ERR_INVALID_ARGUMENT, naming the feature key and the needed size), a state or
  * frame list longer than the policy's, a frame of the wrong height/width (FE_ERR_SHAPE, naming the camera key and
  * the expected size), a NaN/Inf state or float frame (FE_ERR_NON_FINITE). A failed call leaves the queues as they were.
@@ -282,7 +302,8 @@ FLOWEDGE_C_EXPORT fe_status fe_policy_select_action(fe_policy* policy, const fe_
 
 /** fe_policy_select_action with caller noise: noise [horizon, action_dim] standard normal (normalised units) is the
  *  initial sample of the chunk when this call generates one, and is ignored otherwise. For replay, pass the k-th
- *  chunk's noise with k = fe_policy_chunks_generated() before the call. */
+ *  chunk's noise with k = fe_policy_chunks_generated() before the call. Diffusion Policy only: on an ACT policy it
+ *  is FE_ERR_UNSUPPORTED. */
 FLOWEDGE_C_EXPORT fe_status fe_policy_select_action_noise(fe_policy* policy, const fe_observation* obs,
                                                           const float* noise, size_t noise_len, float* action,
                                                           size_t action_len);
@@ -294,10 +315,12 @@ FLOWEDGE_C_EXPORT int32_t fe_policy_state_dim(const fe_policy* policy);
 /** Width of "observation.environment_state" (0 when the policy has none). */
 FLOWEDGE_C_EXPORT int32_t fe_policy_env_dim(const fe_policy* policy);
 FLOWEDGE_C_EXPORT int32_t fe_policy_n_cameras(const fe_policy* policy);
+/** Actions per chunk: the Diffusion Policy's horizon, ACT's chunk_size. */
 FLOWEDGE_C_EXPORT int32_t fe_policy_horizon(const fe_policy* policy);
 FLOWEDGE_C_EXPORT int32_t fe_policy_n_obs_steps(const fe_policy* policy);
+/** Actions taken per chunk (1 for ACT with temporal ensembling); n_obs_steps is 1 for ACT. */
 FLOWEDGE_C_EXPORT int32_t fe_policy_n_action_steps(const fe_policy* policy);
-/** Inference steps used per chunk (the options' or the checkpoint's). */
+/** Inference steps used per chunk (the options' or the checkpoint's); 0 for ACT. */
 FLOWEDGE_C_EXPORT int32_t fe_policy_steps(const fe_policy* policy);
 /** Chunks generated since the last reset (the last select_action generated one when this grew). */
 FLOWEDGE_C_EXPORT int32_t fe_policy_chunks_generated(fe_policy* policy);
@@ -308,13 +331,16 @@ FLOWEDGE_C_EXPORT const char* fe_policy_env_key(const fe_policy* policy);
  *  until the policy is freed) and frame shape. Any output pointer may be NULL. */
 FLOWEDGE_C_EXPORT fe_status fe_policy_camera(const fe_policy* policy, int32_t index, const char** key,
                                              int32_t* channels, int32_t* height, int32_t* width);
+/** "diffusion" or "act": the class config.json's "type" chose ("" for NULL). Never NULL. */
+FLOWEDGE_C_EXPORT const char* fe_policy_type(const fe_policy* policy);
 /** "cpu" or "cuda" ("" for NULL). Never NULL. */
 FLOWEDGE_C_EXPORT const char* fe_policy_backend(const fe_policy* policy);
 /** 1 when the policy runs on the GPU, 0 otherwise (also for NULL). */
 FLOWEDGE_C_EXPORT int fe_policy_cuda_resident(const fe_policy* policy);
 /** Why a device "auto" policy runs on the CPU ("" otherwise). Never NULL; valid until the policy is freed. */
 FLOWEDGE_C_EXPORT const char* fe_policy_fallback_reason(const fe_policy* policy);
-/** Bytes the policy holds on its backend (weights, buffers, workspaces); 0 for NULL. */
+/** Bytes the policy holds on its backend (weights, buffers, workspaces; ACT: buffers and workspace, its weights stay
+ *  mapped from the file); 0 for NULL. */
 FLOWEDGE_C_EXPORT size_t fe_policy_device_bytes(fe_policy* policy);
 
 /* ---- real-time options (docs/realtime.md) ---- */
@@ -331,6 +357,8 @@ typedef struct fe_realtime_options {
                                        Needs RLIMIT_RTPRIO >= it or CAP_SYS_NICE */
     int32_t high_priority_stream; /**< 1: a CUDA policy runs on a stream of the device's highest priority */
     int32_t pinned_staging;       /**< 1: a CUDA policy copies through page-locked host buffers */
+    int32_t isolate_cpus;         /**< 1: move the process's other threads (CUDA driver, loggers) off `cpus` onto the
+                                       other allowed CPUs; needs cpus and at least one allowed CPU outside them */
 } fe_realtime_options;
 
 /** The process and thread part of `options` (lock / pre-fault, CPUs, priority) for any engine: call it from the

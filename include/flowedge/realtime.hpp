@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include <dirent.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -48,6 +49,10 @@ struct RealtimeOptions {
     /// SCHED_FIFO priority (1..99) for the same threads; 0 leaves the scheduling policy alone. Needs RLIMIT_RTPRIO >=
     /// the priority or CAP_SYS_NICE.
     int rt_priority = 0;
+    /// Move every other thread of this process (the CUDA driver's, a logger's, ...) onto the allowed CPUs that are
+    /// not in `cpus`, so they cannot preempt the loop there when the rest of the machine is busy. Needs `cpus` and at
+    /// least one allowed CPU outside it. Threads started later take the affinity of the thread that starts them.
+    bool isolate_cpus = false;
     /// CUDA: run on a new stream of the device's highest priority. Ignored on the CPU.
     bool high_priority_stream = false;
     /// CUDA: stage uploads and downloads through page-locked host buffers (asynchronous DMA, no driver bounce
@@ -61,6 +66,7 @@ struct RealtimeReport {
     bool prefaulted = false;
     std::size_t prefaulted_bytes = 0;   ///< bytes of the mappings populated (lock: VmLck after locking)
     int threads_placed = 0;             ///< threads pinned and/or given the priority (calling thread + OpenMP workers)
+    int threads_moved = 0;              ///< other threads of the process moved off the loop's CPUs (isolate_cpus)
     bool high_priority_stream = false;  ///< a CUDA stream of the highest priority is in use
     bool pinned_staging = false;        ///< CUDA uploads/downloads go through page-locked buffers
 };
@@ -290,8 +296,9 @@ inline std::string rtprio_limit_message(int priority, rlim_t limit) {
 
 /// Pins the calling thread and the OpenMP workers (thread i of an OpenMP team started from this thread runs on
 /// cpus[i % size]; the runtime reuses the same workers for later regions) and/or gives them SCHED_FIFO `priority`.
-/// Checks everything before changing anything. Returns the number of threads changed.
-inline int place_threads(std::span<const int> cpus, int priority) {
+/// Checks everything before changing anything. Returns the number of threads changed; `placed_tids`, when given,
+/// receives their kernel thread ids.
+inline int place_threads(std::span<const int> cpus, int priority, std::vector<pid_t>* placed_tids = nullptr) {
     if (cpus.empty() && priority == 0) return 0;
     if (!cpus.empty()) check_cpus(cpus, allowed_cpus(), int(::sysconf(_SC_NPROCESSORS_CONF)));
     if (priority != 0) {
@@ -310,8 +317,10 @@ inline int place_threads(std::span<const int> cpus, int priority) {
     const int team = 1;
 #endif
     std::vector<int> affinity_errno(std::size_t(team), 0), priority_errno(std::size_t(team), 0);
+    std::vector<pid_t> tids(std::size_t(team), 0);
     int placed = 0;
     const auto place_this_thread = [&](int index) {
+        tids[std::size_t(index)] = pid_t(::syscall(SYS_gettid));
         if (!cpus.empty()) {
             cpu_set_t set;
             CPU_ZERO(&set);
@@ -347,7 +356,46 @@ inline int place_threads(std::span<const int> cpus, int priority) {
                             : "cannot set SCHED_FIFO priority " + std::to_string(priority) + ": " + std::strerror(e));
         }
     }
+    if (placed_tids) *placed_tids = std::move(tids);
     return placed;
+}
+
+/// The allowed CPUs outside the loop's `cpus`, where isolate_cpus puts the process's other threads; an error when
+/// that leaves none.
+inline std::vector<int> cpus_outside(std::span<const int> cpus) {
+    const std::vector<int> allowed = allowed_cpus(), loop(cpus.begin(), cpus.end());
+    std::vector<int> rest;
+    for (const int c : allowed)
+        if (std::find(loop.begin(), loop.end(), c) == loop.end()) rest.push_back(c);
+    if (loop.empty() || rest.empty())
+        fail(ErrorKind::BadInput, "realtime",
+             "isolate_cpus needs loop CPUs that leave at least one allowed CPU for the other threads" +
+                 expected_got("a non-empty strict subset of " + cpu_list_text(allowed), loop.empty() ? "no CPUs" : cpu_list_text(loop)));
+    return rest;
+}
+
+/// Moves every thread of this process except `keep` (kernel thread ids) onto CPUs `rest`. Returns the number of
+/// threads moved; a thread that exits meanwhile is skipped.
+inline int move_other_threads(const std::vector<int>& rest, std::span<const pid_t> keep) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int c : rest) CPU_SET(c, &set);
+    DIR* dir = ::opendir("/proc/self/task");
+    if (!dir) fail(ErrorKind::Unsupported, "realtime", std::string("cannot list the process's threads in /proc/self/task: ") + std::strerror(errno));
+    int moved = 0, error = 0;
+    pid_t failed = 0;
+    while (const dirent* e = ::readdir(dir)) {
+        pid_t tid = 0;
+        const std::string_view name(e->d_name);
+        if (std::from_chars(name.data(), name.data() + name.size(), tid).ec != std::errc{} || tid <= 0) continue;
+        if (std::find(keep.begin(), keep.end(), tid) != keep.end()) continue;
+        if (::sched_setaffinity(tid, sizeof set, &set) == 0) ++moved;
+        else if (errno != ESRCH && error == 0) error = errno, failed = tid;
+    }
+    ::closedir(dir);
+    if (error)
+        fail(ErrorKind::Unsupported, "realtime", "cannot move thread " + std::to_string(failed) + " to CPUs " + cpu_list_text(rest) + ": " + std::strerror(error));
+    return moved;
 }
 
 /// The process and thread parts of `o`, in the order that leaves everything resident: threads first (an OpenMP
@@ -355,7 +403,10 @@ inline int place_threads(std::span<const int> cpus, int priority) {
 /// that will run the control loop, after the model is loaded. The CUDA options are the model's (set_realtime).
 inline RealtimeReport apply(const RealtimeOptions& o) {
     RealtimeReport r;
-    r.threads_placed = place_threads(o.cpus, o.rt_priority);
+    const std::vector<int> rest = o.isolate_cpus ? cpus_outside(o.cpus) : std::vector<int>{};  // checked first
+    std::vector<pid_t> loop_tids;
+    r.threads_placed = place_threads(o.cpus, o.rt_priority, &loop_tids);
+    if (o.isolate_cpus) r.threads_moved = move_other_threads(rest, loop_tids);
     if (o.lock_memory) {
         r.prefaulted_bytes = lock_memory();
         r.memory_locked = r.prefaulted = true;

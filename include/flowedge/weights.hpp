@@ -14,6 +14,7 @@ enum class Storage : std::uint8_t {
     Vector,  ///< always converted to F32 (biases, norm weights, A_log, D, ...)
     ConvWeight,           ///< a Conv1d weight [out, in, kernel], stored like Matrix
     ConvTransposeWeight,  ///< a ConvTranspose1d weight [in, out, kernel], stored like Matrix
+    Conv2dWeight,         ///< a Conv2d weight [out, in, kh, kw], stored like Matrix
     /// A Linear weight [out, in] streamed once per call at a row or two (the U-Net's FiLM projections), stored like
     /// Matrix.
     StreamedMatrix,

@@ -26,6 +26,7 @@
 
 #include "cluster_splitk.cuh"
 #include "common.cuh"
+#include "conv2d_paths.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
 namespace flowedge::cuda {
@@ -319,6 +320,8 @@ void conv2d(const Conv2dParams& p, Stream s) {
           "tensor too large for 32-bit indexing" + expected_got("K and batch * out_h * out_w < 2^31",
                                                                  "K " + std::to_string(k) + ", N " + std::to_string(n)));
     check(p.out_channels <= 65535LL * 16, comp, "too many output channels" + expected_got("<= 1048560", p.out_channels));
+    const cudaStream_t st = detail::resolve(s);
+    if (detail::try_conv2d_kstream(p, st)) return;  // small output maps: conv2d_kstream.cu
     Conv2dGeom g;
     g.m = p.out_channels;
     g.k = int(k);
@@ -327,7 +330,6 @@ void conv2d(const Conv2dParams& p, Stream s) {
     g.khw = int(khw);
     g.n_chunks = int((k + kBK - 1) / kBK);
     const int split = cluster_split(g);
-    const cudaStream_t st = detail::resolve(s);
     const int ks = (p.kernel_h == p.kernel_w && (p.kernel_h == 1 || p.kernel_h == 3 || p.kernel_h == 7)) ? p.kernel_h : 0;
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         switch (ks) {

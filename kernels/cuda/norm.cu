@@ -1,14 +1,28 @@
 // GroupNorm (with the fused act -> FiLM -> residual epilogue of the U-Net residual block) and Mamba's RMSNorm.
 //
-// group_norm: one block of 256 threads per (batch, group); the group's (channels/groups) x length
-//   elements are contiguous. Epilogue order: act, FiLM, residual, post_act (GroupNormParams). Groups of up to 2048 elements are read once into registers together with the
-//   epilogue's operands (one round of loads), and sum and sum of squares are reduced in double in one fixed-order
-//   block reduction (deterministic); larger groups take two passes (mean, then the variance around it). At
-//   batch 1 a GroupNorm is latency-bound (8 blocks, ~1024 elements each), so one round of loads and one reduction
-//   matter more than bandwidth (docs/performance/cuda.md). Then one pass normalises, applies
-//   gamma/beta, the activation, FiLM (scale*a + bias) and the residual, in float, and writes y
-//   (y may alias x: each element is read and written by the same thread).
+// group_norm: the group's (channels/groups) x length elements are contiguous. Epilogue order: act, FiLM, residual,
+//   post_act (GroupNormParams), in float, after normalising and applying gamma/beta; y may alias x (each element is
+//   read and written by the same thread).
+//   - Groups of up to 1024 elements (every U-Net group): one block of 256 threads per (batch, group). The group's
+//     elements and the epilogue's operands are read in one round of loads into registers, and sum and sum of squares
+//     are reduced in double in one fixed-order block reduction (deterministic). At batch 1 such a GroupNorm is
+//     latency-bound (8 blocks, ~1024 elements each), so one round of loads and one reduction matter more than
+//     bandwidth (docs/performance/cuda.md).
+//   - Larger groups (the ResNet's GroupNorm(C/16, C) on 16 x 42 x 42 or 16 x 21 x 21 elements: 4 groups at batch 1)
+//     on sm_90: a thread-block cluster of S = 2, 4 or 8 blocks of 512 threads per (batch, group), each block a
+//     contiguous 1/S of the group held in registers (up to 4096 elements). Each block reduces its sum and sum of
+//     squares in double (fixed order), the cluster adds the S partials in rank order through distributed shared
+//     memory, and every block normalises its share: S times the blocks, one read of x. S depends only on the group's
+//     size, the number of groups and the device, never on the batch, so an image gives the same bits at any batch.
+//   - Otherwise (no clusters, or FLOWEDGE_CUDA_GN_NO_CLUSTER=1): one block per group; groups over 2048 elements take
+//     two passes over x (mean, then the variance around it).
+//   The variance E[x^2] - mean^2 is formed in double from float inputs: the cancellation costs ~1e-13 relative for
+//   the groups here, far below the float rounding of rstd, so the CPU's two-pass form gives the same float rstd.
 // rms_norm: one block of 256 threads per row; sum of squares in double, y = x * rsqrt(mean + eps) * w.
+#include <string>
+#include <string_view>
+
+#include "cluster_splitk.cuh"
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 
@@ -53,6 +67,29 @@ __device__ void block_sum2(double& a, double& b, double (*scratch)[32]) {
 /// Elements per thread kept in registers; larger groups (> kThreads * kRegs elements) re-read x from L1/L2.
 constexpr int kRegs = 8;
 
+/// The cluster path: threads per block, elements per thread in registers, the largest cluster (portable size).
+constexpr int kClusterThreads = 512;
+constexpr int kClusterRegs = 8;
+constexpr int kMaxGroupCluster = 8;
+
+/// Batch row `b` of the FiLM tensor, or null.
+__device__ __forceinline__ const float* group_film(const GroupNormParams& p, int b) {
+    const int fs = p.film_stride ? p.film_stride : 2 * p.channels;
+    return p.film ? p.film + std::size_t(b) * fs : nullptr;
+}
+
+/// One output element: normalise, gamma/beta, act, FiLM (scale*a + bias), residual, post_act.
+__device__ __forceinline__ float group_norm_epilogue(const GroupNormParams& p, bool film, float xi, float mean_f,
+                                                     float rstd_f, float gamma, float beta, float f_scale, float f_bias,
+                                                     float res) {
+    const float scale = p.gamma ? gamma * rstd_f : rstd_f;  // same float evaluation order as Ops<Cpu>
+    float a = (xi - mean_f) * scale + beta;
+    a = detail::apply_act(p.act, a);
+    if (film) a = f_scale * a + f_bias;
+    if (p.residual) a += res;
+    return detail::apply_act(p.post_act, a);  // after the residual (ResNet BasicBlock: ReLU)
+}
+
 __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[2][32];
     detail::pdl_wait();  // launched with launch_pdl: x is the previous kernel's output
@@ -62,16 +99,10 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
     const std::int64_t n = std::int64_t(cpg) * p.length;
     const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * p.length;
     const float* x = p.x + base;
-    const int fs = p.film_stride ? p.film_stride : 2 * p.channels;
-    const float* film = p.film ? p.film + std::size_t(b) * fs : nullptr;
+    const float* film = group_film(p, b);
     auto finish = [&](std::int64_t i, float xi, float mean_f, float rstd_f, float gamma, float beta, float f_scale,
                       float f_bias, float res) {
-        const float scale = p.gamma ? gamma * rstd_f : rstd_f;  // same float evaluation order as Ops<Cpu>
-        float a = (xi - mean_f) * scale + beta;
-        a = detail::apply_act(p.act, a);
-        if (film) a = f_scale * a + f_bias;
-        if (p.residual) a += res;
-        p.y[base + i] = detail::apply_act(p.post_act, a);  // after the residual (ResNet BasicBlock: ReLU)
+        p.y[base + i] = group_norm_epilogue(p, film != nullptr, xi, mean_f, rstd_f, gamma, beta, f_scale, f_bias, res);
     };
     if (n <= std::int64_t(kThreads) * kRegs) {  // every PushT group (<= 1024 elements)
         // One batch of loads: the group's elements and everything the epilogue needs (gamma, beta, FiLM, residual),
@@ -128,6 +159,99 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
     }
 }
 
+/// One (batch, group) per cluster of gridDim.z blocks (sm_90); block `rank` owns elements [n*rank/S, n*(rank+1)/S)
+/// of the group. kInRegs: the share fits kClusterThreads * kClusterRegs elements and is read once into registers;
+/// otherwise x is read twice (sums, then the epilogue).
+template <bool kInRegs>
+__global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(GroupNormParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ double scratch[2][32];
+    __shared__ double partial[2];  // this block's (sum, sum of squares), read by the whole cluster
+    __shared__ float stats[2];     // the group's (mean, rstd)
+    detail::pdl_wait();            // launched with PDL: x and the residual are earlier kernels' outputs
+    const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
+    const int cpg = p.channels / p.groups;
+    const int b = int(blockIdx.x) / p.groups, g = int(blockIdx.x) % p.groups;
+    const std::int64_t n = std::int64_t(cpg) * p.length;
+    const std::int64_t lo = n * rank / n_rank, hi = n * (rank + 1) / n_rank;
+    const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * p.length;
+    const float* x = p.x + base;
+    const float* film = group_film(p, b);
+    // Per-element epilogue operands of element i of the group.
+    auto operands = [&](std::int64_t i, float& ga, float& be, float& fsc, float& fbi, float& res) {
+        const int c = g * cpg + int(i / p.length);
+        ga = p.gamma ? p.gamma[c] : 1.f;
+        be = p.beta ? p.beta[c] : 0.f;
+        fsc = film ? film[c] : 1.f;
+        fbi = film ? film[p.channels + c] : 0.f;
+        res = p.residual ? p.residual[base + i] : 0.f;
+    };
+    // The cluster's (mean, rstd) from each block's partial sums, added in rank order (the same in every block).
+    auto group_stats = [&](double s, double q) {
+        block_sum2(s, q, scratch);
+        if (threadIdx.x == 0) {
+            partial[0] = s;
+            partial[1] = q;
+        }
+        cl.sync();  // every block's partial is visible
+        if (threadIdx.x == 0) {
+            double ts = 0.0, tq = 0.0;
+            for (int r = 0; r < n_rank; ++r) {
+                const double* rp = cl.map_shared_rank(partial, r);
+                ts += rp[0];
+                tq += rp[1];
+            }
+            const double mean = ts / double(n);
+            const double var = fmax(tq / double(n) - mean * mean, 0.0);
+            stats[0] = float(mean);
+            stats[1] = float(1.0 / sqrt(var + double(p.eps)));
+        }
+        cl.sync();  // stats written; no block leaves while another still reads its partial
+    };
+    if constexpr (kInRegs) {
+        float v[kClusterRegs], ga[kClusterRegs], be[kClusterRegs], fsc[kClusterRegs], fbi[kClusterRegs], res[kClusterRegs];
+        double s = 0.0, q = 0.0;
+#pragma unroll
+        for (int r = 0; r < kClusterRegs; ++r) {
+            const std::int64_t i = lo + threadIdx.x + std::int64_t(r) * kClusterThreads;
+            const bool in = i < hi;
+            v[r] = in ? x[i] : 0.f;
+            operands(in ? i : lo, ga[r], be[r], fsc[r], fbi[r], res[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < kClusterRegs; ++r) {
+            s += double(v[r]);
+            q += double(v[r]) * double(v[r]);
+        }
+        group_stats(s, q);
+        const float mean_f = stats[0], rstd_f = stats[1];
+#pragma unroll
+        for (int r = 0; r < kClusterRegs; ++r) {
+            const std::int64_t i = lo + threadIdx.x + std::int64_t(r) * kClusterThreads;
+            if (i < hi)
+                p.y[base + i] = group_norm_epilogue(p, film != nullptr, v[r], mean_f, rstd_f, ga[r], be[r], fsc[r], fbi[r], res[r]);
+        }
+    } else {
+        double s = 0.0, q = 0.0;
+        for (std::int64_t i = lo + threadIdx.x; i < hi; i += kClusterThreads) {
+            const double xi = double(x[i]);
+            s += xi;
+            q += xi * xi;
+        }
+        group_stats(s, q);
+        const float mean_f = stats[0], rstd_f = stats[1];
+        for (std::int64_t i = lo + threadIdx.x; i < hi; i += kClusterThreads) {
+            float ga, be, fsc, fbi, res;
+            operands(i, ga, be, fsc, fbi, res);
+            p.y[base + i] = group_norm_epilogue(p, film != nullptr, x[i], mean_f, rstd_f, ga, be, fsc, fbi, res);
+        }
+    }
+#else
+    __trap();  // clusters need sm_90; the host selects this kernel only there
+#endif
+}
+
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
     detail::pdl_allow_next();
@@ -139,6 +263,20 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     const double ms = block_sum(s, scratch) / double(p.dim);
     const float scale = float(1.0 / sqrt(ms + double(p.eps)));
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) y[i] = x[i] * scale * (p.weight ? p.weight[i] : 1.f);
+}
+
+/// Cluster size S for groups of `n` elements (1 = one block per group): 1 for groups of up to 1024 elements or
+/// without clusters (below sm_90, or FLOWEDGE_CUDA_GN_NO_CLUSTER=1); else the smallest power of two (<= 8) whose
+/// share fits a block's registers, doubled while one sample's groups * S stay below the SM count and every thread
+/// keeps at least one element. A function of the per-sample geometry and the device only, never the batch.
+int group_cluster_split(long long n, int groups) {
+    static const bool disabled = detail::env_flag("FLOWEDGE_CUDA_GN_NO_CLUSTER");
+    if (disabled || detail::compute_major() < 9 || n <= 4LL * kThreads) return 1;
+    const long long per_block = (long long)kClusterThreads * kClusterRegs;
+    int s = 2;
+    while (s < kMaxGroupCluster && (n + s - 1) / s > per_block) s *= 2;
+    while (s < kMaxGroupCluster && (long long)groups * s < detail::sm_count() && n / (2LL * s) >= kClusterThreads) s *= 2;
+    return s;
 }
 
 }  // namespace
@@ -153,8 +291,20 @@ void group_norm(const GroupNormParams& p, Stream s) {
           "FiLM row stride too small" + expected_got(">= " + std::to_string(2 * p.channels), p.film_stride));
     const long long n_blocks = (long long)p.batch * p.groups;
     check(n_blocks <= 0x7fffffffLL, comp, "too many (batch, group) pairs");
-    detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, detail::resolve(s), p);
-    FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_kernel");
+    const cudaStream_t st = detail::resolve(s);
+    const long long n = (long long)(p.channels / p.groups) * p.length;
+    const int split = group_cluster_split(n, p.groups);
+    if (split == 1) {
+        detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, st, p);
+        FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_kernel");
+        return;
+    }
+    const dim3 grid(unsigned(n_blocks), 1, unsigned(split));
+    if ((n + split - 1) / split <= (long long)kClusterThreads * kClusterRegs)
+        detail::launch_pdl_cluster(group_norm_cluster_kernel<true>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p);
+    else
+        detail::launch_pdl_cluster(group_norm_cluster_kernel<false>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p);
+    FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_cluster_kernel");
 }
 
 void rms_norm(const RmsNormParams& p, Stream s) {

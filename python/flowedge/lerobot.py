@@ -41,7 +41,7 @@ try:
 except ImportError as _e:  # exercised by test_lerobot_tools.py in a subprocess that hides torch
     raise ImportError(missing_lerobot_message("lerobot", _e)) from _e
 
-from . import DiffusionHead, FlowEdgeError, FlowEdgeValueError
+from . import DiffusionHead, FlowEdgeError, FlowEdgeValueError, policy_type
 
 __all__ = [
     "FlowEdgeDiffusionPolicy",
@@ -62,6 +62,11 @@ SCHEDULERS = ("ddim", "ddpm")
 # loose bound that still catches a wrong checkpoint (a mismatched folder gives O(1) differences).
 _VERIFY_ATOL_F32 = 3e-4
 _VERIFY_ATOL_LOWP = 5e-2
+
+
+#: What an ACT policy given to the Diffusion Policy wrapper is told: the sampler swap has no ACT counterpart.
+_ACT_ADVICE = ("; an ACT policy runs whole in flowedge.ActPolicy / flowedge.load_policy(folder), and in the replay and "
+               "rollout tools with --backend flowedge-policy")
 
 
 def _err(what: str) -> FlowEdgeValueError:
@@ -202,7 +207,8 @@ def wrap(policy: "DiffusionPolicy", path: Optional[os.PathLike] = None, *, devic
     The LeRobot U-Net stays in memory (``unwrap`` restores it); only ``conditional_sample`` is replaced.
     """
     if not isinstance(policy, DiffusionPolicy):
-        raise _err(f"expected a lerobot DiffusionPolicy (got {type(policy).__name__})")
+        is_act = getattr(getattr(policy, "config", None), "type", None) == "act"
+        raise _err(f"expected a lerobot DiffusionPolicy (got {type(policy).__name__})" + (_ACT_ADVICE if is_act else ""))
     if is_wrapped(policy):
         unwrap(policy)
     cfg = policy.config
@@ -291,6 +297,8 @@ class FlowEdgeDiffusionPolicy(DiffusionPolicy):
         if not os.path.isdir(str(pretrained_name_or_path)):
             raise _err(f"pretrained folder not found (expected a local LeRobot pretrained_model folder, "
                        f"got {str(pretrained_name_or_path)!r})")
+        if policy_type(pretrained_name_or_path) == "act":
+            raise _err(f"{pretrained_name_or_path} holds an ACT policy, not a Diffusion Policy" + _ACT_ADVICE)
         policy = super().from_pretrained(pretrained_name_or_path, **kwargs)
         policy.config.pretrained_path = Path(pretrained_name_or_path)
         policy.eval()

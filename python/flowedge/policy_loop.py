@@ -1,6 +1,6 @@
 """The whole-policy backend of flowedge-lerobot-rollout / -replay (``--backend flowedge-policy``): a LeRobot Diffusion
-Policy folder run by :class:`flowedge.DiffusionPolicy` (encoders, normalisation, queues, sampler) with numpy
-observations as a robot delivers them. Imports neither torch nor lerobot.
+Policy or ACT folder run by :class:`flowedge.DiffusionPolicy` / :class:`flowedge.ActPolicy` (encoders, normalisation,
+queues, sampler or transformer) with numpy observations as a robot delivers them. Imports neither torch nor lerobot.
 
 Observation dicts are keyed by LeRobot feature names: ``observation.state`` [d] float32,
 ``observation.environment_state`` [d] float32 when the policy has one, and one uint8 [H, W, 3] frame per camera key.
@@ -11,11 +11,40 @@ import os
 import resource
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 
-from . import DiffusionPolicy, _stats
+from . import ActPolicy, DiffusionPolicy, FlowEdgeError, _stats, policy_type
+
+WholePolicy = Union[DiffusionPolicy, ActPolicy]
+
+
+def load_whole_policy(folder: str, *, device: str, dtype: Optional[str], steps: Optional[int], scheduler: Optional[str],
+                      seed: int, tool: str) -> WholePolicy:
+    """The tools' policy, the class chosen by config.json's ``type``. steps / scheduler are Diffusion Policy flags
+    (None: not given): an ACT folder with either is an error naming them, and the seed only drives a Diffusion
+    Policy's noise. An ACT folder that cannot run on the device asked for ends the tool with the reason."""
+    if policy_type(folder) != "act":
+        return DiffusionPolicy(folder, device=device, dtype=dtype, steps=steps, scheduler=scheduler, seed=seed)
+    given = [flag for flag, v in (("--diffusion-steps", steps), ("--scheduler", scheduler)) if v is not None]
+    if given:
+        raise SystemExit(f"flowedge: {tool}: {' and '.join(given)} {'is a' if len(given) == 1 else 'are'} Diffusion Policy "
+                         f"option{'s' if len(given) > 1 else ''} and {folder} holds an ACT policy (expected "
+                         f"{'it' if len(given) == 1 else 'them'} unset)")
+    try:
+        return ActPolicy(folder, device=device, dtype=dtype)
+    except FlowEdgeError as e:
+        if device != "cuda":
+            raise
+        raise SystemExit(str(e)) from None
+
+
+def sampler_fields(policy: WholePolicy) -> Dict[str, Any]:
+    """The policy type and the Diffusion Policy's sampler (None for ACT) for the tools' JSON."""
+    act = isinstance(policy, ActPolicy)
+    return {"policy_type": "act" if act else "diffusion", "scheduler": None if act else policy.scheduler,
+            "diffusion_steps": None if act else policy.steps}
 
 
 def percentiles_ms(seconds: List[float]) -> Dict[str, Optional[float]]:
@@ -99,7 +128,7 @@ def realtime_options(args) -> Dict[str, Any]:
     """The real-time flags of the rollout tool as DiffusionPolicy.set_realtime keyword arguments ({} when none)."""
     opts = {"lock_memory": args.lock_memory, "prefault": args.prefault, "cpus": args.cpus or None,
             "rt_priority": args.rt_priority or 0, "high_priority_stream": args.high_priority_stream,
-            "pinned_staging": args.pinned_staging}
+            "pinned_staging": args.pinned_staging, "isolate_cpus": args.isolate_cpus}
     return opts if any(v for v in opts.values()) else {}
 
 
@@ -130,7 +159,7 @@ def gpu_process_mib() -> Optional[float]:
     return None
 
 
-def memory_snapshot(policy: DiffusionPolicy) -> Dict[str, Any]:
+def memory_snapshot(policy: WholePolicy) -> Dict[str, Any]:
     return {"rss_mib": rss_mib(), "policy_device_bytes": int(policy.device_bytes),
             "gpu_process_mib": gpu_process_mib() if policy.cuda_resident else None}
 
@@ -171,7 +200,7 @@ class NumpySyntheticEnv:
     seeded random walk, and each camera shows seeded noise with a bright square at the state's first two coordinates,
     as uint8 [H, W, 3]."""
 
-    def __init__(self, policy: DiffusionPolicy, folder: str):
+    def __init__(self, policy: WholePolicy, folder: str):
         self.p = policy
         self.lo, self.hi = state_range(folder, policy.state_key, policy.state_dim)
         self.rng = np.random.default_rng(0)
@@ -236,12 +265,13 @@ class NumpyPushTEnv:
         self.env.close()
 
 
-def fits_pusht(policy: DiffusionPolicy) -> bool:
+def fits_pusht(policy: WholePolicy) -> bool:
+    """PushT's inputs and action, judged by feature shapes (any policy type)."""
     return (policy.camera_shapes == {"observation.image": (3, 96, 96)} and policy.state_dim == 2 and policy.env_dim == 0
             and policy.action_dim == 2)
 
 
-def run_episodes(policy: DiffusionPolicy, make_env: Callable[[], Any], args, progress) -> Dict[str, Any]:
+def run_episodes(policy: WholePolicy, make_env: Callable[[], Any], args, progress) -> Dict[str, Any]:
     """Seeded closed-loop episodes; each tick times ``select_action`` alone (the observation is already numpy).
 
     args: episodes, steps, seed, period_ms, on_miss ("hold" | "drop" | "raise"), no_pace, warmup.
@@ -310,11 +340,14 @@ def summarise(run: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def replay(policy: DiffusionPolicy, obs: Dict[str, np.ndarray], noise: Optional[np.ndarray], warmup: int
+def replay(policy: WholePolicy, obs: Dict[str, np.ndarray], noise: Optional[np.ndarray], warmup: int
            ) -> Dict[str, Any]:
     """reset() then select_action for every step of ``obs`` ([T, ...] per feature key) with the k-th chunk's noise
-    ``noise[k]`` ([K, horizon, action_dim]; None: the policy's seeded noise). Returns actions [T, action_dim] and
-    per-call timings."""
+    ``noise[k]`` ([K, horizon, action_dim]; None: the policy's seeded noise; a Diffusion Policy only). Returns actions
+    [T, action_dim] and per-call timings."""
+    if noise is not None and isinstance(policy, ActPolicy):
+        raise ValueError("flowedge: replay: the observations hold 'noise' but an ACT policy draws no noise "
+                         "(expected no 'noise' array for an ACT folder)")
     keys = [policy.state_key] + ([policy.env_key] if policy.env_key else []) + list(policy.cameras)
     missing = [k for k in keys if k not in obs]
     if missing:
@@ -332,7 +365,7 @@ def replay(policy: DiffusionPolicy, obs: Dict[str, np.ndarray], noise: Optional[
                                  f"(expected [K >= {-(-T // policy.n_action_steps)}, {policy.horizon}, {policy.action_dim}])")
             step = {key: obs[key][t] for key in keys}
             t0 = time.perf_counter()
-            out.append(policy.select_action(step, noise=nz))
+            out.append(policy.select_action(step) if nz is None else policy.select_action(step, noise=nz))
             record.append(time.perf_counter() - t0)
         return np.stack(out)
 

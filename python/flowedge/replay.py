@@ -1,7 +1,8 @@
 """flowedge-lerobot-replay: the same recorded observations and noise through LeRobot's sampler and flowedge's (docs/contracts.md#matched-replay).
 
 ``--backend flowedge-policy`` instead replays the observations through the whole policy in flowedge.DiffusionPolicy
-(reset, then select_action per step with the k-th chunk's noise) without importing torch or lerobot.
+(reset, then select_action per step with the k-th chunk's noise) or, for an ACT folder, flowedge.ActPolicy, without
+importing torch or lerobot.
 
 Both runs use one LeRobot policy object (same PyTorch encoder, same pre/post-processors, same device); only
 ``DiffusionModel.conditional_sample`` differs: LeRobot's diffusers loop, or flowedge via :mod:`flowedge.lerobot`.
@@ -384,15 +385,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--markdown", help="markdown summary path")
     ap.add_argument("--backend", choices=("both", "flowedge-policy"), default="both",
                     help="both: LeRobot's sampler vs flowedge's inside one LeRobot policy (needs torch + lerobot); "
-                         "flowedge-policy: the whole policy in flowedge.DiffusionPolicy, no torch or lerobot: --obs holds "
-                         "[T, ...] arrays per feature key (camera frames [T, H, W, 3] uint8 or [T, 3, H, W] float32 in "
-                         "[0, 1]) and optionally noise [K, horizon, action_dim], the k-th chunk's initial noise")
+                         "flowedge-policy: the whole policy in flowedge.DiffusionPolicy or ActPolicy (by config.json's "
+                         "type), no torch or lerobot: --obs holds [T, ...] arrays per feature key (camera frames "
+                         "[T, H, W, 3] uint8 or [T, 3, H, W] float32 in [0, 1]) and, for a Diffusion Policy, optionally "
+                         "noise [K, horizon, action_dim], the k-th chunk's initial noise")
     ap.add_argument("--actions-out", help="flowedge-policy: write the [T, action_dim] actions here (.npy)")
     ap.add_argument("--reference-actions", help="flowedge-policy: [T, action_dim] .npy to compare the actions with")
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None, help="flowedge-policy: weight storage")
     args = ap.parse_args(argv)
     if args.backend == "flowedge-policy":
         return main_policy(args)
+    from . import policy_type
+
+    if policy_type(args.policy_dir) == "act":
+        ap.error("an ACT folder replays with --backend flowedge-policy (--backend both swaps the Diffusion Policy's sampler)")
     require_lerobot("lerobot-replay")
 
     if args.device == "auto":
@@ -471,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def policy_observations(policy, n: int, seed: int) -> Dict[str, np.ndarray]:
-    """Deterministic numpy observations for flowedge.DiffusionPolicy: states standard normal, frames uint8 noise."""
+    """Deterministic numpy observations for a flowedge whole policy: states standard normal, frames uint8 noise."""
     rng = np.random.default_rng(seed)
     obs = {policy.state_key: rng.standard_normal((n, policy.state_dim)).astype(np.float32)}
     if policy.env_key:
@@ -482,14 +488,13 @@ def policy_observations(policy, n: int, seed: int) -> Dict[str, np.ndarray]:
 
 
 def main_policy(args) -> int:
-    """--backend flowedge-policy: reset() + select_action per step through flowedge.DiffusionPolicy; no torch."""
-    import flowedge
-
+    """--backend flowedge-policy: reset() + select_action per step through flowedge.DiffusionPolicy or ActPolicy; no
+    torch."""
     from . import policy_loop as pl
 
     t0 = time.perf_counter()
-    policy = flowedge.DiffusionPolicy(args.policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
-                                      scheduler=args.scheduler, seed=args.seed)
+    policy = pl.load_whole_policy(args.policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
+                                  scheduler=args.scheduler, seed=args.seed, tool="replay")
     load_ms = (time.perf_counter() - t0) * 1e3
     noise = None
     if args.obs:
@@ -501,7 +506,7 @@ def main_policy(args) -> int:
         obs_desc = f"file {args.obs}"
     else:
         obs = policy_observations(policy, args.steps if args.steps is not None else 20, args.seed)
-        obs_desc = f"synthetic (seed {args.seed}), seeded noise"
+        obs_desc = f"synthetic (seed {args.seed})" + ("" if isinstance(policy, pl.ActPolicy) else ", seeded noise")
     if args.steps is not None:
         obs = {k: v[:args.steps] for k, v in obs.items()}
     res = pl.replay(policy, obs, noise, args.warmup)
@@ -509,7 +514,7 @@ def main_policy(args) -> int:
     result: Dict[str, Any] = {
         "tool": "flowedge-lerobot-replay", "backend": "flowedge-policy", "policy": args.policy_dir,
         "device": args.device, "flowedge_backend": policy.backend, "cuda_resident": bool(policy.cuda_resident),
-        "fallback_reason": policy.fallback_reason, "scheduler": policy.scheduler, "diffusion_steps": policy.steps,
+        "fallback_reason": policy.fallback_reason, **pl.sampler_fields(policy),
         "steps": int(actions.shape[0]), "warmup": args.warmup, "observations": obs_desc,
         "caller_noise": noise is not None, "load_ms": round(load_ms, 1), **res, "cpu": cpu_name(),
         "peak_rss_mib": peak_rss_mib(), "torch_imported": "torch" in sys.modules,

@@ -15,7 +15,8 @@ Environments: ``pusht`` (gym-pusht, ``obs_type="pixels_agent_pos"``, needs a pol
 [3, 96, 96] + observation.state [2]) or ``synthetic`` (deterministic closed-loop observations of the policy's
 input shapes: the state moves toward the commanded action, images show the state as a bright spot).
 ``--backend both`` runs the same seeded episodes with LeRobot and flowedge and reports the trajectory difference.
-``--backend flowedge-policy`` runs the whole policy in ``flowedge.DiffusionPolicy`` (flowedge.policy_loop): numpy
+``--backend flowedge-policy`` runs the whole policy in ``flowedge.DiffusionPolicy`` or, for an ACT folder,
+``flowedge.ActPolicy`` (flowedge.policy_loop): numpy
 observations (uint8 HWC camera frames), no torch and no lerobot imported; the JSON adds latency p99.9, resident and
 device memory at start and end, and the environments are numpy versions of the two above.
 """
@@ -354,8 +355,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="auto (flowedge-policy only): the GPU when usable, else the CPU (fallback_reason in the JSON)")
     ap.add_argument("--steps", type=int, default=300, help="control ticks per episode (default 300, PushT's limit)")
     ap.add_argument("--episodes", type=int, default=1)
-    ap.add_argument("--diffusion-steps", type=int, default=10)
-    ap.add_argument("--scheduler", choices=("ddim", "ddpm"), default="ddim")
+    ap.add_argument("--diffusion-steps", type=int, default=None, help="Diffusion Policy sampler steps (default 10)")
+    ap.add_argument("--scheduler", choices=("ddim", "ddpm"), default=None, help="Diffusion Policy sampler (default ddim)")
     ap.add_argument("--ddpm-seed", type=int, default=None,
                     help="fixed SplitMix64 seed for flowedge's DDPM step noise (default: drawn from the torch RNG)")
     ap.add_argument("--seed", type=int, default=0, help="episode e uses seed + e (env reset and torch RNG)")
@@ -368,7 +369,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--backend", choices=("flowedge", "lerobot", "both", "flowedge-policy"), default="flowedge",
                     help="flowedge: LeRobot's policy with the U-Net sampled by flowedge; lerobot: LeRobot alone; both: "
                          "the two on the same episodes; flowedge-policy: the whole policy (encoders, normalisation, "
-                         "queues, sampler) in flowedge.DiffusionPolicy with numpy observations: no torch, no lerobot")
+                         "queues, sampler) in flowedge.DiffusionPolicy, or flowedge.ActPolicy for an ACT folder, with numpy "
+                         "observations: no torch, no lerobot")
     ap.add_argument("--output", help="JSON result path (default: stdout)")
     ap.add_argument("--histogram", help="PNG histogram of tick latencies (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
@@ -379,6 +381,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="mlockall + pre-fault after load (needs ulimit -l / CAP_IPC_LOCK)")
     rt.add_argument("--prefault", action="store_true", help="pre-fault every mapped page without locking")
     rt.add_argument("--cpus", help="pin the loop thread and the OpenMP workers to these CPUs, e.g. 2,3 or 2-5")
+    rt.add_argument("--isolate-cpus", action="store_true",
+                    help="move this process's other threads (CUDA driver, loggers) off the --cpus CPUs")
     rt.add_argument("--rt-priority", type=int, default=0,
                     help="SCHED_FIFO priority 1..99 for them (needs ulimit -r / CAP_SYS_NICE); 0 = leave")
     rt.add_argument("--high-priority-stream", action="store_true", help="CUDA: a stream of the device's highest priority")
@@ -386,8 +390,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.backend == "flowedge-policy":
         return main_policy(args, ap, t_start)
+    args.diffusion_steps = 10 if args.diffusion_steps is None else args.diffusion_steps
+    args.scheduler = args.scheduler or "ddim"
+    if args.policy:
+        from . import policy_type
+
+        if policy_type(args.policy) == "act":
+            ap.error("an ACT folder runs with --backend flowedge-policy (the other backends are LeRobot's Diffusion Policy)")
     if realtime_options(args):
-        ap.error("--lock-memory / --prefault / --cpus / --rt-priority / --high-priority-stream / --pinned-staging are "
+        ap.error("--lock-memory / --prefault / --cpus / --isolate-cpus / --rt-priority / --high-priority-stream / --pinned-staging are "
                  "options of --backend flowedge-policy")
     if args.device == "auto":
         ap.error("--device auto is for --backend flowedge-policy (the LeRobot backends need a torch device)")
@@ -499,7 +510,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def main_policy(args, ap, t_start: float) -> int:
-    """--backend flowedge-policy: flowedge.DiffusionPolicy in the loop, numpy observations, no torch or lerobot."""
+    """--backend flowedge-policy: flowedge.DiffusionPolicy or ActPolicy in the loop, numpy observations, no torch or
+    lerobot."""
     from . import policy_loop as pl
     from .replay import cpu_name as _cpu_name
 
@@ -514,6 +526,9 @@ def main_policy(args, ap, t_start: float) -> int:
         ap.error("no --policy given and the demo policy test/fixtures/dp_small was not found (set FLOWEDGE_DEMO_POLICY)")
     import flowedge
 
+    if flowedge.policy_type(policy_dir) != "act":  # the Diffusion Policy's sampler defaults of this tool
+        args.diffusion_steps = 10 if args.diffusion_steps is None else args.diffusion_steps
+        args.scheduler = args.scheduler or "ddim"
     if args.threads is not None:  # flowedge's OpenMP team for this (the calling) thread; torch is not loaded here
         import ctypes
 
@@ -523,8 +538,8 @@ def main_policy(args, ap, t_start: float) -> int:
             raise SystemExit(f"flowedge: rollout: --threads needs the OpenMP runtime libgomp.so.1 ({e})")
 
     t0 = time.perf_counter()
-    policy = flowedge.DiffusionPolicy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
-                                      scheduler=args.scheduler, seed=args.seed)
+    policy = pl.load_whole_policy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
+                                  scheduler=args.scheduler, seed=args.seed, tool="rollout")
     load_ms = (time.perf_counter() - t0) * 1e3
     rt_opts = realtime_options(args)
     realtime = None
@@ -564,8 +579,8 @@ def main_policy(args, ap, t_start: float) -> int:
         "tool": "flowedge-lerobot-rollout", "env": env_name, "policy": policy_dir, "device": args.device,
         "flowedge_backend": policy.backend, "cuda_resident": bool(policy.cuda_resident),
         "fallback_reason": policy.fallback_reason, "cameras": policy.camera_shapes, "cpu": _cpu_name(),
-        "threads": args.threads, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "scheduler": policy.scheduler,
-        "diffusion_steps": policy.steps, "period_ms": args.period_ms, "on_miss": args.on_miss, "paced": not args.no_pace,
+        "threads": args.threads, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), **pl.sampler_fields(policy),
+        "period_ms": args.period_ms, "on_miss": args.on_miss, "paced": not args.no_pace,
         "episodes_requested": args.episodes, "steps_per_episode": args.steps, "seed": args.seed,
         "startup_ms": round(startup_ms, 1), "load_ms": {"flowedge_policy": round(load_ms, 1)},
         "torch_imported": "torch" in sys.modules, "lerobot_imported": "lerobot" in sys.modules,

@@ -1,5 +1,5 @@
 // Helpers shared by the translation units of the flowedge._flowedge module (bindings.cpp: the heads,
-// policy_bindings.cpp: DiffusionPolicy): argument conversion, device/dtype/seed parsing, the GIL-releasing holder.
+// policy_bindings.cpp: DiffusionPolicy, act_bindings.cpp: ActPolicy): argument conversion, device/dtype/seed parsing, the GIL-releasing holder.
 #pragma once
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -218,5 +218,7 @@ void common_properties(Cls& cls) {
 
 /// Adds flowedge.DiffusionPolicy (the whole LeRobot policy) to the module; defined in policy_bindings.cpp.
 void bind_diffusion_policy(nb::module_& m);
+/// Adds flowedge.ActPolicy and flowedge.policy_type to the module; defined in act_bindings.cpp.
+void bind_act_policy(nb::module_& m);
 
 }  // namespace flowedge::python

@@ -354,4 +354,5 @@ NB_MODULE(_flowedge, m) {
             "tokens [L] -> prefill -> last hidden row as condition -> flow solve from noise [A] or [B, A].");
 
     bind_diffusion_policy(m);
+    bind_act_policy(m);
 }

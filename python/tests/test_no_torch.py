@@ -146,3 +146,75 @@ def test_replay_flowedge_policy_matches_lerobot_without_torch(image_policy, tmp_
     # LeRobot's own actions; this fixture's action half-ranges are >= 0.5, so 3e-4 is within 6e-4 normalised.
     assert res["max_abs_diff_actions"] <= 3e-4, res["max_abs_diff_actions"]
     assert np.load(acts).shape == (20, 4)
+
+
+# ---- ACT folders through the same tools, torch and lerobot unimportable ----
+
+@pytest.fixture(scope="module")
+def act_policy(tmp_path_factory):
+    src = FIXTURES / "act_cam2"  # two 96x96 cameras, state, environment state, temporal ensembling
+    if not (src / "manifest.json").is_file():
+        pytest.skip(f"fixture {src} not present")
+    return rebuild(src, tmp_path_factory.mktemp("act_cam2"))
+
+
+def test_replay_act_folder_matches_lerobot_without_torch(act_policy, tmp_path):
+    ref = FIXTURES / "act_cam2_ref"
+    np.savez(tmp_path / "obs.npz", **{p.stem: np.load(p) for p in ref.glob("observation*.npy")})
+    out = tmp_path / "r.json"
+    r = run_hidden(f"""
+        import sys
+        import flowedge
+        from flowedge import replay
+        assert isinstance(flowedge.load_policy({str(act_policy)!r}), flowedge.ActPolicy)
+        rc = replay.main([{str(act_policy)!r}, '--backend', 'flowedge-policy', '--obs', {str(tmp_path / "obs.npz")!r},
+                          '--reference-actions', {str(ref / "actions.npy")!r}, '--output', {str(out)!r}])
+        assert 'torch' not in sys.modules and 'lerobot' not in sys.modules
+        sys.exit(rc)
+    """)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["policy_type"] == "act" and res["scheduler"] is None and res["diffusion_steps"] is None
+    assert res["steps"] == 12 and res["chunks"] == 12 and not res["caller_noise"]  # ensembling: a chunk every step
+    # LeRobot's own actions; the smallest action std of this fixture is 0.1, so 1e-5 is within 1e-4 normalised.
+    assert res["max_abs_diff_actions"] <= 1e-5, res["max_abs_diff_actions"]
+    r = run_hidden(f"""
+        from flowedge import replay
+        replay.main([{str(act_policy)!r}, '--backend', 'flowedge-policy', '--diffusion-steps', '10'])
+    """)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "flowedge: replay: --diffusion-steps is a Diffusion Policy option and" in r.stderr
+    assert "holds an ACT policy (expected it unset)" in r.stderr
+
+
+def test_rollout_act_folder_runs_without_torch(act_policy, tmp_path):
+    out = tmp_path / "r.json"
+    r = run_hidden(f"""
+        import sys
+        from flowedge import rollout
+        rc = rollout.main(['--backend', 'flowedge-policy', '--policy', {str(act_policy)!r}, '--steps', '6',
+                           '--period-ms', '0', '--warmup', '0', '--output', {str(out)!r}, '--no-progress'])
+        assert 'torch' not in sys.modules and 'lerobot' not in sys.modules
+        sys.exit(rc)
+    """)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["policy_type"] == "act" and res["env"] == "synthetic"
+    assert "not PushT's" in res["env_reason"] or "gym-pusht unavailable" in res["env_reason"]
+    assert res["steps"] == 6 and res["episodes"][0]["chunks"] == 6
+    r = run_hidden(f"""
+        from flowedge import rollout
+        rollout.main(['--backend', 'flowedge-policy', '--policy', {str(act_policy)!r}, '--device', 'cuda', '--no-progress'])
+    """)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "ACT runs on the CPU only for now" in r.stderr
+
+
+@pytest.mark.parametrize("module, args", [("replay", "[{folder!r}]"), ("rollout", "['--policy', {folder!r}, '--backend', 'both']")])
+def test_lerobot_backends_send_act_folders_to_flowedge_policy(act_policy, module, args):
+    r = run_hidden(f"""
+        from flowedge import {module}
+        {module}.main({args.format(folder=str(act_policy))})
+    """)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # argparse's usage error
+    assert "an ACT folder" in r.stderr and "--backend flowedge-policy" in r.stderr

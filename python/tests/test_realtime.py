@@ -70,6 +70,8 @@ def test_bad_cpus_and_priorities_raise_value_errors_naming_them():
         p.set_realtime(cpus=[1.5])
     with pytest.raises(flowedge.FlowEdgeValueError, match=r"priority out of range \(expected 1..99, got 100\)"):
         p.set_realtime(rt_priority=100)
+    with pytest.raises(flowedge.FlowEdgeValueError, match="isolate_cpus needs loop CPUs"):
+        p.set_realtime(isolate_cpus=True)
 
 
 @pytest.mark.skipif(SYS_CAPSET is None, reason="capset syscall number unknown on this architecture")

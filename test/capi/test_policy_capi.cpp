@@ -66,7 +66,7 @@ TEST_CASE("fe_policy: introspection of dp_small") {
 }
 
 TEST_CASE("fe_policy: select_action equals DiffusionPolicy<Cpu>, seeded and with caller noise") {
-    const fe_policy_options opts{nullptr, 10, "ddim", 7};
+    const fe_policy_options opts{nullptr, 10, "ddim", 7, nullptr};
     Loaded l(&opts);
     PolicyOptions po;
     po.steps = 10;
@@ -195,13 +195,13 @@ TEST_CASE("fe_policy: load errors") {
     CHECK(fe_policy_load(kFolder.c_str(), "cpu", nullptr) == FE_ERR_INVALID_ARGUMENT);
     CHECK(fe_policy_load(kFolder.c_str(), "tpu", &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown device 'tpu'"));
-    fe_policy_options o{"f8", 0, nullptr, 0};
+    fe_policy_options o{"f8", 0, nullptr, 0, nullptr};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown weight dtype 'f8'"));
-    o = fe_policy_options{nullptr, 0, "euler", 0};
+    o = fe_policy_options{nullptr, 0, "euler", 0, nullptr};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("options->scheduler"));
-    o = fe_policy_options{nullptr, 1000, nullptr, 0};
+    o = fe_policy_options{nullptr, 1000, nullptr, 0, nullptr};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("steps out of range (expected 1..100, got 1000)"));
     if (!fe_built_with_cuda()) {

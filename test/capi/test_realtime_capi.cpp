@@ -53,7 +53,7 @@ std::vector<float> episode(fe_policy* p) {
 
 }  // namespace
 
-TEST_CASE("fe_realtime_apply: NULL options, a CPU list without CPUs, a CPU that does not exist and a bad priority are FE_ERR_INVALID_ARGUMENT") {
+TEST_CASE("fe_realtime_apply: NULL options, a CPU list without CPUs, a CPU that does not exist, a bad priority and isolation without CPUs are FE_ERR_INVALID_ARGUMENT") {
     CHECK(fe_realtime_apply(nullptr) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("argument 'options' is NULL"));
     fe_realtime_options o{};
@@ -70,6 +70,10 @@ TEST_CASE("fe_realtime_apply: NULL options, a CPU list without CPUs, a CPU that 
     o.rt_priority = 100;
     CHECK(fe_realtime_apply(&o) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("SCHED_FIFO priority out of range (expected 1..99, got 100)"));
+    o = fe_realtime_options{};
+    o.isolate_cpus = 1;  // no loop CPUs to keep the other threads off
+    CHECK(fe_realtime_apply(&o) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("isolate_cpus needs loop CPUs that leave at least one allowed CPU for the other threads"));
 }
 
 TEST_CASE("fe_realtime_apply: a priority or a memory lock the limits forbid is FE_ERR_UNSUPPORTED naming the limit and the fix") {

@@ -1,8 +1,9 @@
 // conv2d on every backend vs a naive double-accumulating loop written from torch.nn.Conv2d (zero padding, stride,
 // every weight dtype, bias and residual on and off, every activation after them), a non-CPU backend also vs Ops<Cpu>;
-// the ResNet18 encoder's shapes at an 84x84 crop plus odd sizes that leave partial tiles and row blocks; and the
-// shared argument checks.
-#include "ops_test_util.hpp"
+// the ResNet18 encoder's shapes at an 84x84 crop plus odd sizes that leave partial tiles and row blocks; the CPU's
+// packed weights (Storage::Conv2dWeight) on the same shapes and on the edges of their cutting; and the shared
+// argument checks.
+#include "cpu_packed_util.hpp"
 
 using namespace optest;
 
@@ -12,8 +13,12 @@ struct Conv2dCase {
     int batch, cin, cout, in_h, in_w, kh, kw, sh, sw, ph, pw;
 };
 
+/// packed: CPU only, the weights as Ops<Cpu> prepares a Conv2d weight (output blocks on the SIMD sets, the stored
+/// tensor then withheld from the op; as stored on the scalar set).
 template <class B>
-void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, bool with_residual, std::uint32_t seed) {
+void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, bool with_residual, std::uint32_t seed,
+                bool packed = false) {
+    CAPTURE(packed);
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.kh); CAPTURE(k.kw);
     CAPTURE(k.sh); CAPTURE(k.sw); CAPTURE(k.ph); CAPTURE(k.pw); CAPTURE(dtype_name(dt)); CAPTURE(int(act));
     CAPTURE(with_bias); CAPTURE(with_residual);
@@ -56,6 +61,13 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
     Conv2dParams p;
     p.x = dx.ptr();
     p.w = dw.ref();
+    std::unique_ptr<PreparedWeight> prepared;
+    if constexpr (kIsCpu<B>) {
+        if (packed) {
+            prepared = Ops<Cpu>::prepare_weight(Storage::Conv2dWeight, w.ref(), Shape{k.cout, k.cin, k.kh, k.kw}, "test weight");
+            if (prepared) p.w = {nullptr, dt, prepared.get()};
+        }
+    }
     p.bias = with_bias ? db.ptr() : nullptr;
     p.residual = with_residual ? dr.ptr() : nullptr;
     p.y = dy.ptr();
@@ -131,6 +143,10 @@ TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype a
         {1, 40, 7, 3, 3, 1, 1, 1, 1, 0, 0},       // 1x1 kernel
         {1, 5, 6, 5, 3, 3, 1, 1, 1, 0, 0},        // a non-square 3x1 kernel: 3x3 output
         {1, 30, 4, 7, 7, 5, 5, 1, 1, 0, 0},       // 5x5 kernel, reduction 750: chunks that split input channels
+        // <= 9 output pixels with a reduction >= 2048 divisible by 4 (the K-stream path on CUDA): output channels
+        // past a block's 32, batches.
+        {3, 256, 40, 6, 6, 3, 3, 2, 2, 1, 1},     // 3x3 outputs, reduction 2304
+        {2, 128, 33, 4, 4, 4, 4, 2, 2, 1, 1},     // 2x2 outputs, reduction 2048
     };
     std::uint32_t seed = 9500;
     int n = 0;
@@ -141,6 +157,48 @@ TEST_CASE_TEMPLATE("conv2d: odd sizes, strides and padding, every weight dtype a
             run_conv2d<B>(k, dt, act, with_bias, with_residual, seed += 10);
             ++n;
         }
+}
+
+TEST_CASE("conv2d on packed weights (Storage::Conv2dWeight): encoder shapes, cutting edges, every dtype, 1-3 threads") {
+    using A = Activation;
+    const Conv2dCase encoder[] = {
+        {1, 3, 64, 84, 84, 7, 7, 2, 2, 3, 3},      // stem -> 42x42: 147 tiles of 12
+        {1, 64, 64, 21, 21, 3, 3, 1, 1, 1, 1},     // layer1: 441 positions, a last tile of 9
+        {1, 64, 128, 21, 21, 1, 1, 2, 2, 0, 0},    // layer2.0 downsample: 121 positions, tiles of 11
+        {1, 128, 256, 11, 11, 3, 3, 2, 2, 1, 1},   // layer3.0 conv a -> 6x6
+        {1, 256, 256, 6, 6, 3, 3, 1, 1, 1, 1},     // layer3 conv b: reduction 2304 in two chunks
+        {1, 512, 512, 3, 3, 3, 3, 1, 1, 1, 1},     // layer4 conv b: 3 output vectors x 9 positions, 32 vectors
+        {1, 512, 32, 3, 3, 1, 1, 1, 1, 0, 0},      // keypoint conv: fewer output vectors than a group
+    };
+    const Conv2dCase odd[] = {
+        {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {3, 2, 5, 3, 4, 3, 3, 1, 1, 1, 1},         // out channels below one vector, batch 3
+        {2, 5, 17, 9, 11, 3, 2, 2, 1, 1, 0},       // 17 out channels: a vector and one lane
+        {1, 7, 40, 17, 5, 5, 3, 3, 2, 2, 1},       // 40 channels (AVX-512: 3 vectors, a group of 2 and 1)
+        {2, 9, 70, 13, 7, 3, 3, 1, 1, 1, 1},       // 91 positions over 8 tiles of 12 and a short one
+        {1, 160, 24, 8, 8, 3, 3, 1, 1, 1, 1},      // reduction 1440 over 48-position blocks: two chunks
+        {1, 600, 21, 4, 4, 3, 3, 1, 1, 1, 1},      // reduction 5400 at 16 positions: two chunks
+        {1, 16, 1500, 6, 4, 1, 1, 1, 1, 0, 0},     // 1500 out channels x 2 tiles of 12: the accumulators in two slabs
+        {1, 3, 4, 6, 6, 3, 3, 4, 4, 0, 0},         // stride past the kernel
+        {1, 2, 3, 5, 5, 5, 5, 1, 1, 2, 2},         // kernel as large as the padded input allows
+    };
+    std::uint32_t seed = 9900;
+    int n = 0;
+    for (int threads : {1, 3}) {
+        with_threads(threads, [&] {
+            for (const auto& k : encoder) run_conv2d<Cpu>(k, DType::F32, A::Relu, true, n++ % 2 == 0, seed += 10, true);
+            for (DType dt : {DType::BF16, DType::F16}) {
+                run_conv2d<Cpu>(encoder[0], dt, A::Relu, true, false, seed += 10, true);
+                run_conv2d<Cpu>(encoder[5], dt, A::Relu, true, true, seed += 10, true);
+            }
+            for (const auto& k : odd)
+                for (DType dt : kAllDtypes) {
+                    const Activation act = kActs[std::size_t(n) % std::size(kActs)];
+                    run_conv2d<Cpu>(k, dt, act, n % 2 == 0, n % 3 != 1, seed += 10, true);
+                    ++n;
+                }
+        });
+    }
 }
 
 TEST_CASE_TEMPLATE("conv2d rejects bad sizes, aliasing and null pointers with the shared message" * doctest::test_suite("op_checks"),

@@ -118,6 +118,15 @@ TEST_CASE_TEMPLATE("group_norm with fused act -> FiLM -> residual -> post_act ma
         {3, 12, 7, 3, A::None, true, true, false, 0, A::Mish},
         {1, 8, 33, 2, A::Silu, false, true, true, 0, A::Softplus},
         {1, 32, 5, 8, A::None, false, false, true, 0, A::Relu},
+        // Groups over 1024 elements (a cluster per group on sm_90): the ResNet stem (16 x 42 x 42 per group, ReLU),
+        // layer1's tail (residual + ReLU) and layer2, in place too; odd sizes; and groups too large for the
+        // cluster's registers (x read twice).
+        {1, 64, 42 * 42, 4, A::Relu, false, false, true, 0},
+        {2, 64, 21 * 21, 4, A::None, false, true, true, 0, A::Relu},
+        {1, 128, 11 * 11, 8, A::None, false, false, true, 0, A::Relu},
+        {3, 21, 1001, 7, A::Silu, true, true, true, 5, A::Mish},
+        {1, 6, 1025 / 3 + 1, 2, A::None, false, false, false, 0},
+        {2, 16, 40000 / 16 * 2 + 7, 1, A::Mish, true, true, true, 0, A::Relu},
     };
     std::uint32_t seed = 3000;
     for (const auto& k : cases) run_group_norm<B>(k, seed += 10);

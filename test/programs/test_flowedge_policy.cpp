@@ -5,11 +5,14 @@
 // is an error naming the key and the expected shape. LeRobot's own image episodes (dp_image_gn: one camera, GroupNorm,
 // crop; dp_image_bn: two cameras, BatchNorm, resize, environment state) go through the program from their recorded
 // arrays and chunk noise within the whole-episode bound. On dp_image_bn's two cameras, uint8 HWC and float CHW frames
-// give exactly the in-process actions. pusht_policy (the copyable example) runs on dp_small and dp_image_bn.
+// give exactly the in-process actions. ACT folders (act_cam2: two cameras, state, environment state) give LeRobot's
+// own episodes with the checkpoint's temporal ensembling and with --n-action-steps; the Diffusion Policy flags and
+// --device cuda are errors that say why. pusht_policy (the copyable example) runs on dp_small and dp_image_bn.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +25,7 @@
 
 #include "flowedge/io/npy.hpp"
 #include "flowedge/io/npz.hpp"
+#include "flowedge/models/act/lerobot_act_folder.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
 #include "../support/test_paths.hpp"
@@ -383,6 +387,69 @@ TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-proce
     REQUIRE_MESSAGE(ex.rc == 0, ex.output);
     CHECK(has(ex, "camera 'observation.images.wrist': 36x44"));
     CHECK(has(ex, "tick   2  action"));
+}
+
+TEST_CASE("ACT folders: LeRobot's episodes through the program; Diffusion Policy flags and --device cuda are errors") {
+    // act_cam2's recorded episode (uint8 [T, 96, 96, 3] frames of two cameras, state [T, 6], environment state
+    // [T, 5]) as OBS.npz; actions within 1e-4 of LeRobot's in normalised units, as test/act bounds ActPolicy<Cpu>.
+    const fs::path folder = lerobot_folder("act_cam2");
+    const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / "act_cam2_ref";
+    const fs::path obs = tmp("act_obs.npz"), out = tmp("act_actions.npy");
+    {
+        io::NpzWriter w;
+        for (const char* cam : {"observation.images.top", "observation.images.wrist"}) {
+            const io::NpyArrayU8 a = io::read_npy_u8(ref / (std::string(cam) + ".npy"));
+            w.add_u8(cam, a.shape, a.data);
+        }
+        for (const char* key : {"observation.state", "observation.environment_state"}) {
+            const io::NpyArrayF32 a = io::read_npy_f32(ref / (std::string(key) + ".npy"));
+            w.add_f32(key, a.shape, a.data);
+        }
+        w.write(obs);
+    }
+    const std::vector<float> std_dev = io::open_lerobot_act_folder(folder).action.hi;
+    auto error_vs = [&](const std::string& ref_name) {
+        const io::NpyArrayF32 got = io::read_npy_f32(out), want = io::read_npy_f32(ref / ref_name);
+        REQUIRE(got.shape == want.shape);
+        double worst = 0;
+        for (std::size_t i = 0; i < got.data.size(); ++i)
+            worst = std::max(worst, std::fabs(double(got.data[i]) - double(want.data[i])) / double(std_dev[i % std_dev.size()]));
+        return worst;
+    };
+    const std::string args = "--obs \"" + obs.string() + "\" --out \"" + out.string() + "\"";
+    const std::string dir = "\"" + folder.string() + "\" ";
+    RunResult r = run(FLOWEDGE_POLICY_EXE, dir + args + " --seed 3");
+    REQUIRE(r.rc == 0);
+    CHECK(has(r, "ACT chunk 12, temporal ensembling 0.01, T=12 observations"));
+    CHECK(has(r, "chunks generated: 12"));  // T = 12: a chunk every step
+    CHECK(has(r, "note: --seed is ignored (an ACT policy draws no noise)"));
+    const double ens_err = error_vs("actions.npy");
+    r = run(FLOWEDGE_POLICY_EXE, dir + args + " --n-action-steps 5");
+    REQUIRE(r.rc == 0);
+    CHECK(has(r, "n_action_steps 5"));
+    CHECK(has(r, "chunks generated: 3"));
+    const double queue_err = error_vs("actions_alt.npy");
+    MESSAGE("act_cam2 through flowedge-policy: ensembling ", ens_err, ", queue of 5 ", queue_err, " (normalised units)");
+    CHECK(ens_err <= 1e-4);
+    CHECK(queue_err <= 1e-4);
+
+    r = run(FLOWEDGE_POLICY_EXE, dir + args + " --steps 10 --scheduler ddim");
+    CHECK(r.rc == 1);
+    CHECK(has(r, "--steps, --scheduler: Diffusion Policy option(s), but"));
+    CHECK(has(r, "holds an ACT policy (expected them unset)"));
+    r = run(FLOWEDGE_POLICY_EXE, dir + args + " --noise \"" + out.string() + "\"");
+    CHECK(r.rc == 1);
+    CHECK(has(r, "--noise: Diffusion Policy option(s)"));
+    r = run(FLOWEDGE_POLICY_EXE, dir + args + " --temporal-ensemble-coeff 0.01 --n-action-steps 5");
+    CHECK(r.rc == 1);
+    CHECK(has(r, "1 with temporal_ensemble_coeff set"));
+    r = run(FLOWEDGE_POLICY_EXE, dir + args + " --device cuda");
+    CHECK(r.rc == 2);
+    CHECK(has(r, "--device cuda requested but ACT runs on the CPU only for now"));
+    r = policy_run("--obs \"" + obs.string() + "\" --out \"" + out.string() + "\" --n-action-steps 2");
+    CHECK(r.rc == 1);
+    CHECK(has(r, "--n-action-steps: ACT option(s), but"));
+    CHECK(has(r, "holds a Diffusion Policy"));
 }
 
 TEST_CASE("pusht_policy (the copyable example) runs its loop on a policy folder") {

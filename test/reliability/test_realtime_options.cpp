@@ -7,8 +7,11 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -65,6 +68,14 @@ long faults_writing_pages(unsigned char* p, std::size_t bytes) {
     return long((realtime::counters() - c0).minor_faults);
 }
 
+/// Options that pin the loop to `cpus` and move every other thread off them.
+RealtimeOptions isolating(std::vector<int> cpus) {
+    RealtimeOptions o;
+    o.cpus = std::move(cpus);
+    o.isolate_cpus = true;
+    return o;
+}
+
 }  // namespace
 
 TEST_CASE("CPU lists parse as taskset writes them and bad ones are errors") {
@@ -113,6 +124,50 @@ TEST_CASE("pinning puts the calling thread and every OpenMP worker on the given 
     CHECK(placed == team_size());
     CHECK(caller == std::vector<int>{cpu});
     for (const int s : seen) CHECK(s == cpu);
+}
+
+TEST_CASE("isolate_cpus moves the process's other threads off the loop's CPUs, and needs a CPU left for them") {
+    const std::vector<int> allowed = realtime::allowed_cpus();
+    REQUIRE(!allowed.empty());
+    const int cpu = allowed.back();
+    CHECK(contains(error_of([] { realtime::apply(isolating({})); }).first,
+                   "isolate_cpus needs loop CPUs that leave at least one allowed CPU for the other threads (expected a non-empty "
+                   "strict subset of"));
+    if (allowed.size() < 2) {
+        const std::string all = error_of([&] { realtime::apply(isolating(allowed)); }).first;
+        CHECK(contains(all, ("got " + realtime::cpu_list_text(allowed)).c_str()));
+        return;
+    }
+    // A bystander thread (a CUDA driver or logging thread in a real process) and this test's own thread must both
+    // leave `cpu`; their masks are restored afterwards.
+    const std::vector<int> main_before = thread_cpus();
+    std::vector<int> bystander_after, loop_after;
+    RealtimeReport report;
+    {
+        std::atomic<bool> done{false};
+        std::vector<int> seen;
+        std::thread bystander([&] {
+            while (!done.load()) std::this_thread::yield();
+            seen = thread_cpus();
+        });
+        fe_test::on_new_thread([&] {
+            report = realtime::apply(isolating({cpu}));
+            loop_after = thread_cpus();
+        });
+        done = true;
+        bystander.join();
+        bystander_after = seen;
+    }
+    const std::vector<int> main_after = thread_cpus();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int c : main_before) CPU_SET(c, &set);
+    ::sched_setaffinity(0, sizeof set, &set);
+    CHECK(report.threads_moved >= 2);  // this thread and the bystander at least
+    CHECK(loop_after == std::vector<int>{cpu});
+    CHECK(std::find(bystander_after.begin(), bystander_after.end(), cpu) == bystander_after.end());
+    CHECK(std::find(main_after.begin(), main_after.end(), cpu) == main_after.end());
+    CHECK(!bystander_after.empty());
 }
 
 TEST_CASE("a SCHED_FIFO priority is given to the calling thread and the workers, or refused naming RLIMIT_RTPRIO and the fix") {

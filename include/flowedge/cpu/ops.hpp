@@ -196,12 +196,21 @@ struct Ops<Cpu> {
         FLOWEDGE_CPU_KERNEL(unnormalize(p));
     }
 
-    /// torch.nn.Conv2d (groups 1, dilation 1, zero padding) + bias + residual + act (kernels/conv2d.hpp).
-    /// x: [batch, in, in_h, in_w] -> y: [batch, out, out_h, out_w]; weights row-major [out, in, kh, kw].
+    /// torch.nn.Conv2d (groups 1, dilation 1, zero padding) + bias + residual + act. x: [batch, in, in_h, in_w] ->
+    /// y: [batch, out, out_h, out_w]; weights row-major [out, in, kh, kw] (kernels/conv2d.hpp) or their output blocks
+    /// (Storage::Conv2dWeight on the SIMD sets: kernels/conv2d_packed.hpp).
     static void conv2d(const Conv2dParams& p, Stream = {}) {
         check_args(p);
-        FLOWEDGE_CPU_REQUIRE(p.w.data, "conv2d", "weights must be stored row-major [out, in, kh, kw] (no prepared form on the CPU)");
         FLOWEDGE_CPU_REQUIRE(!p.residual || (p.residual != p.y), "conv2d", "residual aliases y (the residual is read after y is written)");
+        if (const cpu::PackedWeight* pw = cpu::packed_weight(p.w)) {
+            const int R = p.in_channels * p.kernel_h * p.kernel_w;
+            FLOWEDGE_CPU_REQUIRE(pw->kind() == cpu::PackedWeight::Kind::Conv2dBlocks && pw->out() == p.out_channels && pw->in() == R,
+                                 "conv2d", "prepared weights of another kind or shape" +
+                                     expected_got("Conv2d blocks of " + std::to_string(p.out_channels) + " x " + std::to_string(R),
+                                                  std::to_string(pw->out()) + " x " + std::to_string(pw->in())));
+            FLOWEDGE_CPU_SIMD_KERNEL(pw->isa(), conv2d_packed(p, pw->data(), pw->dtype()));
+            return;
+        }
         FLOWEDGE_CPU_KERNEL(conv2d(p));
     }
 

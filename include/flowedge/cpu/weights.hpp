@@ -5,8 +5,11 @@
 //                beside it.
 //   AVX-512 set: small-row Linear weights -> k-major packed copy; everything else stays row-major (its row-major
 //                kernels use 32 registers and stream at the memory floor).
+//   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
+//                stored tensor.
 //   scalar set:  nothing is prepared.
 #pragma once
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +40,7 @@ public:
     enum class Kind : std::uint8_t {
         ConvBlocks,  ///< packed conv blocks (AVX2 set) of a Conv1d [out, in*K], ConvTranspose1d [out*K, in] or Linear
         SmallRows,   ///< k-major copy of a Linear [out, in] for few rows (AVX2/AVX-512 sets), beside the stored tensor
+        Conv2dBlocks,  ///< output blocks of one vector of a Conv2d [out, in, kh, kw] (AVX2/AVX-512 sets), replacing it
     };
 
     /// Conv blocks of a stored [out, R] matrix w (transposed: a ConvTranspose1d weight [in, out, K], packed as the
@@ -60,6 +64,24 @@ public:
         (void)w, (void)shape, (void)transposed, (void)what;
         return nullptr;
 #endif
+    }
+
+    /// Output blocks of the stored Conv2d weight w of `shape` [out, in, kh, kw] for kernel set `isa` (AVX2 or
+    /// AVX-512), in w's dtype. `what` names the tensor in errors.
+    static std::unique_ptr<PackedWeight> conv2d_blocks(const WeightRef& w, const Shape& shape, Isa isa, std::string_view what) {
+        auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::Conv2dBlocks, isa, w.dtype));
+        pw->m_out = int(shape.dims[0]);
+        pw->m_in = int(shape.numel() / shape.dims[0]);
+        const std::size_t R = std::size_t(pw->m_in);
+        std::size_t elements = 0;
+#if defined(FLOWEDGE_CPU_X86)
+        elements = isa == Isa::Avx512 ? avx512::packed_conv2d_elements(pw->m_out, R) : avx2::packed_conv2d_elements(pw->m_out, R);
+#endif
+        const std::size_t bytes = elements * dtype_size(w.dtype);
+        Memory<Cpu>::check_fits(bytes, std::string(what));
+        pw->m_buf = Buffer<std::byte, Cpu>(bytes);
+        FLOWEDGE_CPU_SIMD_KERNEL(isa, pack_conv2d_weights(w, pw->m_out, R, pw->m_buf.data()));
+        return pw;
     }
 
     /// A small-row copy of the stored [out, in] matrix w for kernel set `isa`, laid out for arithmetic m. The stored
@@ -88,11 +110,11 @@ public:
     PackedLayout layout() const { return m_layout; }
 
     std::size_t bytes() const override { return m_buf.bytes(); }
-    bool replaces_source() const override { return m_kind == Kind::ConvBlocks; }
+    bool replaces_source() const override { return m_kind != Kind::SmallRows; }
 
     /// SmallRows: repacks in place (no allocation) when arithmetic m needs another layout than the one held. Under
     /// MathMode::BF16 (where the CPU has it), F32/F16 weights take BF16-rounded pairs; otherwise the F32 layout.
-    /// ConvBlocks serve every mode exactly: nothing to do.
+    /// ConvBlocks and Conv2dBlocks serve every mode exactly: nothing to do.
     void set_math(MathMode m) override {
         if (m_kind != Kind::SmallRows) return;
         const PackedLayout want = wanted(m);
@@ -132,9 +154,9 @@ private:
     Isa m_isa;
     DType m_dtype;
     Buffer<std::byte, Cpu> m_buf;
+    int m_in = 0, m_out = 0;  ///< SmallRows: in, out; Conv2dBlocks: reduction length in * kh * kw, out
     // SmallRows only
     WeightRef m_src{};
-    int m_in = 0, m_out = 0;
     PackedLayout m_layout = PackedLayout::None;
     bool m_rounded = false;
 };
@@ -151,6 +173,14 @@ inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const Wei
         case Storage::ConvTransposeWeight:
             if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, what);
             return nullptr;
+        case Storage::Conv2dWeight: {
+            // FLOWEDGE_CPU_CONV2D_NO_PACK=1 keeps the stored layout (the im2col paths): the old path of an A/B run in
+            // one process image, as FLOWEDGE_CUDA_CONV2D_NO_KSTREAM does on the GPU.
+            const char* no_pack = std::getenv("FLOWEDGE_CPU_CONV2D_NO_PACK");
+            if ((isa == Isa::Avx2 || isa == Isa::Avx512) && !(no_pack && std::string_view(no_pack) == "1"))
+                return PackedWeight::conv2d_blocks(w, shape, isa, what);
+            return nullptr;
+        }
         case Storage::SmallRowsMatrix:
             if (isa == Isa::Avx2 || isa == Isa::Avx512)
                 return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32);

@@ -73,7 +73,7 @@ public:
     /// ("bias", [out]). With batch_norm, after load() the weight holds the folded values.
     template <class F>
     void visit_parameters(F&& f) {
-        f("weight", m_weight, Shape{m_cfg.out, m_cfg.in, m_cfg.kernel, m_cfg.kernel}, Storage::Matrix);
+        f("weight", m_weight, Shape{m_cfg.out, m_cfg.in, m_cfg.kernel, m_cfg.kernel}, Storage::Conv2dWeight);
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
@@ -97,7 +97,7 @@ public:
         const io::TensorInfo& w = require_tensor(*file, conv_prefix + "weight", wshape, component);
         const io::TensorInfo* b = m_cfg.bias ? &require_tensor(*file, conv_prefix + "bias", Shape{m_cfg.out}, component) : nullptr;
         if (!m_cfg.batch_norm) {
-            m_weight.load(w, wshape, Storage::Matrix, opts, file, component);
+            m_weight.load(w, wshape, Storage::Conv2dWeight, opts, file, component);
             if (b) m_bias.load(*b, Shape{m_cfg.out}, Storage::Vector, opts, file, component);
             return;
         }
@@ -117,7 +117,7 @@ public:
             for (std::size_t i = 0; i < per_out; ++i) folded_w[o * per_out + i] = float(wv[o * per_out + i] * scale);
             folded_b[o] = float(bn[1][o] + (bv[o] - bn[2][o]) * scale);
         }
-        m_weight.assign(folded_w, wshape, opts.weight_dtype.value_or(DType::F32), Storage::Matrix, conv_prefix + "weight", component);
+        m_weight.assign(folded_w, wshape, opts.weight_dtype.value_or(DType::F32), Storage::Conv2dWeight, conv_prefix + "weight", component);
         m_bias.assign(folded_b, Shape{m_cfg.out}, DType::F32, Storage::Vector, bn_prefix + "bias", component);
         m_folded = true;
     }

@@ -24,6 +24,18 @@ inline void copy_floats(float* dst, const float* src, int n) {
         _mm256_maskstore_ps(dst + i, m, _mm256_maskload_ps(src + i, m));
     }
 }
+/// dst[s] = src[2 s] for s < n (a stride-2 im2col row segment): even lanes of two vectors per 8 outputs, the tail
+/// element by element; reads nothing past src[2 n - 2].
+inline void copy_floats_even(float* dst, const float* src, int n) {
+    int i = 0;
+    for (; i + kLanes < n; i += kLanes) {  // reads src[2i .. 2i + 15]: inside while i + 8 < n
+        const __m256 lo = _mm256_loadu_ps(src + 2 * i), hi = _mm256_loadu_ps(src + 2 * i + kLanes);
+        // per 128-bit half: lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6, then the 64-bit pairs reordered
+        const __m256 e = _mm256_shuffle_ps(lo, hi, 0x88);
+        _mm256_storeu_ps(dst + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+    }
+    for (; i < n; ++i) dst[i] = src[2 * i];
+}
 inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
 inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }

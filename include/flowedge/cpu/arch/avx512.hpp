@@ -36,6 +36,18 @@ inline void copy_floats(float* dst, const float* src, int n) {
     if (i < n) _mm512_mask_storeu_ps(dst + i, lane_mask(n - i), _mm512_maskz_loadu_ps(lane_mask(n - i), src + i));
 }
 
+/// dst[s] = src[2 s] for s < n (a stride-2 im2col row segment): even lanes of two vectors per 16 outputs, masked
+/// at the tail; reads nothing past src[2 n - 2].
+inline void copy_floats_even(float* dst, const float* src, int n) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (int i = 0; i < n; i += kLanes) {
+        const int m = std::min(kLanes, n - i), have = 2 * m - 1;  // source floats this step may read
+        const __m512 lo = _mm512_maskz_loadu_ps(lane_mask(std::min(kLanes, have)), src + 2 * i);
+        const __m512 hi = _mm512_maskz_loadu_ps(lane_mask(std::max(0, have - kLanes)), src + 2 * i + kLanes);
+        _mm512_mask_storeu_ps(dst + i, lane_mask(m), _mm512_permutex2var_ps(lo, even, hi));
+    }
+}
+
 /// r[i] = sum of the 16 lanes of v[i] for 16 vectors (a transpose-and-add tree: 30 shuffles, 15 adds,
 /// instead of 16 separate horizontal reductions).
 inline VecF vsum16(const VecF (&v)[16]) {

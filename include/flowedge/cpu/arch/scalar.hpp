@@ -29,6 +29,10 @@ inline void vstore(float* p, VecF a) {
 inline void copy_floats(float* dst, const float* src, int n) {
     for (int i = 0; i < n; ++i) dst[i] = src[i];
 }
+/// dst[s] = src[2 s] for s < n (a stride-2 im2col row segment).
+inline void copy_floats_even(float* dst, const float* src, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = src[2 * i];
+}
 inline VecF vfma(VecF a, VecF b, VecF c) {
     for (int i = 0; i < kLanes; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
     return c;

@@ -15,3 +15,36 @@ template <class F>
 inline void with_weights(const WeightRef& w, F&& f) {
     with_weights(w.data, w.dtype, static_cast<F&&>(f));
 }
+
+/// Most rows per block pack_output_blocks takes (two AVX-512 vectors of outputs and more).
+inline constexpr int kMaxPackWidth = 64;
+
+/// dst[b][j][l] = w[b * width + l][j] (zero for rows >= out): a row-major [out, R] weight in blocks of `width` rows,
+/// one step of the reduction after another, the "outputs in lanes" layouts of the packed conv kernels (width <=
+/// kMaxPackWidth). Load time only. Sequential writes from `width` read streams (one per row): writing one lane at a
+/// time with a width-element stride makes packing a visible part of a PushT load.
+template <class T>
+inline void pack_output_blocks(const T* w, int out, std::size_t R, int width, T* dst) {
+    const int blocks = (out + width - 1) / width;
+    for (int b = 0; b < blocks; ++b) {
+        const T* rows[kMaxPackWidth];
+        for (int l = 0; l < width; ++l) rows[l] = b * width + l < out ? w + std::size_t(b * width + l) * R : nullptr;
+        T* db = dst + std::size_t(b) * std::size_t(width) * R;
+        for (std::size_t j = 0; j < R; ++j, db += width)
+            for (int l = 0; l < width; ++l) db[l] = rows[l] ? rows[l][j] : T{};
+    }
+}
+
+#if FLOWEDGE_ISA_SIMD
+/// act(v) for one vector: the vector math activate_inplace applies (bit for bit).
+inline VecF activate_vector(Activation act, VecF v) {
+    switch (act) {
+        case Activation::None: return v;
+        case Activation::Silu: return vsilu(v);
+        case Activation::Softplus: return vsoftplus(v);
+        case Activation::Mish: return vmish(v);
+        case Activation::Relu: return vrelu(v);
+    }
+    return v;
+}
+#endif

@@ -71,16 +71,20 @@ inline void conv2d_tile_any(int MR, int nv, const float* w, std::size_t ldw, int
 #endif
 }
 
+/// a / stride for a >= 0 without a division at the ResNet's strides 1 and 2 (the stem's edge segments are many).
+inline int div_stride(int a, int stride) { return stride == 1 ? a : stride == 2 ? a >> 1 : a / stride; }
+
 /// Im2col of one tile: dst[(j - j0) * W + q] = x[b, i, r*sh + kh - ph, c*sw + kw - pw] for the tile's positions
 /// q < cnt (position n0 + q = r * out_w + c of image b), j = (i * kh_count + kh) * kw_count + kw in [j0, j0 + len);
 /// zero outside the image (PyTorch's zero padding) and for q in [cnt, W).
 inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, int j0, int len, float* dst) {
     const int KH = p.kernel_h, KW = p.kernel_w, KK = KH * KW, OW = p.out_w;
     int i = j0 / KK, kh = (j0 % KK) / KW, kw = j0 % KW;
+    const int r0 = n0 / OW, c0 = n0 % OW;
     for (int jj = 0; jj < len; ++jj) {
         float* row = dst + std::size_t(jj) * W;
         const float* xi = p.x + (std::size_t(b) * p.in_channels + std::size_t(i)) * std::size_t(p.in_h) * std::size_t(p.in_w);
-        int q = 0, r = n0 / OW, c = n0 % OW;
+        int q = 0, r = r0, c = c0;
         while (q < cnt) {
             const int seg = std::min(cnt - q, OW - c);
             const int ih = r * p.stride_h + kh - p.pad_h;
@@ -93,12 +97,14 @@ inline void conv2d_im2col(const Conv2dParams& p, int b, int n0, int cnt, int W, 
                 // is zero. Edge taps (kw = 0 or kw = kernel-1 with padding: two rows in three of a 3x3 conv) copy
                 // their interior like the others instead of testing every element; the divisions run only at the
                 // edges (the stem's stride-2 rows have many short segments).
-                const int s_lo = base >= 0 ? 0 : std::min(seg, (-base + sw - 1) / sw);
+                const int s_lo = base >= 0 ? 0 : std::min(seg, div_stride(-base + sw - 1, sw));
                 const int s_hi = base + (seg - 1) * sw < p.in_w ? seg
-                                 : std::max(s_lo, std::min(seg, base < p.in_w ? (p.in_w - 1 - base) / sw + 1 : 0));
+                                 : std::max(s_lo, std::min(seg, base < p.in_w ? div_stride(p.in_w - 1 - base, sw) + 1 : 0));
                 for (int s = 0; s < s_lo; ++s) row[q + s] = 0.f;
                 if (sw == 1) {
                     copy_floats(row + q + s_lo, xr + base + s_lo, s_hi - s_lo);
+                } else if (sw == 2) {
+                    copy_floats_even(row + q + s_lo, xr + base + 2 * s_lo, s_hi - s_lo);
                 } else {
                     for (int s = s_lo; s < s_hi; ++s) row[q + s] = xr[base + s * sw];
                 }

@@ -1,5 +1,71 @@
 // GroupNorm (+ activation, FiLM, residual) and RMSNorm. Kernel-set body: included once per instruction set by
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
+/// sum_{i < n} x[i] and sum_{i < n} (x[i] - mean)^2 in double: four chains of double lanes on the SIMD sets (the
+/// widening is exact, so only the order of the additions, and the squares fused into them, differ from a scalar loop).
+inline double sum_f64(const float* x, std::size_t n) {
+    std::size_t i = 0;
+    double s = 0;
+#if FLOWEDGE_ISA_AVX512
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm256_loadu_ps(x + i)));
+        a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8)));
+        a2 = _mm512_add_pd(a2, _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 16)));
+        a3 = _mm512_add_pd(a3, _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 24)));
+    }
+    s = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
+#elif FLOWEDGE_ISA_AVX2
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)));
+    }
+    alignas(32) double t[4];
+    _mm256_store_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+    s = (t[0] + t[1]) + (t[2] + t[3]);
+#endif
+    for (; i < n; ++i) s += x[i];
+    return s;
+}
+inline double sum_sq_dev_f64(const float* x, std::size_t n, double mean) {
+    std::size_t i = 0;
+    double s = 0;
+#if FLOWEDGE_ISA_AVX512
+    const __m512d m = _mm512_set1_pd(mean);
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    auto dev = [&](std::size_t k) { return _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), m); };
+    for (; i + 32 <= n; i += 32) {
+        const __m512d d0 = dev(i), d1 = dev(i + 8), d2 = dev(i + 16), d3 = dev(i + 24);
+        a0 = _mm512_fmadd_pd(d0, d0, a0);
+        a1 = _mm512_fmadd_pd(d1, d1, a1);
+        a2 = _mm512_fmadd_pd(d2, d2, a2);
+        a3 = _mm512_fmadd_pd(d3, d3, a3);
+    }
+    s = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
+#elif FLOWEDGE_ISA_AVX2
+    const __m256d m = _mm256_set1_pd(mean);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    auto dev = [&](std::size_t k) { return _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k)), m); };
+    for (; i + 16 <= n; i += 16) {
+        const __m256d d0 = dev(i), d1 = dev(i + 4), d2 = dev(i + 8), d3 = dev(i + 12);
+        a0 = _mm256_fmadd_pd(d0, d0, a0);
+        a1 = _mm256_fmadd_pd(d1, d1, a1);
+        a2 = _mm256_fmadd_pd(d2, d2, a2);
+        a3 = _mm256_fmadd_pd(d3, d3, a3);
+    }
+    alignas(32) double t[4];
+    _mm256_store_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+    s = (t[0] + t[1]) + (t[2] + t[3]);
+#endif
+    for (; i < n; ++i) {
+        const double d = x[i] - mean;
+        s += d * d;
+    }
+    return s;
+}
+
 /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual -> post_act epilogue. Statistics in double.
 inline void group_norm(const GroupNormParams& p) {
     const int cpg = p.channels / p.groups, L = p.length;
@@ -10,16 +76,31 @@ inline void group_norm(const GroupNormParams& p) {
             const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * L;
             const float* xg = p.x + base;
             const std::size_t n = std::size_t(cpg) * L;
-            double sum = 0;
-            for (std::size_t i = 0; i < n; ++i) sum += xg[i];
-            const double mean = sum / count;
-            double ss = 0;
-            for (std::size_t i = 0; i < n; ++i) {
-                const double d = xg[i] - mean;
-                ss += d * d;
-            }
-            const float rstd = float(1.0 / std::sqrt(ss / count + double(p.eps)));
+            const double mean = sum_f64(xg, n) / count;
+            const float rstd = float(1.0 / std::sqrt(sum_sq_dev_f64(xg, n, mean) / count + double(p.eps)));
             const float meanf = float(mean);
+#if FLOWEDGE_ISA_SIMD
+            // One pass per channel: affine, activation, FiLM, residual and post-activation in registers (y may alias x).
+            for (int cc = 0; cc < cpg; ++cc) {
+                const int c = g * cpg + cc;
+                const VecF neg_mean = vset1(-meanf), scale = vset1(p.gamma ? p.gamma[c] * rstd : rstd);
+                const VecF shift = vset1(p.beta ? p.beta[c] : 0.f);
+                VecF fs = vset1(1.f), fb = vzero();
+                if (p.film) {
+                    fs = vset1(p.film[std::size_t(b) * fstride + std::size_t(c)]);
+                    fb = vset1(p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)]);
+                }
+                const std::size_t off = base + std::size_t(cc) * L;
+                for (int t = 0; t < L; t += kLanes) {
+                    const int m = std::min(kLanes, L - t);
+                    VecF a = vfma(vadd(packed::load_n(p.x + off + t, m), neg_mean), scale, shift);
+                    a = activate_vector(p.act, a);
+                    if (p.film) a = vfma(fs, a, fb);
+                    if (p.residual) a = vadd(a, packed::load_n(p.residual + off + t, m));
+                    packed::store_n(p.y + off + t, activate_vector(p.post_act, a), m);
+                }
+            }
+#else
             // Three passes over the group (contiguous in y): affine, activation over the whole group at once
             // (vectorised Mish: the U-Net's every GroupNorm), then FiLM and residual. y may alias x.
             for (int cc = 0; cc < cpg; ++cc) {
@@ -48,6 +129,7 @@ inline void group_norm(const GroupNormParams& p) {
                 }
             }
             activate_inplace(p.post_act, p.y + base, static_cast<long long>(n));
+#endif
         }
     }
 }

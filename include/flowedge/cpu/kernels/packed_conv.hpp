@@ -51,17 +51,7 @@ inline std::size_t packed_conv_elements(DType dt, int out, std::size_t R) {
 /// dst: packed_conv_elements<T>(out, R) elements.
 template <class T>
 inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
-    constexpr int W = kConvBlockWidth<T>;
-    const int blocks = (out + W - 1) / W;
-    for (int b = 0; b < blocks; ++b) {
-        // Sequential writes from W read streams (one per output row): writing one lane at a time with a W-element
-        // stride makes packing a visible part of a PushT load.
-        const T* rows[W];
-        for (int l = 0; l < W; ++l) rows[l] = b * W + l < out ? w + std::size_t(b * W + l) * R : nullptr;
-        T* db = dst + std::size_t(b) * W * R;
-        for (std::size_t j = 0; j < R; ++j, db += W)
-            for (int l = 0; l < W; ++l) db[l] = rows[l] ? rows[l][j] : T{};
-    }
+    pack_output_blocks(w, out, R, kConvBlockWidth<T>, dst);
 }
 /// BF16: the paired three-vector layout above. dst: packed_conv_elements<bf16>(out, R) elements.
 inline void pack_conv_weights(const bf16* w, int out, std::size_t R, bf16* dst) {
