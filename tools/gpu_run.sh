@@ -46,6 +46,13 @@
 #             built-in load when stress-ng is absent), options off vs on: CUDA RT_CUDA_TICKS ticks per case (default
 #             20000), CPU at 2 threads RT_CPU_SECONDS per case (default 40) -> $OUT/rt_stress_{cuda,cpu}.{json,md},
 #             one PNG histogram per case. About 6 minutes after the build stage.
+#   act       issue 23: builds act_policy + act_bench; the ACT tests' Cuda instances (transformer op bodies, ActPolicy
+#             parity with LeRobot and no allocation after load on the act_cam1 / act_cam2 fixtures) -> $OUT/act.txt;
+#             compute-sanitizer memcheck on all of them, racecheck + synccheck on the op tests; then, with LeRobot
+#             wheels carried in .whl (as the lerobot stage), tools/make_reference_act.py --bench /tmp/act_bench (one
+#             480x640 camera at LeRobot's default sizes; LeRobot's own CPU chunk time in /tmp/act_bench_ref/info.json)
+#             and act_bench on it: chunk error vs LeRobot and chunk latency, CUDA F32 / BF16 weights and the CPU
+#             -> $OUT/act_bench_{cuda_f32,cuda_bf16,cpu}.json, act_lerobot_info.json. About 5 minutes after the build.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -421,6 +428,42 @@ stage_rt() {
     return "$rc"
 }
 
+stage_act() {
+    local rc=0 cs site=/tmp/site_lerobot bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
+    BUILD_TARGETS="act_policy act_bench" stage_build || return $?
+    "$bin" -tc="$cuda_cases" > "$LOGS/act_policy_cuda.log" 2>&1 || rc=$?
+    grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_policy_cuda.log" | tee -a "$OUT/act.txt"
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x "$cs" ]; then
+        # memcheck: every Cuda instance (ops, the two parity fixtures through their recorded graphs, no-allocation).
+        timeout 400 "$cs" --tool memcheck --error-exitcode 99 "$bin" -tc="$cuda_cases" \
+            > "$LOGS/act_sanitize_memcheck.log" 2>&1 || rc=$?
+        # racecheck / synccheck: the transformer kernels' shared-memory tiles and barriers, at the op tests' sizes.
+        for tool in racecheck synccheck; do
+            local extra=()
+            [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+            timeout 300 "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 99 "$bin" -tc="$cuda_cases" -tce='ActPolicy*' \
+                > "$LOGS/act_sanitize_$tool.log" 2>&1 || rc=$?
+        done
+        for f in "$LOGS"/act_sanitize_*.log; do echo "--- $(basename "$f")"; tail -n 3 "$f"; done | tee -a "$OUT/act.txt"
+    else
+        echo "compute-sanitizer not found" | tee -a "$OUT/act.txt"; rc=3
+    fi
+    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl: no 480x640 bench folder (LeRobot makes it)" | tee -a "$OUT/act.txt"; return "$rc"; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
+    if [ ! -f /tmp/act_bench/model.safetensors ]; then
+        PYTHONPATH=$site python3 tools/make_reference_act.py --bench /tmp/act_bench 2>&1 | tail -n 2 | tee -a "$OUT/act.txt" || return $?
+    fi
+    cp /tmp/act_bench_ref/info.json "$OUT/act_lerobot_info.json"
+    for dt in f32 bf16; do
+        "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --chunks ${ACT_CHUNKS:-500} \
+            --json "$OUT/act_bench_cuda_$dt.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
+    done
+    "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 --json "$OUT/act_bench_cpu.json" 2>&1 \
+        | tee -a "$OUT/act.txt" || rc=$?
+    return "$rc"
+}
+
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(all)
 EXPANDED=()
@@ -428,8 +471,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|rt|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak rt asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|rt|act|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak rt act asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

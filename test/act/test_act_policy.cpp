@@ -1,9 +1,11 @@
-// ActPolicy<Cpu> against LeRobot itself: the act_* fixtures hold random-init ACTPolicy checkpoints saved by pip
+// ActPolicy against LeRobot itself: the act_* fixtures hold random-init ACTPolicy checkpoints saved by pip
 // LeRobot with its own per-chunk outputs and select_action episodes (tools/make_reference_act.py); the weights are
 // rebuilt from the manifest (test/support/lerobot_fixture_folder.hpp). Every chunk must match within 1e-4 in
 // normalised units, whole episodes (queue and temporal ensembling) the same after un-normalisation; nothing is
 // allocated after load; unsupported or inconsistent folders and bad observations are errors naming the field, key
-// or shape.
+// or shape. The parity and no-allocation cases run on every backend of the build (test/ops/ops_test_util.hpp: the
+// Cuda instances log a skip and return without a device); the folder and observation checks run before any op, so
+// they run on the CPU only.
 #include <doctest/doctest.h>
 #include "../support/counting_new.hpp"
 
@@ -17,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../ops/ops_test_util.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/act/policy.hpp"
@@ -40,7 +43,8 @@ struct Episode {
     std::vector<std::vector<std::uint8_t>> frames;
 };
 
-Episode read_episode(const ActPolicy<Cpu>& p, const std::string& name) {
+template <class B>
+Episode read_episode(const ActPolicy<B>& p, const std::string& name) {
     Episode e;
     const auto st = io::read_npy_f32(ref_dir(name) / (p.state_key() + ".npy"));
     e.T = int(st.shape[0]);
@@ -56,7 +60,8 @@ struct Observation {
     std::vector<std::vector<float>> float_frames;
     PolicyObservation obs;
 };
-void observation_at(const ActPolicy<Cpu>& p, const Episode& e, int t, bool as_float, Observation& o) {
+template <class B>
+void observation_at(const ActPolicy<B>& p, const Episode& e, int t, bool as_float, Observation& o) {
     o.frames.clear();
     o.float_frames.resize(p.cameras().size());
     for (std::size_t c = 0; c < p.cameras().size(); ++c) {
@@ -80,7 +85,8 @@ void observation_at(const ActPolicy<Cpu>& p, const Episode& e, int t, bool as_fl
 }
 
 /// Max over an episode of |ours - LeRobot's| in normalised units (divided by the action's std).
-double episode_error(ActPolicy<Cpu>& p, const Episode& e, const std::vector<float>& want, const std::vector<float>& std_dev) {
+template <class B>
+double episode_error(ActPolicy<B>& p, const Episode& e, const std::vector<float>& want, const std::vector<float>& std_dev) {
     const std::size_t A = std::size_t(p.action_dim());
     REQUIRE(want.size() == std::size_t(e.T) * A);
     p.reset();
@@ -97,9 +103,10 @@ double episode_error(ActPolicy<Cpu>& p, const Episode& e, const std::vector<floa
 }
 
 /// Checks one fixture: every step's chunk, the config's episode and the other selection mode's episode.
+template <class B>
 void check_fixture(const std::string& name, const ActSelection& alt) {
     const fs::path folder = fixture(name);
-    ActPolicy<Cpu> p = ActPolicy<Cpu>::load(folder);
+    ActPolicy<B> p = ActPolicy<B>::load(folder);
     const Episode e = read_episode(p, name);
     const std::size_t C = std::size_t(p.config().chunk_size), A = std::size_t(p.action_dim());
     const auto chunks = io::read_npy_f32(ref_dir(name) / "chunks.npy");
@@ -113,16 +120,19 @@ void check_fixture(const std::string& name, const ActSelection& alt) {
         for (std::size_t i = 0; i < chunk.size(); ++i)
             chunk_err = std::max(chunk_err, std::fabs(double(chunk[i]) - double(chunks.data[std::size_t(t) * C * A + i])));
     }
+    const int chunks_before = p.chunks_generated();
+    p.warm_up(ImageLayout::F32Chw);  // records the float-frame graph; must leave no trace in the count or the next chunk
+    CHECK(p.chunks_generated() == chunks_before);
     observation_at(p, e, 0, true, o);
     p.predict_action_chunk(o.obs, chunk);
     for (std::size_t i = 0; i < chunk.size(); ++i) float_err = std::max(float_err, std::fabs(double(chunk[i]) - double(chunks.data[i])));
 
     const std::vector<float> std_dev = io::open_lerobot_act_folder(folder).action.hi;
     const double ep_err = episode_error(p, e, io::read_npy_f32(ref_dir(name) / "actions.npy").data, std_dev);
-    ActPolicy<Cpu> q = ActPolicy<Cpu>::load(folder, {.selection = alt});
+    ActPolicy<B> q = ActPolicy<B>::load(folder, {.selection = alt});
     const double alt_err = episode_error(q, e, io::read_npy_f32(ref_dir(name) / "actions_alt.npy").data, std_dev);
-    MESSAGE(name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err, "); episode ", ep_err, ", other selection ",
-            alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
+    MESSAGE(std::string(backend_name<B>()), " ", name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err,
+            "); episode ", ep_err, ", other selection ", alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
     CHECK(chunk_err <= kBound);
     CHECK(float_err <= kBound);
     CHECK(ep_err <= kBound);
@@ -151,12 +161,16 @@ fs::path edited_copy(const std::string& name, const std::string& label, void (*e
 
 }  // namespace
 
-TEST_CASE("ActPolicy matches LeRobot on one 64x80 camera: post-norm, ReLU, queue of 4 and temporal ensembling") {
-    check_fixture("act_cam1", ActSelection{.temporal_ensemble_coeff = 0.05, .n_action_steps = 1});
+TEST_CASE_TEMPLATE("ActPolicy matches LeRobot on one 64x80 camera: post-norm, ReLU, queue of 4 and temporal ensembling", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!optest::ready<B>()) return;
+    check_fixture<B>("act_cam1", ActSelection{.temporal_ensemble_coeff = 0.05, .n_action_steps = 1});
 }
 
-TEST_CASE("ActPolicy matches LeRobot on two 96x96 cameras + environment state: pre-norm, GELU, ensembling and queue of 5") {
-    check_fixture("act_cam2", ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5});
+TEST_CASE_TEMPLATE("ActPolicy matches LeRobot on two 96x96 cameras + environment state: pre-norm, GELU, ensembling and queue of 5",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!optest::ready<B>()) return;
+    check_fixture<B>("act_cam2", ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5});
 }
 
 TEST_CASE("ActPolicy rejects unsupported or inconsistent folders naming the field or key") {
@@ -214,24 +228,27 @@ TEST_CASE("ActPolicy rejects bad observations with the key and the expected shap
     CHECK_NOTHROW(p.select_action(o.obs, a));
 }
 
-TEST_CASE("ActPolicy allocates nothing after load: reset, select_action (ensembling and queue), predict_action_chunk") {
+TEST_CASE_TEMPLATE("ActPolicy allocates nothing after load: reset, select_action (ensembling and queue), predict_action_chunk", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!optest::ready<B>()) return;
     for (const bool ensemble : {true, false}) {
         CAPTURE(ensemble);  // before the count: doctest's first capture allocates its context stack
         ActPolicyOptions opts;
         if (!ensemble) opts.selection = ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5};
-        ActPolicy<Cpu> p = ActPolicy<Cpu>::load(fixture("act_cam2"), opts);
+        ActPolicy<B> p = ActPolicy<B>::load(fixture("act_cam2"), opts);
+        p.warm_up(ImageLayout::F32Chw);  // odd steps below feed float frames: their graph is recorded now, at load
         const Episode e = read_episode(p, "act_cam2");
         std::vector<Observation> obs(std::size_t(e.T));
         for (int t = 0; t < e.T; ++t) observation_at(p, e, t, t % 2 == 1, obs[std::size_t(t)]);
         std::vector<float> a(std::size_t(p.action_dim())), chunk(std::size_t(p.config().chunk_size) * a.size());
         p.reset();
         p.select_action(obs[0].obs, a);  // the first call starts the OpenMP team
-        const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<Cpu>::allocation_count().load();
+        const std::size_t news0 = fe_test::g_operator_new_calls.load(), mem0 = Memory<B>::allocation_count().load();
         p.reset();
         for (const Observation& o : obs) p.select_action(o.obs, a);
         p.predict_action_chunk(obs[1].obs, chunk);
         CHECK(fe_test::g_operator_new_calls.load() - news0 == 0);
-        CHECK(Memory<Cpu>::allocation_count().load() - mem0 == 0);
+        CHECK(Memory<B>::allocation_count().load() - mem0 == 0);
         CHECK(news0 > 0);  // the counter does see allocations (load made some)
     }
 }

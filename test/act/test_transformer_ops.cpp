@@ -1,15 +1,21 @@
-// The transformer ops of op_params_transformer.hpp (layer_norm, attention, gelu, transpose, position_embedding_2d) on
-// the CPU against naive double-precision references at odd sizes, plus their argument checks.
+// The transformer ops of op_params_transformer.hpp (layer_norm, attention, gelu, transpose, position_embedding_2d)
+// against naive double-precision references at odd sizes, plus their argument checks: one TEST_CASE_TEMPLATE body
+// per op over the backends of test/ops (Cpu always, Cuda in a CUDA build; without a device the Cuda instances log
+// the skip and return).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
+#include "../ops/ops_test_util.hpp"
 #include "flowedge/ops.hpp"
 
 using namespace flowedge;
+using optest::Dev;
+using optest::ready;
 
 namespace {
 
@@ -29,7 +35,9 @@ double max_rel(const std::vector<float>& got, const std::vector<double>& want) {
 
 }  // namespace
 
-TEST_CASE("layer_norm of x + residual matches a double reference, in place, with and without affine") {
+TEST_CASE_TEMPLATE("layer_norm of x + residual matches a double reference, in place, with and without affine", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
     const int rows = 7, dim = 37;
     const auto x = randn(std::size_t(rows) * dim, 1, 3.f, 2.f), r = randn(std::size_t(rows) * dim, 2);
     const auto g = randn(dim, 3, 0.1f, 1.f), b = randn(dim, 4, 0.1f);
@@ -46,17 +54,19 @@ TEST_CASE("layer_norm of x + residual matches a double reference, in place, with
                 for (int d = 0; d < dim; ++d)
                     want[i * dim + d] = (t[d] - mean) / std::sqrt(var + 1e-5) * (affine ? g[d] : 1.0) + (affine ? b[d] : 0.0);
             }
-            std::vector<float> y = x;  // y aliases x
+            Dev<float, B> y(x), dr(r), dg(g), db(b);  // y aliases x
             LayerNormParams p;
-            p.x = y.data();
-            p.residual = residual ? r.data() : nullptr;
-            p.gamma = affine ? g.data() : nullptr;
-            p.beta = affine ? b.data() : nullptr;
-            p.y = y.data();
+            p.x = y.ptr();
+            p.residual = residual ? dr.ptr() : nullptr;
+            p.gamma = affine ? dg.ptr() : nullptr;
+            p.beta = affine ? db.ptr() : nullptr;
+            p.y = y.ptr();
             p.rows = rows;
             p.dim = dim;
-            Ops<Cpu>::layer_norm(p);
-            CHECK(max_rel(y, want) < 2e-6);
+            Ops<B>::layer_norm(p);
+            CAPTURE(affine);
+            CAPTURE(residual);
+            CHECK(max_rel(y.host(x.size()), want) < 2e-6);
         }
 }
 
@@ -86,103 +96,133 @@ std::vector<double> attention_reference(const AttentionParams& p) {
     return out;
 }
 
-TEST_CASE("attention matches a double reference: odd head widths, strided inputs, ~300 tokens on the threaded path") {
+TEST_CASE_TEMPLATE("attention matches a double reference: odd head widths, strided inputs, ACT's ~300 tokens x 8 heads x 64, "
+                   "keys past the 48 KiB shared-memory default", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
     struct Case {
         int n_q, n_kv, heads, dim, ld_extra;
     };
-    for (const Case c : {Case{37, 301, 5, 13, 0}, Case{12, 29, 6, 8, 7}, Case{302, 302, 8, 64, 0}, Case{1, 1, 3, 5, 3}}) {
+    // 302 x 302 x 8 x 64: ACT's encoder at one 480x640 camera; 100 x 602: the decoder's cross-attention at two.
+    for (const Case c : {Case{37, 301, 5, 13, 0}, Case{12, 29, 6, 8, 7}, Case{302, 302, 8, 64, 0}, Case{100, 602, 8, 64, 0},
+                         Case{1, 1, 3, 5, 3}, Case{17, 40, 2, 256, 0}}) {
         const int W = c.heads * c.dim, ld = W + c.ld_extra;
         const auto q = randn(std::size_t(c.n_q) * ld, 10, 1.5f), k = randn(std::size_t(c.n_kv) * ld, 11, 1.5f);
         const auto v = randn(std::size_t(c.n_kv) * ld, 12);
-        std::vector<float> out(std::size_t(c.n_q) * W, -1.f);
+        Dev<float, B> dq(q), dk(k), dv(v), dout(std::vector<float>(std::size_t(c.n_q) * W, -1.f));
         AttentionParams p;
-        p.q = q.data();
-        p.k = k.data();
-        p.v = v.data();
-        p.out = out.data();
+        p.q = dq.ptr();
+        p.k = dk.ptr();
+        p.v = dv.ptr();
+        p.out = dout.ptr();
         p.n_q = c.n_q;
         p.n_kv = c.n_kv;
         p.n_heads = c.heads;
         p.head_dim = c.dim;
         p.ld_q = p.ld_k = p.ld_v = c.ld_extra ? ld : 0;
         p.scale = float(1.0 / std::sqrt(double(c.dim)));
-        Ops<Cpu>::attention(p);
+        Ops<B>::attention(p);
+        AttentionParams host = p;  // the reference reads the host copies
+        host.q = q.data();
+        host.k = k.data();
+        host.v = v.data();
         INFO("n_q ", c.n_q, " n_kv ", c.n_kv, " heads ", c.heads, " head_dim ", c.dim);
-        CHECK(max_rel(out, attention_reference(p)) < 2e-6);
+        CHECK(max_rel(dout.host(std::size_t(c.n_q) * W), attention_reference(host)) < 2e-6);
     }
 }
 
-TEST_CASE("attention rejects bad sizes, short strides and an output overlapping its inputs") {
-    std::vector<float> buf(64 * 64);
+TEST_CASE_TEMPLATE("attention rejects bad sizes, short strides, an output overlapping its inputs and too many keys", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    Dev<float, B> buf(64 * 64), keys(9000 * 8), out(8);
     AttentionParams p;
-    p.q = p.k = p.v = buf.data();
-    p.out = buf.data() + 32 * 64;
+    p.q = p.k = p.v = buf.ptr();
+    p.out = buf.ptr() + 32 * 64;
     p.n_q = p.n_kv = 4;
     p.n_heads = 2;
     p.head_dim = 4;
-    CHECK_NOTHROW(Ops<Cpu>::attention(p));
+    CHECK_NOTHROW(Ops<B>::attention(p));
     AttentionParams bad = p;
     bad.ld_k = 5;
-    CHECK_THROWS_WITH(Ops<Cpu>::attention(bad), doctest::Contains("ld_k >= n_heads * head_dim"));
+    CHECK_THROWS_WITH(Ops<B>::attention(bad), doctest::Contains("ld_k >= n_heads * head_dim"));
     bad = p;
-    bad.out = buf.data() + 8;
-    CHECK_THROWS_WITH(Ops<Cpu>::attention(bad), doctest::Contains("out overlaps q, k or v"));
-    std::vector<float> keys(9000 * 8), out(8);
+    bad.out = buf.ptr() + 8;
+    CHECK_THROWS_WITH(Ops<B>::attention(bad), doctest::Contains("out overlaps q, k or v"));
     bad = p;
-    bad.k = bad.v = keys.data();
-    bad.out = out.data();
+    bad.k = bad.v = keys.ptr();
+    bad.out = out.ptr();
     bad.n_kv = 9000;
     bad.n_q = 1;
-    CHECK_THROWS_WITH(Ops<Cpu>::attention(bad), doctest::Contains("too many keys"));
+    CHECK_THROWS_WITH(Ops<B>::attention(bad), doctest::Contains("too many keys"));
     bad = p;
     bad.n_heads = 0;
-    CHECK_THROWS_WITH(Ops<Cpu>::attention(bad), doctest::Contains("flowedge: attention: sizes must be positive"));
+    CHECK_THROWS_WITH(Ops<B>::attention(bad), doctest::Contains("flowedge: attention: sizes must be positive"));
+    if constexpr (!optest::kIsCpu<B>) {  // the CUDA kernel's register accumulators bound the head width
+        bad = p;
+        bad.k = bad.v = keys.ptr();
+        bad.out = buf.ptr() + 2048;
+        bad.n_q = bad.n_kv = bad.n_heads = 1;
+        bad.head_dim = 300;
+        CHECK_THROWS_WITH(Ops<B>::attention(bad),
+                          doctest::Contains("head_dim too large for the per-thread accumulators (expected <= 256, got 300)"));
+    }
+    Memory<B>::synchronize();
 }
 
-TEST_CASE("gelu is erf GELU to float rounding, in place") {
+TEST_CASE_TEMPLATE("gelu is erf GELU to float rounding, in place", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
     auto x = randn(1001, 20, 3.f);
     x[0] = 0.f;
     x[1] = -12.f;
     x[2] = 12.f;
     const auto x0 = x;
+    Dev<float, B> dx(x);
     GeluParams p;
-    p.x = x.data();
-    p.y = x.data();
+    p.x = dx.ptr();
+    p.y = dx.ptr();
     p.n = std::int64_t(x.size());
-    Ops<Cpu>::gelu(p);
+    Ops<B>::gelu(p);
+    x = dx.host(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) {
         const double r = 0.5 * double(x0[i]) * (1.0 + std::erf(double(x0[i]) / std::sqrt(2.0)));
         CHECK(std::fabs(x[i] - r) <= 1e-7 * (1.0 + std::fabs(r)));
     }
 }
 
-TEST_CASE("transpose moves every element; it rejects overlapping buffers") {
-    const int rows = 45, cols = 71;
-    const auto x = randn(std::size_t(rows) * cols, 30);
-    std::vector<float> y(x.size());
-    TransposeParams p;
-    p.x = x.data();
-    p.y = y.data();
-    p.rows = rows;
-    p.cols = cols;
-    Ops<Cpu>::transpose(p);
-    bool same = true;
-    for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) same = same && y[std::size_t(c) * rows + r] == x[std::size_t(r) * cols + c];
-    CHECK(same);
-    p.y = const_cast<float*>(x.data()) + 10;
-    CHECK_THROWS_WITH(Ops<Cpu>::transpose(p), doctest::Contains("overlap"));
+TEST_CASE_TEMPLATE("transpose moves every element; it rejects overlapping buffers", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // 45 x 71: partial tiles on both edges; 512 x 300: ACT's projected 15 x 20 feature map to token rows.
+    for (const auto& [rows, cols] : {std::pair{45, 71}, std::pair{512, 300}}) {
+        const auto x = randn(std::size_t(rows) * cols, 30);
+        Dev<float, B> dx(x), dy(x.size());
+        TransposeParams p;
+        p.x = dx.ptr();
+        p.y = dy.ptr();
+        p.rows = rows;
+        p.cols = cols;
+        Ops<B>::transpose(p);
+        const auto y = dy.host(x.size());
+        bool same = true;
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) same = same && y[std::size_t(c) * rows + r] == x[std::size_t(r) * cols + c];
+        INFO(rows, " x ", cols);
+        CHECK(same);
+        p.y = dx.ptr() + 10;
+        CHECK_THROWS_WITH(Ops<B>::transpose(p), doctest::Contains("overlap"));
+    }
 }
 
-TEST_CASE("position_embedding_2d is LeRobot's ACTSinusoidalPositionEmbedding2d (double reference of its formula)") {
+TEST_CASE_TEMPLATE("position_embedding_2d is LeRobot's ACTSinusoidalPositionEmbedding2d (double reference of its formula)", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
     for (const auto& [h, w, dim] : {std::tuple{3, 5, 32}, std::tuple{15, 20, 512}, std::tuple{1, 1, 8}}) {
-        std::vector<float> y(std::size_t(h) * w * dim);
+        Dev<float, B> dy(std::size_t(h) * w * dim);
         PositionEmbedding2dParams p;
-        p.y = y.data();
+        p.y = dy.ptr();
         p.h = h;
         p.w = w;
         p.dim = dim;
-        Ops<Cpu>::position_embedding_2d(p);
+        Ops<B>::position_embedding_2d(p);
+        const auto y = dy.host(std::size_t(h) * w * dim);
         const int half = dim / 2;
         double worst = 0;
         for (int r = 0; r < h; ++r)
@@ -199,9 +239,9 @@ TEST_CASE("position_embedding_2d is LeRobot's ACTSinusoidalPositionEmbedding2d (
         CHECK(worst < 4e-6);
     }
     PositionEmbedding2dParams bad;
-    std::vector<float> y(16);
-    bad.y = y.data();
+    Dev<float, B> y(16);
+    bad.y = y.ptr();
     bad.h = bad.w = 1;
     bad.dim = 7;
-    CHECK_THROWS_WITH(Ops<Cpu>::position_embedding_2d(bad), doctest::Contains("dim even"));
+    CHECK_THROWS_WITH(Ops<B>::position_embedding_2d(bad), doctest::Contains("dim even"));
 }

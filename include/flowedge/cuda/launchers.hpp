@@ -9,6 +9,7 @@
 
 #include "flowedge/backend.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/op_params_transformer.hpp"
 
 namespace flowedge::cuda {
 
@@ -63,5 +64,13 @@ void spatial_softmax(const SpatialSoftmaxParams& p, Stream s);
 void normalize(const NormalizeParams& p, Stream s);
 void image_to_tensor(const ImageToTensorParams& p, Stream s);
 void resize(const ResizeParams& p, Stream s);
+// Transformer ops (ACT's encoder and decoder; kernels/cuda/transformer.cu).
+void layer_norm(const LayerNormParams& p, Stream s);
+/// Fused multi-head attention; n_kv is bounded by one block's score tile in shared memory (about 3,400 keys at
+/// head_dim 64 on sm_90) and head_dim by 256 (flowedge::Error beyond).
+void attention(const AttentionParams& p, Stream s);
+void gelu(const GeluParams& p, Stream s);
+void transpose(const TransposeParams& p, Stream s);
+void position_embedding_2d(const PositionEmbedding2dParams& p, Stream s);
 
 }  // namespace flowedge::cuda

@@ -9,6 +9,7 @@
 #include "flowedge/cuda/memory.hpp"
 #include "flowedge/op_checks.hpp"
 #include "flowedge/op_params.hpp"
+#include "flowedge/op_params_transformer.hpp"
 #include "flowedge/tensor.hpp"
 #include "flowedge/weights.hpp"
 
@@ -50,6 +51,13 @@ struct Ops<Cuda> {
     static void normalize(const NormalizeParams& p, Stream s = {}) { check_args(p); cuda::normalize(p, s); }
     static void image_to_tensor(const ImageToTensorParams& p, Stream s = {}) { check_args(p); cuda::image_to_tensor(p, s); }
     static void resize(const ResizeParams& p, Stream s = {}) { check_args(p); cuda::resize(p, s); }
+
+    // ---- transformer ops (op_params_transformer.hpp; kernels/cuda/transformer.cu) ----
+    static void layer_norm(const LayerNormParams& p, Stream s = {}) { check_args(p); cuda::layer_norm(p, s); }
+    static void attention(const AttentionParams& p, Stream s = {}) { check_args(p); cuda::attention(p, s); }
+    static void gelu(const GeluParams& p, Stream s = {}) { check_args(p); cuda::gelu(p, s); }
+    static void transpose(const TransposeParams& p, Stream s = {}) { check_args(p); cuda::transpose(p, s); }
+    static void position_embedding_2d(const PositionEmbedding2dParams& p, Stream s = {}) { check_args(p); cuda::position_embedding_2d(p, s); }
 };
 
 }  // namespace flowedge

@@ -2,10 +2,11 @@
 // ResNet18 backbone per camera, the transformer encoder over [latent, state, env state, camera pixels] tokens, the
 // decoder over chunk_size action queries, the action head, and select_action's n_action_steps queue or temporal
 // ensembling, from a pretrained_model folder with no Python. Inference only: the VAE encoder is not run (the latent
-// is zero, as LeRobot does in eval) and its tensors are ignored. The transformer ops exist on the CPU only so far.
+// is zero, as LeRobot does in eval) and its tensors are ignored. On CUDA a chunk is one recorded graph.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -40,10 +41,13 @@ struct ActSelection {
 struct ActPolicyOptions {
     LoadOptions load{};
     std::optional<ActSelection> selection{};  ///< default: the folder's temporal_ensemble_coeff and n_action_steps
+    bool warm_up = true;                      ///< run warm_up() at the end of load (see there)
 };
 
 /// The whole LeRobot ACT policy, batch 1. Everything is allocated at load; reset(), predict_action_chunk() and
-/// select_action() never allocate.
+/// select_action() never allocate. On CUDA each chunk uploads the observation, replays one recorded graph (state
+/// and frame normalisation, the backbones, encoder, decoder and action head; one graph per combination of frame
+/// layouts) and copies the chunk back.
 template <Backend B>
 class ActPolicy {
 public:
@@ -65,6 +69,8 @@ public:
         m_n_1d = 1 + (m_meta.state_dim > 0) + (m_meta.env_dim > 0);
 
         std::size_t ws = 256;
+        if (m_meta.cameras.size() > kMaxCameras)
+            fail(ErrorKind::Unsupported, "act", "too many cameras" + expected_got("<= " + std::to_string(kMaxCameras), m_meta.cameras.size()));
         if (!m_meta.cameras.empty()) {
             const io::PolicyCamera& cam0 = m_meta.cameras.front();
             m_backbone = ResNet18Backbone<B>({.height = cam0.height, .width = cam0.width, .torchvision_names = true});
@@ -162,6 +168,7 @@ public:
             m_ens.resize(std::size_t(C) * A);
             m_ens_count.resize(std::size_t(C));
         }
+        if (opts.warm_up) warm_up();
     }
 
     ActPolicy(ActPolicy&&) noexcept = default;
@@ -188,6 +195,25 @@ public:
         m_queue_len = m_queue_pos = 0;
         m_ens_len = 0;
         m_chunk_index = 0;
+    }
+
+    /// Predicts one chunk from a zero observation with frames in `layout`, leaving the queue, the ensemble and the
+    /// chunk count as they were: records the CUDA graph for that layout and touches every weight and buffer page, so
+    /// that the first real chunk costs what every chunk costs. load() calls it for U8Hwc frames unless
+    /// ActPolicyOptions::warm_up is false; call it again before feeding frames in another layout.
+    void warm_up(ImageLayout layout = ImageLayout::U8Hwc) {
+        m_exec.check_live("warm_up", "ActPolicy");
+        const std::vector<float> state(std::size_t(m_meta.state_dim), 0.0f), env(std::size_t(m_meta.env_dim), 0.0f);
+        std::vector<std::vector<std::byte>> pixels;
+        std::vector<PolicyFrame> frames;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            const io::PolicyCamera& pc = m_meta.cameras[cam];
+            pixels.emplace_back(frame_bytes(cam, layout), std::byte{0});
+            frames.push_back(PolicyFrame{pixels.back().data(), layout, pc.height, pc.width});
+        }
+        const int chunks = m_chunk_index;
+        run_chunk(PolicyObservation{state, env, frames});
+        m_chunk_index = chunks;
     }
 
     /// LeRobot's predict_action_chunk(): the normalised action chunk for one observation. chunk: [chunk_size, action_dim].
@@ -287,7 +313,30 @@ private:
     }
 
     /// One ACT forward pass (LeRobot's ACT.forward in eval) into m_chunk_host: [chunk_size, action_dim], normalised.
+    /// The observation is uploaded first (pageable host copies stay outside the recorded graph), then the graph of
+    /// this combination of frame layouts runs, then the chunk comes back.
     void run_chunk(const PolicyObservation& obs) {
+        const Stream stream = m_exec.stream();
+        if (m_meta.state_dim > 0) Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
+        if (m_meta.env_dim > 0) Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
+        std::uint64_t key = 0;
+        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
+            const PolicyFrame& f = obs.images[cam];
+            Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
+            m_layouts[cam] = f.layout;
+            key |= std::uint64_t(f.layout == ImageLayout::F32Chw) << cam;
+        }
+        m_exec.run(0, key, [&] { enqueue_chunk(); });
+        Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
+        Memory<B>::synchronize(stream);
+        for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
+            if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
+                fail(ErrorKind::NonFinite, "act", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " + std::to_string(i) + ")");
+        ++m_chunk_index;
+    }
+
+    /// The recorded part of a chunk, from the uploaded state, environment state and frames (in m_layouts) to m_chunk.
+    void enqueue_chunk() {
         const ActConfig& c = m_meta.config;
         const int D = c.dim_model, C = c.chunk_size, S = m_n_tokens;
         Context<B> ctx = m_exec.context();
@@ -297,12 +346,10 @@ private:
         m_latent_proj.forward(ctx, m_zero_latent.data(), tokens, 1);
         int row = 1;
         if (m_meta.state_dim > 0) {
-            Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
             normalize(m_state_in.data(), m_state_in.data(), m_meta.state_dim, m_state_norm, stream);
             m_state_proj.forward(ctx, m_state_in.data(), tokens + std::size_t(row++) * D, 1);
         }
         if (m_meta.env_dim > 0) {
-            Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
             normalize(m_env_in.data(), m_env_in.data(), m_meta.env_dim, m_env_norm, stream);
             m_env_proj.forward(ctx, m_env_in.data(), tokens + std::size_t(row++) * D, 1);
         }
@@ -310,11 +357,9 @@ private:
         const int hw = m_feat_h * m_feat_w;
         for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
             const io::PolicyCamera& pc = m_meta.cameras[cam];
-            const PolicyFrame& f = obs.images[cam];
-            Memory<B>::copy_from_host(m_frames[cam].data(), f.data, frame_bytes(cam, f.layout), stream);
             ImageToTensorParams it;
             it.x = m_frames[cam].data();
-            it.layout = f.layout;
+            it.layout = m_layouts[cam];
             it.y = m_image.data();
             it.offset = m_cam_norm[cam].offset.data();
             it.denom = m_cam_norm[cam].denom.data();
@@ -345,12 +390,6 @@ private:
             layer.forward(ctx, m_queries.data(), m_dec_pos.f32(), C, m_memory_keys.data(), tokens, S, s);
         m_decoder_norm.forward(ctx, m_queries.data(), nullptr, m_queries.data(), C);
         m_action_head.forward(ctx, m_queries.data(), m_chunk.data(), C);
-        Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
-        Memory<B>::synchronize(stream);
-        for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
-            if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
-                fail(ErrorKind::NonFinite, "act", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " + std::to_string(i) + ")");
-        ++m_chunk_index;
     }
 
     /// ACTTemporalEnsembler.update with the chunk in m_chunk_host, in float32 as torch does; returns the consumed
@@ -383,6 +422,7 @@ private:
     }
 
     using Execution = ModelExecution<B, 1>;
+    static constexpr std::size_t kMaxCameras = 32;  ///< bits of the graph key (one frame layout per camera)
 
     io::LeRobotActFolder m_meta;
     int m_n_1d = 1, m_n_tokens = 0, m_feat_h = 0, m_feat_w = 0;
@@ -394,6 +434,7 @@ private:
     std::vector<ActDecoderLayer<B>> m_decoder;
     LayerNorm<B> m_encoder_norm, m_decoder_norm;
     std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
+    ImageLayout m_layouts[kMaxCameras]{};         ///< per camera: the layout of the uploaded frame
     std::vector<NormBuffers> m_cam_norm;
     NormBuffers m_state_norm, m_env_norm;
     Buffer<float, B> m_image, m_feat, m_proj, m_tokens, m_pos, m_memory_keys, m_queries, m_zero_latent, m_state_in, m_env_in;
