@@ -165,6 +165,32 @@ def run_episode(policy, pre, post, cfg, obs: dict, chunks: list | None = None) -
     return np.stack(out)
 
 
+def lerobot_cuda_chunk_ms(policy, pre, cfg, obs: dict, iters: int = 50) -> dict:
+    """LeRobot's eager predict_action_chunk on the GPU, batch already on the device (its best case: no H2D in the
+    timing), exact F32 (TF32 off) and PyTorch's default TF32 matmul/conv setting; p50 and min over `iters` chunks."""
+    torch.use_deterministic_algorithms(False)
+    gpu = ACTPolicy(cfg)
+    gpu.load_state_dict(policy.state_dict())
+    gpu = gpu.to("cuda").eval()
+    batch = {k: v.to("cuda") for k, v in pre(batch_at(cfg, obs, 0)).items() if torch.is_tensor(v)}
+    out = {"lerobot_cuda_device": torch.cuda.get_device_name()}
+    for label, tf32 in (("f32", False), ("tf32", True)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        times = []
+        for i in range(iters + 5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                gpu.predict_action_chunk(batch)
+            torch.cuda.synchronize()
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+        out[f"lerobot_cuda_chunk_ms_{label}"] = {"p50": 1e3 * float(np.median(times)), "min": 1e3 * float(np.min(times))}
+    torch.use_deterministic_algorithms(True)
+    return out
+
+
 def build(name: str, cfg, stats, base_seed: int, alt: dict, out: str, ref: str, T: int, timing: bool = False) -> None:
     os.makedirs(out, exist_ok=True)
     os.makedirs(ref, exist_ok=True)
@@ -203,6 +229,8 @@ def build(name: str, cfg, stats, base_seed: int, alt: dict, out: str, ref: str, 
                     policy.predict_action_chunk(pre(batch_at(cfg, obs, t)))
                 times.append(time.perf_counter() - t0)
             info[f"lerobot_chunk_ms_{threads}t"] = {"p50": 1e3 * float(np.median(times)), "min": 1e3 * float(np.min(times))}
+        if torch.cuda.is_available():
+            info.update(lerobot_cuda_chunk_ms(policy, pre, cfg, obs))
     json.dump(info, open(os.path.join(ref, "info.json"), "w"), indent=1)
     print(name, json.dumps(info), "actions[0:2]", actions[:2].tolist(), "alt[0:2]", actions_alt[:2].tolist())
 
