@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -11,6 +12,14 @@
 #endif
 
 namespace flowedge::bench {
+
+/// CPU time of the calling thread in milliseconds. On a shared machine a single-threaded run's CPU time leaves out
+/// the slices the OS gave other processes (the wall time is the latency a user sees; this is what the code costs).
+inline double thread_cpu_ms() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
 
 /// OpenMP threads of the kernels from now on (no-op without OpenMP).
 inline void set_threads(int t) {

@@ -53,6 +53,11 @@ struct ActChunkCost {
     double parameters() const { return tokens.parameters + encoder.parameters + decoder.parameters; }
 };
 
+/// The host's steady clock in milliseconds (ActPolicy::time_parts' default clock).
+inline double steady_clock_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 /// Host milliseconds of one chunk's parts as ActPolicy::time_parts ran them (each synchronized before the clock reads).
 struct ActPartTimes {
     double tokens_ms = 0, encoder_ms = 0, decoder_ms = 0;
@@ -234,8 +239,9 @@ public:
     }
 
     /// One chunk from `obs` run part by part outside any recorded graph, the stream synchronized after each part (the
-    /// per-part latency table of bench/act_bench). The queue, the ensemble and the chunk count stay as they were.
-    ActPartTimes time_parts(const PolicyObservation& obs) {
+    /// per-part latency table of bench/act_bench), each part timed with `clock_ms` (milliseconds; default the host's
+    /// steady clock). The queue, the ensemble and the chunk count stay as they were.
+    ActPartTimes time_parts(const PolicyObservation& obs, double (*clock_ms)() = steady_clock_ms) {
         m_exec.check_live("time_parts", "ActPolicy");
         check_observation(obs);
         const Stream stream = m_exec.stream();
@@ -243,10 +249,10 @@ public:
         Memory<B>::synchronize(stream);
         ActPartTimes t;
         auto timed = [&](double& ms, auto&& part) {
-            const auto t0 = std::chrono::steady_clock::now();
+            const double t0 = clock_ms();
             part();
             Memory<B>::synchronize(stream);
-            ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            ms = clock_ms() - t0;
         };
         timed(t.tokens_ms, [&] { enqueue_tokens(); });
         timed(t.encoder_ms, [&] { enqueue_encoder(); });
