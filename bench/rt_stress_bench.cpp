@@ -3,6 +3,10 @@
 // p99.9 / p99.99 / max, max/p50 and p99.99/p50, a log-binned histogram, and the page faults and context switches of
 // the timed ticks (getrusage); --samples writes every tick's latency for plotting. Observations are synthetic (a
 // moving pattern per camera, a drifting state): latency does not depend on their values.
+// Slow ticks are attributed: per tick the loop thread's own CPU time and involuntary switches (RUSAGE_THREAD: the
+// process-wide counters also count the driver's and OpenMP's threads), and the hypervisor's steal time on the loop's
+// CPUs over the run (/proc/stat), so a tail is told apart as preemption on the CPU, a stolen vCPU, or waiting on the
+// device.
 //
 // Usage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
 //          [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]
@@ -21,6 +25,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -71,6 +79,37 @@ void print(const char* what, const Tail& t) {
 }
 
 /// Counts of `sorted` in `bins` log-spaced bins from its minimum to its maximum (edges in ms).
+/// The calling thread's CPU time (ms) and involuntary context switches.
+struct ThreadUsage {
+    double cpu_ms = 0;
+    long involuntary = 0;
+};
+ThreadUsage thread_usage() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    rusage u{};
+    ::getrusage(RUSAGE_THREAD, &u);
+    return {1e3 * double(ts.tv_sec) + 1e-6 * double(ts.tv_nsec), u.ru_nivcsw};
+}
+
+/// Steal time (ms) summed over the given CPUs (every CPU when empty) from /proc/stat; -1 when unreadable.
+double steal_ms(const std::vector<int>& cpus) {
+    std::ifstream f("/proc/stat");
+    if (!f) return -1;
+    const double ms_per_tick = 1e3 / double(::sysconf(_SC_CLK_TCK));
+    double total = 0;
+    std::string name;
+    while (f >> name) {
+        long long v[8] = {};
+        for (long long& x : v) f >> x;  // user nice system idle iowait irq softirq steal
+        f.ignore(1 << 12, '\n');
+        if (name.rfind("cpu", 0) != 0 || name == "cpu") continue;
+        const int id = std::atoi(name.c_str() + 3);
+        if (cpus.empty() || std::find(cpus.begin(), cpus.end(), id) != cpus.end()) total += double(v[7]) * ms_per_tick;
+    }
+    return total;
+}
+
 nlohmann::json histogram(const std::vector<double>& sorted, int bins) {
     if (sorted.empty()) return nlohmann::json::object();
     const double lo = std::max(sorted.front(), 1e-6), hi = std::max(sorted.back(), lo * 1.0001);
@@ -123,6 +162,10 @@ int run(const Args& a, const std::string& device_name) {
     ms.reserve(std::size_t(max_ticks));
     std::vector<char> chunk_tick;
     chunk_tick.reserve(std::size_t(max_ticks));
+    std::vector<double> cpu_ms;  // the loop thread's CPU time in each tick
+    cpu_ms.reserve(std::size_t(max_ticks));
+    std::vector<int> preempted;  // the loop thread's involuntary switches in each tick
+    preempted.reserve(std::size_t(max_ticks));
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto deadline = a.seconds > 0 ? start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(a.seconds))
@@ -130,15 +173,20 @@ int run(const Args& a, const std::string& device_name) {
     const auto period = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(a.period_ms));
     auto next_tick = start;
     const realtime::Counters c0 = realtime::counters();
+    const double steal0 = steal_ms(o.cpus);
     realtime::Counters in_ticks{};
     for (long t = 0; t < max_ticks && clock::now() < deadline; ++t) {
         const PolicyObservation obs = make_observation(warm + t);
         const int before = p.chunks_generated();
         const realtime::Counters r0 = realtime::counters();
+        const ThreadUsage u0 = thread_usage();
         const auto t0 = clock::now();
         p.select_action(obs, action);
         const auto t1 = clock::now();
+        const ThreadUsage u1 = thread_usage();
         const realtime::Counters d = realtime::counters() - r0;
+        cpu_ms.push_back(u1.cpu_ms - u0.cpu_ms);
+        preempted.push_back(int(u1.involuntary - u0.involuntary));
         in_ticks = {in_ticks.minor_faults + d.minor_faults, in_ticks.major_faults + d.major_faults,
                     in_ticks.voluntary_switches + d.voluntary_switches, in_ticks.involuntary_switches + d.involuntary_switches};
         ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -150,10 +198,13 @@ int run(const Args& a, const std::string& device_name) {
     }
     const double wall_s = std::chrono::duration<double>(clock::now() - start).count();
     const realtime::Counters whole = realtime::counters() - c0;
+    const double steal1 = steal_ms(o.cpus), steal_run_ms = steal0 < 0 || steal1 < 0 ? -1 : steal1 - steal0;
 
     if (!a.samples_path.empty()) {
         std::ofstream f(a.samples_path);
-        for (std::size_t i = 0; i < ms.size(); ++i) f << ms[i] << ' ' << int(chunk_tick[i]) << '\n';
+        f << "# latency_ms chunk_tick loop_thread_cpu_ms loop_thread_involuntary_switches\n";
+        for (std::size_t i = 0; i < ms.size(); ++i)
+            f << ms[i] << ' ' << int(chunk_tick[i]) << ' ' << cpu_ms[i] << ' ' << preempted[i] << '\n';
     }
     std::vector<double> sorted = ms;
     const Tail all = tail_of(sorted);
@@ -161,6 +212,17 @@ int run(const Args& a, const std::string& device_name) {
     std::vector<double> chunk_ms, other_ms;
     for (std::size_t i = 0; i < ms.size(); ++i) (chunk_tick[i] ? chunk_ms : other_ms).push_back(ms[i]);
     const Tail chunk_tail = tail_of(chunk_ms), other_tail = tail_of(other_ms);
+    // A slow tick: more than 1 ms over its population's p50. Preempted: the loop thread was switched out
+    // involuntarily in it; "off CPU" = wall time minus the loop thread's CPU time.
+    long slow = 0, slow_preempted = 0, loop_involuntary = 0;
+    double slow_off_cpu_ms = 0;
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+        loop_involuntary += preempted[i];
+        if (ms[i] <= (chunk_tick[i] ? chunk_tail.p50 : other_tail.p50) + 1.0) continue;
+        ++slow;
+        slow_preempted += preempted[i] > 0;
+        slow_off_cpu_ms += ms[i] - cpu_ms[i];
+    }
 #ifdef _OPENMP
     const int threads = omp_get_max_threads();
 #else
@@ -175,6 +237,9 @@ int run(const Args& a, const std::string& device_name) {
     std::printf("  max/p50 %.2f  p99.99/p50 %.2f\n", max_over_p50, p9999_over_p50);
     std::printf("  in the ticks: minor faults %ld, major %ld, voluntary switches %ld, involuntary %ld\n", in_ticks.minor_faults,
                 in_ticks.major_faults, in_ticks.voluntary_switches, in_ticks.involuntary_switches);
+    std::printf("  loop thread: involuntary switches %ld; slow ticks (> p50 + 1 ms) %ld, %ld of them preempted, mean off-CPU "
+                "%.3f ms; steal on the loop CPUs %.1f ms\n", loop_involuntary, slow, slow_preempted,
+                slow ? slow_off_cpu_ms / double(slow) : 0.0, steal_run_ms);
     std::printf("  options: lock %d prefault %d cpus [%s] other threads moved %d rt_priority %d high_priority_stream %d "
                 "pinned_staging %d\n", rep.memory_locked, rep.prefaulted, a.cpus.c_str(), rep.threads_moved, a.rt_priority, rep.high_priority_stream, rep.pinned_staging);
     if (!a.json_path.empty()) {
@@ -197,6 +262,11 @@ int run(const Args& a, const std::string& device_name) {
             {"max_over_p50", max_over_p50}, {"p99_99_over_p50", p9999_over_p50},
             {"chunk_ticks", to_json(chunk_tail)}, {"other_ticks", to_json(other_tail)},
             {"tick_counters", counters_json(in_ticks)}, {"run_counters", counters_json(whole)},
+            {"loop_thread", {{"involuntary_context_switches", loop_involuntary}, {"slow_ticks", slow},
+                             {"slow_ticks_preempted", slow_preempted},
+                             {"slow_ticks_mean_off_cpu_ms", slow ? slow_off_cpu_ms / double(slow) : 0.0},
+                             {"steal_ms_on_loop_cpus", steal_run_ms},
+                             {"steal_cpus", o.cpus.empty() ? nlohmann::json("all") : nlohmann::json(o.cpus)}}},
             {"histogram", histogram(sorted, 60)}, {"load_average_1m", load[0]}};
         std::ofstream(a.json_path) << j.dump(1) << "\n";
     }

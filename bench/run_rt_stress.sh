@@ -128,7 +128,7 @@ pngs = {}
 for r in cases:
     if plt is None:
         break
-    samples = [float(line.split()[0]) for line in open(f"{prefix}_{r['label']}.samples.txt")]
+    samples = [float(line.split()[0]) for line in open(f"{prefix}_{r['label']}.samples.txt") if not line.startswith("#")]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     edges = r["histogram"]["edges_ms"]
     ax.hist(samples, bins=edges, log=True)
@@ -151,15 +151,18 @@ with open(f"{prefix}.json", "w") as f:
 def trio(t):
     return f"{t['p50_ms']:.3f} / {t['p99_99_ms']:.3f} / {t['max_ms']:.3f} (n {t['n']})"
 rows = ["| case | ticks | p50 ms | p99 ms | p99.9 ms | p99.99 ms | max ms | max/p50 | p99.99/p50 | chunk ticks p50 / p99.99 / "
-        "max | other ticks p50 / p99.99 / max | faults (minor+major) | ctx switches (vol/invol) | locked | CPUs | SCHED_FIFO |",
-        "|" + "---|" * 16]
+        "max | other ticks p50 / p99.99 / max | faults (minor+major) | ctx switches (vol/invol) | loop thread invol. | "
+        "slow ticks (> p50 + 1 ms): n / preempted / mean off-CPU ms | steal on loop CPUs ms | locked | CPUs | SCHED_FIFO |",
+        "|" + "---|" * 19]
 for r in cases:
-    c, o, a = r["tick_counters"], r["options"], r["applied"]
+    c, o, a, lt = r["tick_counters"], r["options"], r["applied"], r.get("loop_thread", {})
     rows.append(f"| {r['label']} | {r['ticks']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_9_ms']:.3f} | "
                 f"{r['p99_99_ms']:.3f} | {r['max_ms']:.3f} | {r['max_over_p50']:.2f} | {r['p99_99_over_p50']:.2f} | "
                 f"{trio(r['chunk_ticks'])} | {trio(r['other_ticks'])} | "
                 f"{c['minor_page_faults']}+{c['major_page_faults']} | {c['voluntary_context_switches']}/"
-                f"{c['involuntary_context_switches']} | {a['memory_locked']} | {','.join(map(str, o['cpus'])) or '-'}{' (others moved off)' if o.get('isolate_cpus') else ''} | "
+                f"{c['involuntary_context_switches']} | {lt.get('involuntary_context_switches', '-')} | "
+                f"{lt.get('slow_ticks', '-')} / {lt.get('slow_ticks_preempted', '-')} / {lt.get('slow_ticks_mean_off_cpu_ms', 0):.3f} | "
+                f"{lt.get('steal_ms_on_loop_cpus', '-')} | {a['memory_locked']} | {','.join(map(str, o['cpus'])) or '-'}{' (others moved off)' if o.get('isolate_cpus') else ''} | "
                 f"{o['rt_priority'] or '-'} |")
 md = [f"# rt_stress on {device} ({cases[0]['device']})", "",
       f"Host: {kernel}, {ncpu} CPUs. Load in the stress cases: {stressor}.", "", *rows, "",

@@ -33,20 +33,19 @@ struct PolicyInfo {
 struct fe_policy {
     PolicyInfo info;
     std::optional<Resident<DiffusionPolicy>> diffusion;
-    std::optional<ActPolicy<Cpu>> act;  ///< ACT runs on the CPU only for now (kActCpuOnly)
-    std::string act_fallback_reason;    ///< set when device "auto" was asked for an ACT folder
-    std::vector<PolicyFrame> frames;    ///< per camera, reused by every select_action (no allocation per call)
+    std::optional<Resident<ActPolicy>> act;
+    std::vector<PolicyFrame> frames;  ///< per camera, reused by every select_action (no allocation per call)
     std::mutex mutex;
 
-    /// f(model) on whichever policy is held; both calls must return the same type.
+    /// f(model) on whichever policy is held (four model types); every call must return the same type.
     template <class F>
     decltype(auto) visit(F&& f) {
-        if (act) return f(*act);
+        if (act) return act->visit(f);
         return diffusion->visit(f);
     }
-    const char* backend() const { return act ? "cpu" : diffusion->backend(); }
-    bool cuda_resident() const { return !act && diffusion->cuda_resident(); }
-    const std::string& fallback_reason() const { return act ? act_fallback_reason : diffusion->fallback_reason(); }
+    const char* backend() const { return act ? act->backend() : diffusion->backend(); }
+    bool cuda_resident() const { return act ? act->cuda_resident() : diffusion->cuda_resident(); }
+    const std::string& fallback_reason() const { return act ? act->fallback_reason() : diffusion->fallback_reason(); }
 };
 
 namespace {
@@ -124,7 +123,7 @@ fe_status select(fe_policy* policy, const fe_observation* obs, const float* nois
         }
         check_output(action, action_len, std::size_t(p.info.action_dim), "action");
         const std::span<float> a(action, std::size_t(p.info.action_dim));
-        if (p.act) p.act->select_action(o, a);
+        if (p.act) p.act->visit([&](auto& m) { m.select_action(o, a); });
         else p.diffusion->visit([&](auto& m) { m.select_action(o, a, ns); });
     });
 }
@@ -155,6 +154,20 @@ void fill_common_info(PolicyInfo& i, const M& m) {
     i.cameras = m.cameras();
 }
 
+/// "cuda" (no fallback) in a build without the CUDA backend fails before anything loads.
+void check_cuda_build(const DeviceRequest& req, const ResidencyFlags& flags) {
+    if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
+        raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
+                             "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
+}
+
+/// "cuda" (no fallback) fails closed unless the policy is resident on the GPU.
+void check_resident(const DeviceRequest& req, const fe_policy& p) {
+    if (req.want == Device::Cuda && !req.fallback_allowed && !p.cuda_resident())
+        raise(FE_ERR_DEVICE, "device \"cuda\" requested but the policy is not resident on the GPU (" + p.fallback_reason() + ")" +
+                                 kUseAuto);
+}
+
 std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, const DeviceRequest& req, const ResidencyFlags& flags,
                                           const fe_policy_options* options) {
     PolicyOptions opts;
@@ -174,9 +187,7 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
         }
         opts.seed = options->seed;
     }
-    if (req.want == Device::Cuda && !req.fallback_allowed && !backend_available_v<Cuda> && !flags.cuda_required)
-        raise(FE_ERR_DEVICE, "device \"cuda\" requested but this build has no CUDA backend (configure with "
-                             "-DFLOWEDGE_BACKEND=cuda)" + std::string(kUseAuto));
+    check_cuda_build(req, flags);
     auto p = std::make_unique<fe_policy>();
     try {
         p->diffusion.emplace(Resident<DiffusionPolicy>::load(req.want, flags, [&](auto tag) {
@@ -197,13 +208,11 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
         i.n_action_steps = c.n_action_steps;
         i.steps = m.steps();
     });
-    if (req.want == Device::Cuda && !req.fallback_allowed && !p->diffusion->cuda_resident())
-        raise(FE_ERR_DEVICE, "device \"cuda\" requested but the policy is not resident on the GPU (" +
-                                 p->diffusion->fallback_reason() + ")" + kUseAuto);
+    check_resident(req, *p);
     return p;
 }
 
-/// An ACT folder on the CPU. The sampler options are the Diffusion Policy's: a value other than the zero default is
+/// An ACT folder, resident on the GPU when asked for and possible. The sampler options are the Diffusion Policy's: a value other than the zero default is
 /// the caller's mistake, named here; the seed is ignored (ACT draws no noise).
 std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const DeviceRequest& req, const ResidencyFlags& flags,
                                     const fe_policy_options* options) {
@@ -223,31 +232,27 @@ std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const Devi
             opts.selection = sel;
         }
     }
-    std::string reason;
-    if (req.want == Device::Cuda) {
-        if (!req.fallback_allowed) raise(FE_ERR_DEVICE, std::string("device \"cuda\" requested but ") + kActCpuOnly + "; pass device \"cpu\" or \"auto\"");
-        if (flags.cuda_required)
-            raise(FE_ERR_DEVICE, std::string("FLOWEDGE_CUDA_REQUIRED=1 but the model is not resident on the GPU: ") + kActCpuOnly);
-        reason = kActCpuOnly;
-    }
+    check_cuda_build(req, flags);
     auto p = std::make_unique<fe_policy>();
     try {
-        p->act.emplace(ActPolicy<Cpu>::load(dir, opts));
+        p->act.emplace(Resident<ActPolicy>::load(req.want, flags, [&](auto tag) { return ActPolicy<decltype(tag)>::load(dir, opts); }));
     } catch (const Error& e) {
         // A selection ActConfig::validate rejects is the caller's value, not a bad file.
         if (opts.selection && std::string_view(e.what()).find("ActPolicyOptions::selection") != std::string_view::npos)
             throw CapiError{FE_ERR_INVALID_ARGUMENT, e.what()};
         throw;
     }
-    p->act_fallback_reason = std::move(reason);
-    const ActConfig& c = p->act->config();
-    PolicyInfo& i = p->info;
-    i.type = PolicyType::Act;
-    fill_common_info(i, *p->act);
-    i.horizon = c.chunk_size;
-    i.n_obs_steps = 1;
-    i.n_action_steps = c.n_action_steps;
-    i.steps = 0;
+    p->act->visit([&](auto& m) {
+        const ActConfig& c = m.config();
+        PolicyInfo& i = p->info;
+        i.type = PolicyType::Act;
+        fill_common_info(i, m);
+        i.horizon = c.chunk_size;
+        i.n_obs_steps = 1;
+        i.n_action_steps = c.n_action_steps;
+        i.steps = 0;
+    });
+    check_resident(req, *p);
     return p;
 }
 
@@ -288,7 +293,7 @@ fe_status fe_policy_reset(fe_policy* policy, const uint64_t* seed) {
         std::optional<std::uint64_t> s;
         if (seed != nullptr) s = *seed;
         std::lock_guard lock(p.mutex);
-        if (p.act) p.act->reset();  // ACT draws no noise: the seed has nothing to drive
+        if (p.act) p.act->visit([](auto& m) { m.reset(); });  // ACT draws no noise: the seed has nothing to drive
         else p.diffusion->visit([&](auto& m) { m.reset(s); });
     });
 }
@@ -311,8 +316,7 @@ fe_status fe_policy_set_realtime(fe_policy* policy, const fe_realtime_options* o
         fe_policy& p = policy_of(policy);
         const RealtimeOptions o = realtime_options_of(options);
         std::lock_guard lock(p.mutex);
-        if (p.act) realtime::apply(o);  // a CPU policy: only the process and thread part applies
-        else p.diffusion->visit([&](auto& m) { m.set_realtime(o); });
+        p.visit([&](auto& m) { m.set_realtime(o); });
     });
 }
 
@@ -377,7 +381,7 @@ size_t fe_policy_device_bytes(fe_policy* p) {
     if (p == nullptr) return 0;
     try {
         std::lock_guard lock(p->mutex);
-        if (p->act) return p->act->buffer_bytes();
+        if (p->act) return p->act->visit([](auto& m) { return m.buffer_bytes(); });
         return p->diffusion->visit([](auto& m) { return m.device_bytes(); });
     } catch (...) {
         return 0;

@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
     app.add_option("--out", out_path, "write the un-normalised actions [T, action_dim] as float32 .npy")->required();
     app.add_option("--noise", noise_path, "Diffusion Policy: .npy float32 [K, horizon, action_dim]: initial noise of the k-th "
                                           "chunk generation (default: seeded noise)");
-    app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the policy is resident on the GPU; ACT runs on the CPU only for now)")
+    app.add_option("--device", device_arg, "cpu | cuda (cuda fails unless the policy is resident on the GPU)")
         ->transform(CLI::IsMember({"cpu", "cuda"}, CLI::ignore_case));
     app.add_option("--steps", steps, "Diffusion Policy: inference steps (0 = the checkpoint's num_inference_steps, else num_train_timesteps)")
         ->check(CLI::NonNegativeNumber);
@@ -288,10 +288,6 @@ int main(int argc, char** argv) {
     try {
         const Device device = parse_device(device_arg);
         const PolicyType type = lerobot_policy_type(folder);
-        if (device == Device::Cuda && type == PolicyType::Act) {
-            std::cerr << "flowedge: " << kProgram << ": --device cuda requested but " << kActCpuOnly << "; use --device cpu\n";
-            return 2;
-        }
         if (device == Device::Cuda && !backend_available_v<Cuda>) {
             std::cerr << "flowedge: " << kProgram << ": this build has no CUDA backend (configure with -DFLOWEDGE_BACKEND=cuda); "
                          "use --device cpu\n";
@@ -322,6 +318,20 @@ int main(int argc, char** argv) {
         if (!noise_path.empty()) noise = io::read_npy_f32(noise_path);
         RunInputs in{npz, obs_path, out_path, noise, noise_path, weights, "cpu"};
 
+        // Either policy type, resident on the GPU when asked for and possible (else the CPU, which --device cuda refuses).
+        const auto run_resident = [&](auto&& resident) {
+            try {
+                resident.require(device, kProgram);
+            } catch (const Error& e) {
+                std::cerr << e.what() << "\n";
+                return 2;
+            }
+            in.device_name = resident.backend();
+#ifdef FLOWEDGE_WITH_CUDA
+            if (resident.cuda_resident()) in.device_name += " (" + cuda::device_description() + ")";
+#endif
+            return resident.visit([&](auto& policy) { return run_episode(policy, in); });
+        };
         if (type == PolicyType::Act) {
             if (app.count("--seed") > 0) std::cerr << "note: --seed is ignored (an ACT policy draws no noise)\n";
             ActPolicyOptions opts;
@@ -332,27 +342,16 @@ int main(int argc, char** argv) {
                 if (app.count("--n-action-steps") > 0) sel.n_action_steps = act_n_action_steps;
                 opts.selection = sel;
             }
-            ActPolicy<Cpu> policy = ActPolicy<Cpu>::load(folder, opts);
-            return run_episode(policy, in);
+            return run_resident(Resident<ActPolicy>::load(device, ResidencyFlags::from_env(),
+                                                          [&](auto tag) { return ActPolicy<decltype(tag)>::load(folder, opts); }));
         }
         PolicyOptions opts;
         opts.load = load;
         opts.steps = steps;
         if (!scheduler_arg.empty()) opts.scheduler = parse_scheduler(scheduler_arg);
         opts.seed = seed;
-        auto resident = Resident<DiffusionPolicy>::load(device, ResidencyFlags::from_env(),
-                                                        [&](auto tag) { return DiffusionPolicy<decltype(tag)>::load(folder, opts); });
-        try {
-            resident.require(device, kProgram);
-        } catch (const Error& e) {
-            std::cerr << e.what() << "\n";
-            return 2;
-        }
-        in.device_name = resident.backend();
-#ifdef FLOWEDGE_WITH_CUDA
-        if (resident.cuda_resident()) in.device_name += " (" + cuda::device_description() + ")";
-#endif
-        return resident.visit([&](auto& policy) { return run_episode(policy, in); });
+        return run_resident(Resident<DiffusionPolicy>::load(device, ResidencyFlags::from_env(),
+                                                            [&](auto tag) { return DiffusionPolicy<decltype(tag)>::load(folder, opts); }));
     } catch (const std::exception& e) {
         std::cerr << e.what() << "\n";
         return 1;

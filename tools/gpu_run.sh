@@ -293,9 +293,10 @@ stage_pytorch() {
     return "$rc"
 }
 
-stage_lerobot() {
-    local site=/tmp/site_lerobot fe=/tmp/site_flowedge rc=0
-    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried (see the lerobot stage comment)"; return 3; }
+# LeRobot and the modules it imports, from the wheels carried in .whl, into SITE; PyAV (too large to carry) as an
+# import-only stand-in.
+lerobot_site() {
+    local site=$1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
     if ! PYTHONPATH=$site python3 -c "import av" 2> /dev/null; then
         mkdir -p "$site/av"
@@ -309,6 +310,12 @@ def __getattr__(name):
     raise RuntimeError(f"av.{name}: PyAV is not installed on this machine (import-only stand-in)")
 PYEOF
     fi
+}
+
+stage_lerobot() {
+    local site=/tmp/site_lerobot fe=/tmp/site_flowedge rc=0
+    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried (see the lerobot stage comment)"; return 3; }
+    lerobot_site "$site" || return $?
     FLOWEDGE_BACKEND=cuda python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
         --upgrade --target "$fe" -C cmake.define.FLOWEDGE_CUDA_ARCHITECTURES=90 -C build-dir=build-pip-cuda . || return $?
     export PYTHONPATH=$fe:$site
@@ -371,7 +378,7 @@ stage_policy() {
         done
     fi
     if ls .whl/*.whl > /dev/null 2>&1 && [ -f bench/lerobot_policy_bench.py ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
+        lerobot_site "$site" || return $?
         PYTHONPATH=$site python3 bench/lerobot_policy_bench.py "$POLICY_FOLDER" --device cuda --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/lerobot_policy_cuda.json" 2>&1 | tee -a "$OUT/policy.txt" || rc=$?
         if [ "${POLICY_CPU:-1}" = 1 ]; then
@@ -447,7 +454,7 @@ stage_act() {
 # times flowedge's chunk (CUDA F32 / BF16 weights, the CPU) and its error against LeRobot's chunks.
 act_bench_480x640() {
     local rc=0 site=/tmp/site_lerobot
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || return $?
+    lerobot_site "$site" || return $?
     if [ ! -f /tmp/act_bench/model.safetensors ]; then
         PYTHONPATH=$site python3 tools/make_reference_act.py --bench /tmp/act_bench 2>&1 | tail -n 2 | tee -a "$OUT/act.txt" || return $?
     fi

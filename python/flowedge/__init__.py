@@ -7,8 +7,7 @@ the GIL, and calls on one object from several threads are serialised. ``device="
 raises ``FlowEdgeError`` when it cannot (no CUDA build, no GPU, not enough memory), as the programs' ``--device cuda``
 does; ``device="auto"`` uploads when it can, otherwise runs on the CPU with ``cuda_resident`` False and the reason in
 ``fallback_reason``. ``FLOWEDGE_CUDA_REQUIRED=1`` turns that fallback into an error, ``FLOWEDGE_CUDA_FORCE_HOST=1``
-skips the upload. ``ActPolicy`` runs on the CPU only for now: ``device="cuda"`` raises saying so, ``device="auto"``
-runs on the CPU with that reason.
+skips the upload. ``ActPolicy`` follows the same rules.
 """
 import os
 from typing import Union

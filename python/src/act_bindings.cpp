@@ -1,12 +1,11 @@
-// flowedge.ActPolicy: LeRobot's whole ACT policy (ActPolicy<Cpu>) from Python, with the observation dict of
-// policy_features.hpp, and flowedge.policy_type(folder), the rule flowedge.load_policy chooses the class by. ACT runs
-// on the CPU only for now: device='cuda' raises saying so, device='auto' runs on the CPU with that reason.
+// flowedge.ActPolicy: LeRobot's whole ACT policy (ActPolicy<B>, resident on the GPU when asked for and possible) from
+// Python, with the observation dict of policy_features.hpp, and flowedge.policy_type(folder), the rule
+// flowedge.load_policy chooses the class by.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/string.h>
 
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,30 +19,10 @@
 namespace flowedge::python {
 namespace {
 
-/// The policy, its lock, its features and why it runs on the CPU when device='auto' asked for the GPU.
-struct PyActPolicy : PolicyFeatures {
-    ActPolicy<Cpu> model;
-    std::mutex mutex;
-    std::string reason;
-
-    PyActPolicy(ActPolicy<Cpu>&& m, std::string why) : model(std::move(m)), reason(std::move(why)) { read(model, model.config().chunk_size); }
-
-    const char* backend() const { return "cpu"; }
-    bool cuda_resident() const { return false; }
-    std::string fallback_reason() const { return reason; }
-
-    /// Runs f(model) with the GIL released and the lock held.
-    template <class F>
-    void run(F&& f) {
-        nb::gil_scoped_release release;
-        std::lock_guard lock(mutex);
-        f(model);
-    }
-    /// Reads a value from the model (lock held, GIL kept: cheap accessors only).
-    template <class F>
-    auto get(F&& f) {
-        std::lock_guard lock(mutex);
-        return f(model);
+/// The policy, its lock and its features.
+struct PyActPolicy : Held<ActPolicy>, PolicyFeatures {
+    explicit PyActPolicy(Resident<ActPolicy>&& m) : Held<ActPolicy>(std::move(m)) {
+        model.visit([&](auto& p) { read(p, p.config().chunk_size); });
     }
 };
 
@@ -64,19 +43,6 @@ std::optional<ActSelection> selection_arg(nb::handle coeff, nb::handle n_action_
     return s;
 }
 
-/// The device request for an ACT folder: the CPU, or the reason it runs there when 'auto' asked for the GPU.
-std::string act_device(const std::string& device) {
-    const DeviceRequest req = device_arg(device);
-    if (req.want != Device::Cuda) return {};
-    if (!req.fallback_allowed)
-        throw Error(std::string("flowedge: python: device='cuda' requested but ") + kActCpuOnly + "; pass device='cpu' or 'auto'",
-                    ErrorKind::Device);
-    if (ResidencyFlags::from_env().cuda_required)
-        throw Error(std::string("flowedge: python: FLOWEDGE_CUDA_REQUIRED=1 but the model is not resident on the GPU: ") + kActCpuOnly,
-                    ErrorKind::Device);
-    return kActCpuOnly;
-}
-
 }  // namespace
 
 void bind_act_policy(nb::module_& m) {
@@ -95,33 +61,31 @@ void bind_act_policy(nb::module_& m) {
         "__init__",
         [](PyActPolicy* self, const std::filesystem::path& folder, const std::string& device, nb::handle dtype,
            nb::handle temporal_ensemble_coeff, nb::handle n_action_steps) {
-            std::string reason = act_device(device);
             ActPolicyOptions opts;
             opts.load.weight_dtype = dtype_arg(dtype);
             opts.selection = selection_arg(temporal_ensemble_coeff, n_action_steps);
-            std::optional<ActPolicy<Cpu>> p;
             try {
-                nb::gil_scoped_release release;
-                p.emplace(ActPolicy<Cpu>::load(folder, opts));
+                new (self) PyActPolicy(load_resident<ActPolicy>(
+                    device, [&](auto tag) { return ActPolicy<decltype(tag)>::load(folder, opts); }));
             } catch (const Error& e) {
                 // A selection LeRobot's rules reject is the caller's value, not a bad file.
                 if (opts.selection && std::string_view(e.what()).find("ActPolicyOptions::selection") != std::string_view::npos)
                     throw ArgumentError(e.what());
                 throw;
             }
-            new (self) PyActPolicy(std::move(*p), std::move(reason));
         },
         "folder"_a, "device"_a = "cpu", "dtype"_a = nb::none(), "temporal_ensemble_coeff"_a = nb::none(), "n_action_steps"_a = nb::none(),
         nb::sig("def __init__(self, folder: str | os.PathLike, device: typing.Literal['cpu', 'cuda', 'auto'] = 'cpu', "
                 "dtype: typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None = None, "
                 "temporal_ensemble_coeff: float | None = None, n_action_steps: int | None = None) -> None"),
-        "Loads a LeRobot ACTPolicy pretrained_model folder. device: 'cpu'; 'cuda' raises FlowEdgeError (ACT runs on\n"
-        "the CPU only for now); 'auto' runs on the CPU with the reason in fallback_reason. dtype: weight storage (None =\n"
-        "float32). temporal_ensemble_coeff / n_action_steps: both None keeps the checkpoint's selection; otherwise they\n"
+        "Loads a LeRobot ACTPolicy pretrained_model folder. device: 'cpu'; 'cuda' (raises FlowEdgeError unless the\n"
+        "policy is resident on the GPU); 'auto' (the GPU when usable, else the CPU with the reason in fallback_reason).\n"
+        "dtype: weight storage (None = float32). temporal_ensemble_coeff / n_action_steps: both None keeps the checkpoint's selection; otherwise they\n"
         "replace it as LeRobot's eval-time --policy.* options do (a coefficient ensembles every step and needs\n"
         "n_action_steps 1, its default here; n_action_steps alone is the queue without ensembling).");
     common_properties<PyActPolicy>(cls);
     feature_properties<PyActPolicy>(cls);
+    realtime_method<PyActPolicy>(cls);
     cls.def_prop_ro("policy_type", [](PyActPolicy&) { return std::string("act"); })
         .def_prop_ro("chunk_size", [](PyActPolicy& s) { return s.horizon; })
         .def_prop_ro("n_obs_steps", [](PyActPolicy&) { return 1; })
@@ -135,7 +99,7 @@ void bind_act_policy(nb::module_& m) {
         .def_prop_ro("chunks_generated", [](PyActPolicy& s) { return s.get([](auto& p) { return p.chunks_generated(); }); },
                      "Chunks predicted since the last reset() (the last select_action predicted one when it grew).")
         .def_prop_ro("device_bytes", [](PyActPolicy& s) { return s.get([](auto& p) { return p.buffer_bytes(); }); },
-                     "Bytes of buffers and workspace (the weights stay mapped from the file).")
+                     "Bytes of buffers and workspace (weights not counted).")
         .def(
             "reset", [](PyActPolicy& s, nb::handle) { s.run([](auto& p) { p.reset(); }); }, "seed"_a = nb::none(),
             "LeRobot's reset(): empties the action queue or the temporal ensemble (call at every episode start). seed is\n"
@@ -170,23 +134,7 @@ void bind_act_policy(nb::module_& m) {
             },
             "obs"_a, nb::sig("def predict_action_chunk(self, obs: typing.Mapping[str, numpy.ndarray]) -> numpy.ndarray"),
             "LeRobot's predict_action_chunk(): the chunk [chunk_size, action_dim] for one observation, in normalised\n"
-            "units (before the postprocessor); the queue and the ensemble are left alone.")
-        .def(
-            "set_realtime",
-            [](PyActPolicy& s, bool lock_memory, bool prefault, nb::handle cpus, int rt_priority, bool high_priority_stream,
-               bool pinned_staging, bool isolate_cpus) {
-                const RealtimeOptions o =
-                    realtime_args(lock_memory, prefault, cpus, rt_priority, high_priority_stream, pinned_staging, isolate_cpus);
-                RealtimeReport r;
-                s.run([&](auto&) { r = realtime::apply(o); });  // a CPU policy: the process and thread part only
-                return realtime_report(r, o);
-            },
-            nb::kw_only(), "lock_memory"_a = false, "prefault"_a = false, "cpus"_a = nb::none(), "rt_priority"_a = 0,
-            "high_priority_stream"_a = false, "pinned_staging"_a = false, "isolate_cpus"_a = false,
-            nb::sig("def set_realtime(self, *, lock_memory: bool = False, prefault: bool = False, "
-                    "cpus: typing.Sequence[int] | str | None = None, rt_priority: int = 0, high_priority_stream: bool = False, "
-                    "pinned_staging: bool = False, isolate_cpus: bool = False) -> dict"),
-            "As DiffusionPolicy.set_realtime (the CUDA options are ignored: ACT runs on the CPU).");
+            "units (before the postprocessor); the queue and the ensemble are left alone.");
 }
 
 }  // namespace flowedge::python

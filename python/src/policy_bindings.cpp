@@ -76,6 +76,7 @@ void bind_diffusion_policy(nb::module_& m) {
         "num_inference_steps / noise_scheduler_type (LeRobot's rule). seed: the generated noise's seed (reset(seed) changes it).");
     common_properties<PyWholePolicy>(cls);
     feature_properties<PyWholePolicy>(cls);
+    realtime_method<PyWholePolicy>(cls);
     cls        .def_prop_ro("n_obs_steps", [](PyWholePolicy& s) { return s.get([](auto& p) { return p.config().n_obs_steps; }); })
         .def_prop_ro("n_action_steps", [](PyWholePolicy& s) { return s.get([](auto& p) { return p.config().n_action_steps; }); })
         .def_prop_ro("steps", [](PyWholePolicy& s) { return s.get([](auto& p) { return p.steps(); }); }, "Inference steps per chunk.")
@@ -119,28 +120,6 @@ void bind_diffusion_policy(nb::module_& m) {
             "initial sample when this call generates a chunk (ignored otherwise). Returns the next un-normalised\n"
             "action [action_dim]. Missing keys, wrong shapes/dtypes raise FlowEdgeValueError (a ValueError); NaN/Inf\n"
             "values FlowEdgeError (a RuntimeError), as does select_action before reset().")
-        .def(
-            "set_realtime",
-            [](PyWholePolicy& s, bool lock_memory, bool prefault, nb::handle cpus, int rt_priority, bool high_priority_stream,
-               bool pinned_staging, bool isolate_cpus) {
-                const RealtimeOptions o =
-                    realtime_args(lock_memory, prefault, cpus, rt_priority, high_priority_stream, pinned_staging, isolate_cpus);
-                RealtimeReport r;
-                s.run([&](auto& p) { r = p.set_realtime(o); });  // this thread: the one that calls select_action
-                return realtime_report(r, o);
-            },
-            nb::kw_only(), "lock_memory"_a = false, "prefault"_a = false, "cpus"_a = nb::none(), "rt_priority"_a = 0,
-            "high_priority_stream"_a = false, "pinned_staging"_a = false, "isolate_cpus"_a = false,
-            nb::sig("def set_realtime(self, *, lock_memory: bool = False, prefault: bool = False, "
-                    "cpus: typing.Sequence[int] | str | None = None, rt_priority: int = 0, high_priority_stream: bool = False, "
-                    "pinned_staging: bool = False, isolate_cpus: bool = False) -> dict"),
-            "Real-time options (docs/realtime.md); call from the thread that runs the control loop, after loading and\n"
-            "before the warm-up ticks. lock_memory: mlockall + pre-fault (needs RLIMIT_MEMLOCK >= the mapped size or\n"
-            "CAP_IPC_LOCK); prefault: touch every mapped page without locking; cpus: pin this thread and the OpenMP\n"
-            "workers (worker i on cpus[i % len]); isolate_cpus: move the process's other threads off those CPUs;\n"
-            "rt_priority: SCHED_FIFO 1..99 for them (needs RLIMIT_RTPRIO or\n"
-            "CAP_SYS_NICE); high_priority_stream / pinned_staging: CUDA only (ignored on the CPU). A refusal raises\n"
-            "FlowEdgeError naming the limit and the fix; a bad CPU or priority FlowEdgeValueError. Returns what was done.")
         .def(
             "_time_select_action",
             [](PyWholePolicy& s, nb::handle obs, int n) {

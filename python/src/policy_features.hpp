@@ -217,6 +217,35 @@ inline nb::dict realtime_report(const RealtimeReport& r, const RealtimeOptions& 
     return d;
 }
 
+/// set_realtime on a whole-policy class T (run(f) visits the held model on this thread, the one that calls
+/// select_action): the same keywords, checks and returned dict for every policy type.
+template <class T, class Cls>
+void realtime_method(Cls& cls) {
+    cls.def(
+        "set_realtime",
+        [](T& s, bool lock_memory, bool prefault, nb::handle cpus, int rt_priority, bool high_priority_stream, bool pinned_staging,
+           bool isolate_cpus) {
+            const RealtimeOptions o =
+                realtime_args(lock_memory, prefault, cpus, rt_priority, high_priority_stream, pinned_staging, isolate_cpus);
+            RealtimeReport r;
+            s.run([&](auto& p) { r = p.set_realtime(o); });
+            return realtime_report(r, o);
+        },
+        nb::kw_only(), "lock_memory"_a = false, "prefault"_a = false, "cpus"_a = nb::none(), "rt_priority"_a = 0,
+        "high_priority_stream"_a = false, "pinned_staging"_a = false, "isolate_cpus"_a = false,
+        nb::sig("def set_realtime(self, *, lock_memory: bool = False, prefault: bool = False, "
+                "cpus: typing.Sequence[int] | str | None = None, rt_priority: int = 0, high_priority_stream: bool = False, "
+                "pinned_staging: bool = False, isolate_cpus: bool = False) -> dict"),
+        "Real-time options (docs/realtime.md); call from the thread that runs the control loop, after loading and\n"
+        "before the warm-up ticks. lock_memory: mlockall + pre-fault (needs RLIMIT_MEMLOCK >= the mapped size or\n"
+        "CAP_IPC_LOCK); prefault: touch every mapped page without locking; cpus: pin this thread and the OpenMP\n"
+        "workers (worker i on cpus[i % len]); isolate_cpus: move the process's other threads off those CPUs;\n"
+        "rt_priority: SCHED_FIFO 1..99 for them (needs RLIMIT_RTPRIO or CAP_SYS_NICE); high_priority_stream /\n"
+        "pinned_staging: CUDA only (ignored on the CPU; ACT has no pinned staging yet: reported False). A refusal\n"
+        "raises FlowEdgeError naming the limit and the fix; a bad CPU or priority FlowEdgeValueError. Returns what\n"
+        "was done.");
+}
+
 /// The feature properties of a whole-policy class T (a PolicyFeatures with backend()).
 template <class T, class Cls>
 void feature_properties(Cls& cls) {

@@ -89,11 +89,14 @@ def test_load_policy_chooses_by_config_type(act_folder, dp_path):
         flowedge.load_policy(dp_path, n_action_steps=2)
 
 
-def test_act_runs_on_the_cpu_only_for_now(act_folder, clean_env):
-    with pytest.raises(flowedge.FlowEdgeError, match="ACT runs on the CPU only for now.*pass device='cpu' or 'auto'"):
-        flowedge.ActPolicy(act_folder, device="cuda")
+def test_act_follows_the_residency_contract(act_folder, clean_env):
     p = flowedge.load_policy(act_folder, device="auto")
-    assert p.backend == "cpu" and not p.cuda_resident and "ACT runs on the CPU only for now" in p.fallback_reason
+    if p.cuda_resident:
+        assert p.backend == "cuda" and p.fallback_reason == ""
+        return
+    assert p.backend == "cpu" and p.fallback_reason
+    with pytest.raises(flowedge.FlowEdgeError, match="pass device='auto'"):
+        flowedge.ActPolicy(act_folder, device="cuda")
     clean_env.setenv("FLOWEDGE_CUDA_REQUIRED", "1")
     with pytest.raises(flowedge.FlowEdgeError, match="FLOWEDGE_CUDA_REQUIRED=1"):
         flowedge.ActPolicy(act_folder, device="auto")

@@ -206,8 +206,9 @@ def test_rollout_act_folder_runs_without_torch(act_policy, tmp_path):
         from flowedge import rollout
         rollout.main(['--backend', 'flowedge-policy', '--policy', {str(act_policy)!r}, '--device', 'cuda', '--no-progress'])
     """)
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "ACT runs on the CPU only for now" in r.stderr
+    if r.returncode != 0:  # a CUDA build on a GPU host runs it; elsewhere one line says why not
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "no CUDA backend" in r.stderr or "not resident on the GPU" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("module, args", [("replay", "[{folder!r}]"), ("rollout", "['--policy', {folder!r}, '--backend', 'both']")])

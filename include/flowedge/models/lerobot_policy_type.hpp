@@ -15,9 +15,6 @@ enum class PolicyType { Diffusion, Act };
 
 inline const char* policy_type_name(PolicyType t) { return t == PolicyType::Act ? "act" : "diffusion"; }
 
-/// ActPolicy has no CUDA backend yet: what every surface says when a GPU is asked for an ACT folder.
-inline constexpr const char* kActCpuOnly = "ACT runs on the CPU only for now (its transformer ops have no CUDA kernels yet)";
-
 /// Act when `path` (a folder, or a file inside it) has a config.json whose "type" is "act"; Diffusion otherwise,
 /// including compact *.flowedge.safetensors files and unreadable or other configs, so that the Diffusion Policy
 /// loader reports what is wrong with them.

@@ -29,6 +29,7 @@
 #include "flowedge/models/policy_observation.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
+#include "flowedge/realtime.hpp"
 
 namespace flowedge {
 
@@ -336,7 +337,31 @@ public:
         return n;
     }
 
+    /// Real-time options (docs/realtime.md), from the thread that will call select_action, after load. On CUDA a
+    /// stream of the device's highest priority replaces the current one (warm_up() records the graph again); the
+    /// observation copies stay pageable (pinned_staging is the Diffusion Policy's for now and is reported false).
+    /// Then the process/thread part (realtime::apply). Throws flowedge::Error naming the limit and its fix when the
+    /// system refuses.
+    RealtimeReport set_realtime(const RealtimeOptions& o) {
+        m_exec.check_live("set_realtime", "ActPolicy");
+        if (o.high_priority_stream && !m_priority_stream) {
+            const Stream s = Memory<B>::create_priority_stream();  // none on the CPU
+            if (s.handle) {
+                m_priority_stream.reset(s.handle);
+                m_exec.set_stream(s);
+                warm_up();  // the new stream dropped the graph load() recorded
+            }
+        }
+        RealtimeReport r = realtime::apply(o);
+        r.high_priority_stream = m_priority_stream != nullptr;
+        return r;
+    }
+
 private:
+    /// Release of set_realtime's stream (the CPU never creates one).
+    struct StreamRelease {
+        void operator()(void* s) const noexcept { Memory<B>::destroy_stream(Stream{s}); }
+    };
     /// A learned table bound whole by name ("weight"), e.g. nn.Embedding(n, dim).weight used as position embeddings.
     struct Table {
         Shape shape;
@@ -499,6 +524,8 @@ private:
     using Execution = ModelExecution<B, 1>;
     static constexpr std::size_t kMaxCameras = 32;  ///< bits of the graph key (one frame layout per camera)
 
+    // Declared first, destroyed last: the stream outlives every graph and buffer that used it.
+    std::unique_ptr<void, StreamRelease> m_priority_stream;
     io::LeRobotActFolder m_meta;
     int m_n_1d = 1, m_n_tokens = 0, m_feat_h = 0, m_feat_w = 0;
     ResNet18Backbone<B> m_backbone;
