@@ -463,8 +463,8 @@ act_bench_480x640() {
         "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --chunks ${ACT_CHUNKS:-500} \
             --json "$OUT/act_bench_cuda_$dt.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     done
-    "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 --json "$OUT/act_bench_cpu.json" 2>&1 \
-        | tee -a "$OUT/act.txt" || rc=$?
+    OMP_PROC_BIND=close OMP_PLACES=cores "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 \
+        --threads 1,2 --json "$OUT/act_bench_cpu.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     return "$rc"
 }
 

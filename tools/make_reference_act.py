@@ -2,10 +2,10 @@
 """LeRobot ACT references: random-init ACTPolicy checkpoints saved by LeRobot itself (pip lerobot, its ACTPolicy and
 pre/post-processors) with per-chunk actions and whole select_action episodes, for flowedge's ActPolicy to match.
 
-The ResNet18 backbone is 11.2 M parameters, too big to commit, so the weights are generated exactly as
-tools/make_reference_dp_image.py does (manifest.json: key, shape, seed, rule, a, b per tensor; SplitMix64 normals of
-tools/splitmix_noise.py) and test/support/lerobot_fixture_folder.hpp rebuilds model.safetensors. Buffers that are
-not weights (the VAE encoder's sinusoidal table) go to constants.safetensors.
+The ResNet18 backbone is 11.2 M parameters, too big to commit, so the weights are generated as for the Diffusion
+Policy fixtures (tools/lerobot_fixture_weights.py: manifest.json, SplitMix64 normals) and
+test/support/lerobot_fixture_folder.hpp rebuilds model.safetensors. Buffers that are not weights (the VAE encoder's
+sinusoidal table) go to constants.safetensors.
 
 Committed fixtures (test/fixtures/<name>/ and <name>_ref/):
   act_cam1: one camera 3x64x80, state, post-norm, ReLU, n_action_steps 4 (its _ref also holds a temporal-ensembling
@@ -23,7 +23,6 @@ Usage: make_reference_act.py [--only NAME] [--bench DIR]
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -34,49 +33,25 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from make_reference_dp_image import episode_inputs, generate, lerobot_frame  # noqa: E402
+from lerobot_fixture_weights import default_rule, fill_weights, save_fixture_folder  # noqa: E402
+from make_reference_dp_image import episode_inputs, lerobot_frame  # noqa: E402
 
 from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
 from lerobot.policies.act.configuration_act import ACTConfig  # noqa: E402
 from lerobot.policies.act.modeling_act import ACTPolicy  # noqa: E402
 from lerobot.policies.act.processor_act import make_act_pre_post_processors  # noqa: E402
-from safetensors.numpy import save_file  # noqa: E402
 
 
 def rule_for(key: str, shape: tuple) -> tuple[str, float, float]:
-    """(rule, a, b): weights ~ N(0, 1/fan_in), learned position embeddings ~ N(0, 1) (nn.Embedding's init), norm
-    gains ~ 1 + 0.1 N, biases / BN means ~ 0.1 N, BN vars 0.5 + 0.5 N^2."""
-    if key.endswith("running_var"):
-        return "sq", 0.5, 0.5
-    if key.endswith("running_mean"):
-        return "lin", 0.0, 0.1
+    """(rule, a, b): learned position embeddings ~ N(0, 1) (nn.Embedding's init), the rest as default_rule."""
     if "pos_embed" in key or key.endswith("cls_embed.weight"):
         return "lin", 0.0, 1.0
-    if len(shape) >= 2:
-        return "lin", 0.0, 1.0 / math.sqrt(int(np.prod(shape[1:])))
-    if key.endswith(".weight"):  # LayerNorm / BatchNorm gain
-        return "lin", 1.0, 0.1
-    return "lin", 0.0, 0.1
+    return default_rule(key, shape)
 
 
-def fill_weights(policy: ACTPolicy, base_seed: int) -> tuple[list, dict]:
-    """Overwrites the policy's state dict with generated values; returns the manifest and the constant tensors."""
-    sd = policy.state_dict()
-    manifest, constants, new_sd = [], {}, {}
-    for k, key in enumerate(sorted(sd)):
-        t = sd[key]
-        if not t.is_floating_point() or key.endswith("vae_encoder_pos_enc"):
-            constants[key] = t.detach().cpu().numpy()
-            new_sd[key] = t
-            continue
-        shape = tuple(t.shape)
-        rule, a, b = rule_for(key, shape)
-        v = generate(rule, a, b, base_seed + k, shape)
-        manifest.append({"key": key, "shape": list(shape), "seed": base_seed + k, "rule": rule, "a": a, "b": b,
-                         "sum": float(v.astype(np.float64).sum()), "first": [float(x) for x in v.reshape(-1)[:4]]})
-        new_sd[key] = torch.from_numpy(v)
-    policy.load_state_dict(new_sd)
-    return manifest, constants
+def is_constant(key: str) -> bool:
+    """LeRobot's buffers that are not weights: the VAE encoder's sinusoidal table."""
+    return key.endswith("vae_encoder_pos_enc")
 
 
 def image_stats(mean, std):
@@ -192,18 +167,12 @@ def lerobot_cuda_chunk_ms(policy, pre, cfg, obs: dict, iters: int = 50) -> dict:
 
 
 def build(name: str, cfg, stats, base_seed: int, alt: dict, out: str, ref: str, T: int, timing: bool = False) -> None:
-    os.makedirs(out, exist_ok=True)
     os.makedirs(ref, exist_ok=True)
     policy = ACTPolicy(cfg)
-    manifest, constants = fill_weights(policy, base_seed)
+    manifest, constants = fill_weights(policy, base_seed, rule_for, is_constant)
     policy.eval()
     pre, post = make_act_pre_post_processors(cfg, dataset_stats=stats)
-    policy.save_pretrained(out)
-    pre.save_pretrained(out)
-    post.save_pretrained(out)
-    json.dump({"name": name, "base_seed": base_seed, "lerobot": "0.4.4", "generated": manifest},
-              open(os.path.join(out, "manifest.json"), "w"), indent=1)
-    save_file({k: np.ascontiguousarray(v) for k, v in constants.items()}, os.path.join(out, "constants.safetensors"))
+    save_fixture_folder(out, name, base_seed, policy, pre, post, manifest, constants)
     obs = episode_inputs(cfg, T, base_seed + 1)
     chunks: list = []
     actions = run_episode(policy, pre, post, cfg, obs, chunks)

@@ -2,11 +2,8 @@
 """LeRobot image Diffusion Policy references: whole select_action episodes run by LeRobot itself (pip lerobot, its
 DiffusionPolicy and pre/post-processors), for flowedge's DiffusionPolicy to match.
 
-A ResNet18 encoder is 11.2 M parameters, too big to commit, so the weights are *generated*: every floating-point
-tensor of the state dict except LeRobot's constants (SpatialSoftmax pos_grid) gets
-    value = float32(a + b * n)          (rule "lin")    or    float32(a + b * n * n)   (rule "sq")
-with n the float32 SplitMix64/Box-Muller normals 0, 1, ... of stream seed (base_seed + k), k the tensor's index in
-sorted key order (tools/splitmix_noise.py; include/flowedge/noise.hpp computes the same numbers). Committed per
+A ResNet18 encoder is 11.2 M parameters, too big to commit, so the weights are generated (tools/lerobot_fixture_weights.py;
+every floating-point tensor except LeRobot's constants, SpatialSoftmax pos_grid). Committed per
 fixture (test/fixtures/<name>/): config.json, the processor json + state files, constants.safetensors (the tensors
 not generated), manifest.json (key, shape, seed, rule, a, b per generated tensor), and <name>_ref/: the episode's
 uint8 frames, states, per-chunk initial noise and LeRobot's actions, plus per-camera encoder features of frame 0.
@@ -30,52 +27,17 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from lerobot_fixture_weights import default_rule, fill_weights, save_fixture_folder  # noqa: E402
 from splitmix_noise import stream_normals  # noqa: E402
 
 from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
 from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
 from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors  # noqa: E402
-from safetensors.numpy import save_file  # noqa: E402
 
-def rule_for(key: str, shape: tuple) -> tuple[str, float, float]:
-    """(rule, a, b): weights ~ N(0, 1/fan_in), norm gains ~ 1 + 0.1 N, biases / BN means ~ 0.1 N, BN vars 0.5 + 0.5 N^2."""
-    if key.endswith("running_var"):
-        return "sq", 0.5, 0.5
-    if key.endswith("running_mean"):
-        return "lin", 0.0, 0.1
-    if len(shape) >= 2:
-        fan_in = int(np.prod(shape[1:]))
-        return "lin", 0.0, 1.0 / math.sqrt(fan_in)
-    if key.endswith(".weight"):  # GroupNorm / BatchNorm gain
-        return "lin", 1.0, 0.1
-    return "lin", 0.0, 0.1
-
-
-def generate(rule: str, a: float, b: float, seed: int, shape: tuple) -> np.ndarray:
-    n = stream_normals(seed, int(np.prod(shape))).astype(np.float64)
-    v = a + b * (n * n if rule == "sq" else n)
-    return v.astype(np.float32).reshape(shape)
-
-
-def fill_weights(policy: DiffusionPolicy, base_seed: int) -> tuple[list, dict]:
-    """Overwrites the policy's state dict with generated values; returns the manifest and the constant tensors."""
-    sd = policy.state_dict()
-    manifest, constants, new_sd = [], {}, {}
-    for k, key in enumerate(sorted(sd)):
-        t = sd[key]
-        if not t.is_floating_point() or key.endswith("pos_grid"):
-            constants[key] = t.detach().cpu().numpy()
-            new_sd[key] = t
-            continue
-        shape = tuple(t.shape)
-        rule, a, b = rule_for(key, shape)
-        v = generate(rule, a, b, base_seed + k, shape)
-        manifest.append({"key": key, "shape": list(shape), "seed": base_seed + k, "rule": rule, "a": a, "b": b,
-                         "sum": float(v.astype(np.float64).sum()), "first": [float(x) for x in v.reshape(-1)[:4]]})
-        new_sd[key] = torch.from_numpy(v)
-    policy.load_state_dict(new_sd)
-    return manifest, constants
+def is_constant(key: str) -> bool:
+    """LeRobot's buffers that are not weights: SpatialSoftmax's pos_grid."""
+    return key.endswith("pos_grid")
 
 
 def configs():
@@ -199,18 +161,12 @@ def encoder_features(policy, pre, cfg, obs: dict) -> dict:
 
 
 def build(name: str, cfg, stats, base_seed: int, out: str, ref: str, T: int, n_chunks_noise: int, timing: bool = False) -> None:
-    os.makedirs(out, exist_ok=True)
     os.makedirs(ref, exist_ok=True)
     policy = DiffusionPolicy(cfg)
-    manifest, constants = fill_weights(policy, base_seed)
+    manifest, constants = fill_weights(policy, base_seed, default_rule, is_constant)
     policy.eval()
     pre, post = make_diffusion_pre_post_processors(cfg, dataset_stats=stats)
-    policy.save_pretrained(out)
-    pre.save_pretrained(out)
-    post.save_pretrained(out)
-    json.dump({"name": name, "base_seed": base_seed, "lerobot": __import__("lerobot").__version__ if hasattr(__import__("lerobot"), "__version__") else "0.4.4",
-               "generated": manifest}, open(os.path.join(out, "manifest.json"), "w"), indent=1)
-    save_file({k: np.ascontiguousarray(v) for k, v in constants.items()}, os.path.join(out, "constants.safetensors"))
+    save_fixture_folder(out, name, base_seed, policy, pre, post, manifest, constants)
     obs = episode_inputs(cfg, T, base_seed + 1)
     A = cfg.output_features["action"].shape[0]
     noise = np.stack([stream_normals(base_seed + 100 + k, cfg.horizon * A).reshape(cfg.horizon, A) for k in range(n_chunks_noise)])

@@ -21,6 +21,7 @@
 
 #include "../ops/ops_test_util.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
+#include "../support/policy_episode.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/act/policy.hpp"
 
@@ -34,55 +35,11 @@ constexpr double kBound = 1e-4;  // max abs, normalised action units (issue 23)
 /// The rebuilt folder of fixture `name` (once per process).
 fs::path fixture(const std::string& name) { return testsupport::rebuilt_fixture(name); }
 
-fs::path ref_dir(const std::string& name) { return fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref"); }
+fs::path ref_dir(const std::string& name) { return testsupport::fixture_ref_dir(name); }
 
-/// One reference episode's observations: states and per camera uint8 frames [T, H, W, 3].
-struct Episode {
-    int T = 0;
-    std::vector<float> state, env;
-    std::vector<std::vector<std::uint8_t>> frames;
-};
-
-template <class B>
-Episode read_episode(const ActPolicy<B>& p, const std::string& name) {
-    Episode e;
-    const auto st = io::read_npy_f32(ref_dir(name) / (p.state_key() + ".npy"));
-    e.T = int(st.shape[0]);
-    e.state = st.data;
-    if (p.env_dim() > 0) e.env = io::read_npy_f32(ref_dir(name) / (p.env_key() + ".npy")).data;
-    for (const auto& cam : p.cameras()) e.frames.push_back(io::read_npy_u8(ref_dir(name) / (cam.key + ".npy")).data);
-    return e;
-}
-
-/// Observation t (frames uint8 HWC, or float CHW / 255 with `as_float`); the spans point into `store`.
-struct Observation {
-    std::vector<PolicyFrame> frames;
-    std::vector<std::vector<float>> float_frames;
-    PolicyObservation obs;
-};
-template <class B>
-void observation_at(const ActPolicy<B>& p, const Episode& e, int t, bool as_float, Observation& o) {
-    o.frames.clear();
-    o.float_frames.resize(p.cameras().size());
-    for (std::size_t c = 0; c < p.cameras().size(); ++c) {
-        const auto& cam = p.cameras()[c];
-        const std::size_t hw = std::size_t(cam.height) * cam.width;
-        const std::uint8_t* src = e.frames[c].data() + std::size_t(t) * hw * 3;
-        if (as_float) {
-            auto& f = o.float_frames[c];
-            f.resize(3 * hw);
-            for (std::size_t ch = 0; ch < 3; ++ch)
-                for (std::size_t i = 0; i < hw; ++i) f[ch * hw + i] = float(src[i * 3 + ch]) / 255.f;
-            o.frames.push_back(PolicyFrame{f.data(), ImageLayout::F32Chw, cam.height, cam.width});
-        } else {
-            o.frames.push_back(PolicyFrame{src, ImageLayout::U8Hwc, cam.height, cam.width});
-        }
-    }
-    const std::size_t S = std::size_t(p.state_dim()), E = std::size_t(p.env_dim());
-    o.obs.state = std::span<const float>(e.state.data() + std::size_t(t) * S, S);
-    o.obs.env_state = E ? std::span<const float>(e.env.data() + std::size_t(t) * E, E) : std::span<const float>{};
-    o.obs.images = o.frames;
-}
+using Episode = testsupport::PolicyEpisode;
+using Observation = testsupport::EpisodeObservation;
+using testsupport::observation_at;
 
 /// Max over an episode of |ours - LeRobot's| in normalised units (divided by the action's std).
 template <class B>
@@ -107,7 +64,7 @@ template <class B>
 void check_fixture(const std::string& name, const ActSelection& alt) {
     const fs::path folder = fixture(name);
     ActPolicy<B> p = ActPolicy<B>::load(folder);
-    const Episode e = read_episode(p, name);
+    const Episode e = testsupport::read_policy_episode(p, name);
     const std::size_t C = std::size_t(p.config().chunk_size), A = std::size_t(p.action_dim());
     const auto chunks = io::read_npy_f32(ref_dir(name) / "chunks.npy");
     REQUIRE(chunks.shape == std::vector<std::int64_t>{e.T, std::int64_t(C), std::int64_t(A)});
@@ -197,7 +154,7 @@ TEST_CASE("ActPolicy rejects unsupported or inconsistent folders naming the fiel
 
 TEST_CASE("ActPolicy rejects bad observations with the key and the expected shape") {
     ActPolicy<Cpu> p = ActPolicy<Cpu>::load(fixture("act_cam1"));
-    const Episode e = read_episode(p, "act_cam1");
+    const Episode e = testsupport::read_policy_episode(p, "act_cam1");
     Observation o;
     observation_at(p, e, 0, false, o);
     std::vector<float> a(std::size_t(p.action_dim()));
@@ -237,7 +194,7 @@ TEST_CASE_TEMPLATE("ActPolicy allocates nothing after load: reset, select_action
         if (!ensemble) opts.selection = ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5};
         ActPolicy<B> p = ActPolicy<B>::load(fixture("act_cam2"), opts);
         p.warm_up(ImageLayout::F32Chw);  // odd steps below feed float frames: their graph is recorded now, at load
-        const Episode e = read_episode(p, "act_cam2");
+        const Episode e = testsupport::read_policy_episode(p, "act_cam2");
         std::vector<Observation> obs(std::size_t(e.T));
         for (int t = 0; t < e.T; ++t) observation_at(p, e, t, t % 2 == 1, obs[std::size_t(t)]);
         std::vector<float> a(std::size_t(p.action_dim())), chunk(std::size_t(p.config().chunk_size) * a.size());

@@ -15,6 +15,7 @@
 
 #include "../ops/ops_test_util.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
+#include "../support/policy_episode.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
 
@@ -27,58 +28,19 @@ namespace fs = std::filesystem;
 /// The rebuilt folder of fixture `name` (once per process).
 fs::path fixture(const std::string& name) { return testsupport::rebuilt_fixture(name); }
 
-/// uint8 .npy payload (the fixtures' frames, [T, H, W, 3]).
-std::vector<std::uint8_t> read_u8(const fs::path& p) { return io::read_npy_u8(p).data; }
-
-/// One reference episode: observations, per-chunk noise and LeRobot's actions.
-struct Episode {
-    int T = 0;
-    std::vector<float> state, env, noise, actions;
-    std::vector<std::vector<std::uint8_t>> frames;  ///< per camera, [T, H, W, 3]
+/// One reference episode: the observations, per-chunk noise and LeRobot's actions.
+struct Episode : testsupport::PolicyEpisode {
+    std::vector<float> noise, actions;
 };
+using ObservationAt = testsupport::EpisodeObservation;
+using testsupport::observation_at;
 
 template <Backend B>
 Episode read_episode(const DiffusionPolicy<B>& p, const std::string& name) {
-    const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
-    Episode e;
-    const auto st = io::read_npy_f32(ref / (p.state_key() + ".npy"));
-    e.T = int(st.shape[0]);
-    e.state = st.data;
-    if (p.env_dim() > 0) e.env = io::read_npy_f32(ref / (p.env_key() + ".npy")).data;
-    e.noise = io::read_npy_f32(ref / "noise.npy").data;
-    e.actions = io::read_npy_f32(ref / "actions.npy").data;
-    for (const auto& cam : p.cameras()) e.frames.push_back(read_u8(ref / (cam.key + ".npy")));
+    Episode e{testsupport::read_policy_episode(p, name), {}, {}};
+    e.noise = io::read_npy_f32(testsupport::fixture_ref_dir(name) / "noise.npy").data;
+    e.actions = io::read_npy_f32(testsupport::fixture_ref_dir(name) / "actions.npy").data;
     return e;
-}
-
-/// Observation t of the episode (frames as uint8 HWC, or converted to float CHW / 255 when `as_float`).
-struct ObservationAt {
-    std::vector<PolicyFrame> frames;
-    std::vector<std::vector<float>> float_frames;
-    PolicyObservation obs;
-};
-template <Backend B>
-void observation_at(const DiffusionPolicy<B>& p, const Episode& e, int t, bool as_float, ObservationAt& o) {
-    o.frames.clear();
-    o.float_frames.resize(p.cameras().size());
-    for (std::size_t c = 0; c < p.cameras().size(); ++c) {
-        const auto& cam = p.cameras()[c];
-        const std::size_t hw = std::size_t(cam.height) * cam.width;
-        const std::uint8_t* src = e.frames[c].data() + std::size_t(t) * hw * 3;
-        if (as_float) {
-            auto& f = o.float_frames[c];
-            f.resize(3 * hw);
-            for (std::size_t ch = 0; ch < 3; ++ch)
-                for (std::size_t i = 0; i < hw; ++i) f[ch * hw + i] = float(src[i * 3 + ch]) / 255.f;
-            o.frames.push_back({f.data(), ImageLayout::F32Chw, cam.height, cam.width});
-        } else {
-            o.frames.push_back({src, ImageLayout::U8Hwc, cam.height, cam.width});
-        }
-    }
-    o.obs.state = std::span<const float>(e.state.data() + std::size_t(t) * p.state_dim(), std::size_t(p.state_dim()));
-    o.obs.env_state = p.env_dim() > 0 ? std::span<const float>(e.env.data() + std::size_t(t) * p.env_dim(), std::size_t(p.env_dim()))
-                                      : std::span<const float>{};
-    o.obs.images = o.frames;
 }
 
 /// Runs the episode (reset, select_action per step with chunk k's noise) and returns the worst difference to LeRobot
@@ -153,8 +115,8 @@ TEST_CASE_TEMPLATE("each camera's encoder features match LeRobot's rgb_encoder o
             DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(folder.config, cam.height, cam.width));
             enc.load(folder.head.weights, folder.separate_encoders ? "diffusion.rgb_encoder." + std::to_string(c) + "." : "diffusion.rgb_encoder.", {});
             enc.set_normalization(cam.norm.kind, cam.norm.offset.data(), cam.norm.denom.data());
-            const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
-            const std::vector<std::uint8_t> frames = read_u8(ref / (cam.key + ".npy"));
+            const fs::path ref = testsupport::fixture_ref_dir(name);
+            const std::vector<std::uint8_t> frames = io::read_npy_u8(ref / (cam.key + ".npy")).data;
             const std::size_t frame_bytes = std::size_t(cam.height) * cam.width * 3;
             optest::Dev<std::uint8_t, B> dframe(std::vector<std::uint8_t>(frames.begin(), frames.begin() + std::ptrdiff_t(frame_bytes)));
             optest::Dev<float, B> dfeat(std::size_t(enc.feature_dim()));

@@ -56,7 +56,7 @@ constexpr double kTiny = 2.3509887016445750e-38;  // 2^-125: DAZ/FTZ term per el
 
 double gamma_seq(double d) { return d * kU32 / (1 - d * kU32); }
 
-const int kIns[] = {1, 7, 8, 9, 33, 128, 256};
+const int kIns[] = {1, 7, 8, 9, 33, 128, 256, 300};  // 300: the many-row GEMM tiles run two k slices
 const int kOuts[] = {1, 15, 16, 17, 40, 256, 512};
 const Activation kActs[] = {Activation::None, Activation::Silu, Activation::Softplus, Activation::Mish};
 

@@ -50,18 +50,145 @@ inline void attention_rows(const AttentionParams& p, int h, int i0, int i1) {
     }
 }
 
-/// out = softmax(scale q k^T) v per head; (head, query block) items shared over OpenMP threads when large enough.
+#if FLOWEDGE_ISA_SIMD
+// The blocked kernel (SIMD sets): a block of kAttnBlock queries of one head at a time, queries in vector lanes.
+// Scores: the block's queries transposed to [head_dim][block] on the stack, each key's elements broadcast against
+// them (kAttnScoreKeys keys x 2 query vectors of accumulators per tile), so no horizontal sums. Softmax per query
+// (lane): the max, exp(s - max) (vexp, ~1 ulp), the sum in double in key order. p v: a register-blocked product of
+// the block's probabilities (broadcast) and v's rows (kAttnPvRows queries x kAttnPvVecs head vectors per tile), then
+// the 1 / sum scaling, as attention_rows does per query.
+inline constexpr int kAttnBlock = 2 * kLanes;
+inline constexpr int kAttnScoreKeys = kRegisters >= 32 ? 12 : 6;
+inline constexpr int kAttnPvRows = kRegisters >= 32 ? 6 : 4;
+inline constexpr int kAttnPvVecs = kRegisters >= 32 ? 4 : 3;
+/// Most keys of the blocked kernel: one block's scores [n_kv][block] sit on the worker's stack (128 KiB).
+inline constexpr int kAttnBlockMaxKeys = 32768 / kAttnBlock;
+/// Widest head of the blocked kernel: one block's transposed queries [head_dim][block] on the stack (32 KiB).
+inline constexpr int kAttnBlockMaxHeadDim = 8192 / kAttnBlock;
+
+/// Whether attention() runs p on the blocked kernel (else attention_rows): the scratch fits, whole head vectors.
+inline bool attention_blocked(const AttentionParams& p) {
+    return p.n_kv <= kAttnBlockMaxKeys && p.head_dim <= kAttnBlockMaxHeadDim && p.head_dim % kLanes == 0;
+}
+
+/// st[j][i] = scale * sum_d qt[d][i] k[j][d] for J keys (d in order, one chain per score). k: key 0's head columns.
+template <int J>
+inline void attention_scores_tile(const float* qt, const float* k, std::size_t ldk, int dh, float scale, float* st) {
+    VecF acc[J][2];
+    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = vzero();
+    for (int d = 0; d < dh; ++d) {
+        const VecF q0 = vload(qt + std::size_t(d) * kAttnBlock), q1 = vload(qt + std::size_t(d) * kAttnBlock + kLanes);
+        for (int j = 0; j < J; ++j) {
+            const VecF kb = vset1(k[std::size_t(j) * ldk + std::size_t(d)]);
+            acc[j][0] = vfma(q0, kb, acc[j][0]);
+            acc[j][1] = vfma(q1, kb, acc[j][1]);
+        }
+    }
+    const VecF s = vset1(scale);
+    for (int j = 0; j < J; ++j) {
+        vstore(st + std::size_t(j) * kAttnBlock, vmul(acc[j][0], s));
+        vstore(st + std::size_t(j) * kAttnBlock + kLanes, vmul(acc[j][1], s));
+    }
+}
+
+template <int J = kAttnScoreKeys>
+inline void attention_scores_tile_n(int nj, const float* qt, const float* k, std::size_t ldk, int dh, float scale, float* st) {
+    if constexpr (J > 1) {
+        if (nj < J) return attention_scores_tile_n<J - 1>(nj, qt, k, ldk, dh, scale, st);
+    }
+    attention_scores_tile<J>(qt, k, ldk, dh, scale, st);
+}
+
+/// out[r][t] = inv[r] * sum_j st[j][r] v[j][t] for R queries (block rows from r0) x V head vectors, j in order in
+/// one chain (attention_rows' arithmetic). v and out point at the tile's first head column.
+template <int R, int V>
+inline void attention_pv_tile(const float* st, int r0, const float* v, std::size_t ldv, int n_kv, const float* inv, float* out,
+                              std::size_t ldo) {
+    VecF acc[R][V];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < V; ++t) acc[r][t] = vzero();
+    for (int j = 0; j < n_kv; ++j) {
+        VecF vv[V];
+        for (int t = 0; t < V; ++t) vv[t] = vload(v + std::size_t(j) * ldv + std::size_t(t) * kLanes);
+        for (int r = 0; r < R; ++r) {
+            const VecF pj = vset1(st[std::size_t(j) * kAttnBlock + std::size_t(r0 + r)]);
+            for (int t = 0; t < V; ++t) acc[r][t] = vfma(pj, vv[t], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < V; ++t) vstore(out + std::size_t(r0 + r) * ldo + std::size_t(t) * kLanes, vmul(acc[r][t], vset1(inv[r0 + r])));
+}
+
+template <int R = kAttnPvRows, int V = kAttnPvVecs>
+inline void attention_pv_tile_n(int nr, int nv, const float* st, int r0, const float* v, std::size_t ldv, int n_kv, const float* inv,
+                                float* out, std::size_t ldo) {
+    if constexpr (R > 1) {
+        if (nr < R) return attention_pv_tile_n<R - 1, V>(nr, nv, st, r0, v, ldv, n_kv, inv, out, ldo);
+    }
+    if constexpr (V > 1) {
+        if (nv < V) return attention_pv_tile_n<R, V - 1>(nr, nv, st, r0, v, ldv, n_kv, inv, out, ldo);
+    }
+    attention_pv_tile<R, V>(st, r0, v, ldv, n_kv, inv, out, ldo);
+}
+
+/// Queries [i0, i1) (at most kAttnBlock) of head h on the blocked kernel.
+inline void attention_block(const AttentionParams& p, int h, int i0, int i1) {
+    const int width = p.n_heads * p.head_dim, dh = p.head_dim, nq = i1 - i0;
+    const std::size_t ldq = std::size_t(p.ld_q ? p.ld_q : width), ldk = std::size_t(p.ld_k ? p.ld_k : width);
+    const std::size_t ldv = std::size_t(p.ld_v ? p.ld_v : width), ldo = std::size_t(p.ld_out ? p.ld_out : width);
+    const std::size_t col = std::size_t(h) * std::size_t(dh);
+    alignas(64) float qt[kAttnBlockMaxHeadDim * kAttnBlock];
+    alignas(64) float st[kAttnBlockMaxKeys * kAttnBlock];
+    for (int d = 0; d < dh; ++d)
+        for (int i = 0; i < kAttnBlock; ++i)
+            qt[std::size_t(d) * kAttnBlock + std::size_t(i)] = i < nq ? p.q[std::size_t(i0 + i) * ldq + col + std::size_t(d)] : 0.f;
+    for (int j = 0; j < p.n_kv; j += kAttnScoreKeys)
+        attention_scores_tile_n(std::min(kAttnScoreKeys, p.n_kv - j), qt, p.k + std::size_t(j) * ldk + col, ldk, dh, p.scale,
+                                st + std::size_t(j) * kAttnBlock);
+    alignas(64) float neg_max[kAttnBlock], inv[kAttnBlock];
+    double sum[kAttnBlock];
+    for (int i = 0; i < kAttnBlock; ++i) {
+        float mx = -INFINITY;
+        for (int j = 0; j < p.n_kv; ++j) mx = std::max(mx, st[std::size_t(j) * kAttnBlock + std::size_t(i)]);
+        neg_max[i] = -mx;
+        sum[i] = 0;
+    }
+    for (int j = 0; j < p.n_kv; ++j) {
+        float* sj = st + std::size_t(j) * kAttnBlock;
+        for (int v = 0; v < kAttnBlock; v += kLanes) vstore(sj + v, vexp(vadd(vload(sj + v), vload(neg_max + v))));
+        for (int i = 0; i < kAttnBlock; ++i) sum[i] += sj[i];
+    }
+    for (int i = 0; i < kAttnBlock; ++i) inv[i] = float(1.0 / sum[i]);
+    const int head_vecs = dh / kLanes;
+    for (int r0 = 0; r0 < nq; r0 += kAttnPvRows)
+        for (int t0 = 0; t0 < head_vecs; t0 += kAttnPvVecs)
+            attention_pv_tile_n(std::min(kAttnPvRows, nq - r0), std::min(kAttnPvVecs, head_vecs - t0), st, r0,
+                                p.v + col + std::size_t(t0) * kLanes, ldv, p.n_kv, inv, p.out + std::size_t(i0) * ldo + col + std::size_t(t0) * kLanes,
+                                ldo);
+}
+#endif
+
+/// out = softmax(scale q k^T) v per head on the blocked kernel where it applies (SIMD sets), else attention_rows;
+/// (head, query block) items shared over OpenMP threads when large enough.
 inline void attention(const AttentionParams& p) {
+    // Work items: (head, block of queries); the blocked kernel's blocks are its lane blocks.
+    int block = 16;
+    void (*rows)(const AttentionParams&, int, int, int) = attention_rows;
+#if FLOWEDGE_ISA_SIMD
+    if (attention_blocked(p)) {
+        block = kAttnBlock;
+        rows = attention_block;
+    }
+#endif
+    const int blocks = (p.n_q + block - 1) / block, items = blocks * p.n_heads;
     const double macs = 2.0 * p.n_q * double(p.n_kv) * p.n_heads * p.head_dim;
     if (macs < kParallelMacs) {
-        for (int h = 0; h < p.n_heads; ++h) attention_rows(p, h, 0, p.n_q);
+        for (int it = 0; it < items; ++it) rows(p, it / blocks, (it % blocks) * block, std::min(p.n_q, (it % blocks + 1) * block));
         return;
     }
-    constexpr int kBlock = 16;
-    const int blocks = (p.n_q + kBlock - 1) / kBlock, items = blocks * p.n_heads;
 #pragma omp parallel for schedule(static)
     for (int it = 0; it < items; ++it) {
-        const int h = it / blocks, i0 = (it % blocks) * kBlock;
-        attention_rows(p, h, i0, std::min(p.n_q, i0 + kBlock));
+        const int h = it / blocks, i0 = (it % blocks) * block;
+        rows(p, h, i0, std::min(p.n_q, i0 + block));
     }
 }

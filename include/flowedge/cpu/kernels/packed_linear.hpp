@@ -123,6 +123,35 @@ struct Call {
     int vbeg = 0, vend = 0;  ///< output vectors [vbeg, vend) this call (thread) computes
 };
 
+/// A tile's epilogue: activation (in registers where it may come before an accumulate), then store or accumulate
+/// R rows x V vectors of outputs starting at output obase.
+template <int R, int V>
+inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
+    const LinearParams& p = *c.p;
+    const bool act_now = act_in_registers(p);
+    for (int r = 0; r < R; ++r) {
+        float* yr = p.y + std::size_t(r0 + r) * c.ldy;
+        for (int v = 0; v < V; ++v) {
+            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+            VecF val = act_now ? activate_vec(p.act, acc[r][v]) : acc[r][v];
+            if (n == kLanes) {
+                if (p.accumulate) val = vadd(vload(yr + o), val);
+                vstore(yr + o, val);
+            } else {
+                if (p.accumulate) val = vadd(load_n(yr + o, n), val);
+                store_n(yr + o, val, n);
+            }
+        }
+        if (!act_now) activate_inplace(p.act, yr + obase, std::min(V * kLanes, p.out - obase));
+    }
+}
+
+/// Vector v of a tile's outputs from obase: the bias (zero where out ends or there is none), the start of chain 0.
+inline VecF bias_vec(const LinearParams& p, int obase, int v) {
+    const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+    return p.bias ? (n == kLanes ? vload(p.bias + o) : load_n(p.bias + o, n)) : vzero();
+}
+
 /// R rows (r0..r0+R-1) x V vectors starting at vector v0 of block b, S chains per output: accumulate over k, then
 /// the epilogue. xb: the BF16 pair rows of these R rows (Kind::Bh only), ldp pairs apart.
 template <Kind K, int S, int R, int V>
@@ -134,8 +163,7 @@ inline void tile(const Call& c, int r0, int b, int v0, const std::uint32_t* xb, 
     const int obase = (b * kPackBlockVecs + v0) * kLanes;
     VecF acc[S][R][V];
     for (int v = 0; v < V; ++v) {
-        const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
-        const VecF init = p.bias ? (n == kLanes ? vload(p.bias + o) : load_n(p.bias + o, n)) : vzero();
+        const VecF init = bias_vec(p, obase, v);
         for (int r = 0; r < R; ++r) {
             acc[0][r][v] = init;  // the bias starts chain 0
             for (int s = 1; s < S; ++s) acc[s][r][v] = vzero();
@@ -164,22 +192,7 @@ inline void tile(const Call& c, int r0, int b, int v0, const std::uint32_t* xb, 
 #endif
     }
     combine<S>(acc);
-    const bool act_now = act_in_registers(p);
-    for (int r = 0; r < R; ++r) {
-        float* yr = p.y + std::size_t(r0 + r) * c.ldy;
-        for (int v = 0; v < V; ++v) {
-            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
-            VecF val = act_now ? activate_vec(p.act, acc[0][r][v]) : acc[0][r][v];
-            if (n == kLanes) {
-                if (p.accumulate) val = vadd(vload(yr + o), val);
-                vstore(yr + o, val);
-            } else {
-                if (p.accumulate) val = vadd(load_n(yr + o, n), val);
-                store_n(yr + o, val, n);
-            }
-        }
-        if (!act_now) activate_inplace(p.act, yr + obase, std::min(V * kLanes, p.out - obase));
-    }
+    finish<R, V>(c, r0, obase, acc[0]);
 }
 
 /// Rows per pass with S chains: at most kPackMaxRows, and S * rows <= kPackAcc (one vector per row and chain).
@@ -240,6 +253,89 @@ inline void run_chains(int chains, const Call& c, std::uint32_t* xb, std::size_t
         case 1: all_rows<K, 1>(c, xb, ldp); return;
         case 2: all_rows<K, 2>(c, xb, ldp); return;
         default: all_rows<K, 4>(c, xb, ldp); return;
+    }
+}
+
+/// Many rows (an ACT encoder's ~300 tokens, its decoder's 100 queries) on the F32 layout with one chain per output:
+/// a register-blocked GEMM. A tile holds kGemmRows rows x kGemmVecs output vectors of accumulators (AVX-512: 6 x 4 = 24
+/// of 32 zmm; AVX2: 4 x 3 = 12 of 16 ymm), and each k step loads the tile's weight vectors once and multiplies them
+/// by each row's broadcast x[r][k]. Output groups are the outer loop and row tiles the inner one, so a group's
+/// weight panel (kGemmVecs vectors x kGemmDepth k steps) is read from L2 by every row tile while x streams through;
+/// longer reductions (the FFN's second linear, in = 3200) run in k slices of kGemmDepth whose partial sums go through
+/// y (exact: the chain continues from the stored float). Each output is bias + sum over k in k order in one chain,
+/// the arithmetic of tile<F32, 1, ...>: the same bits at any row count.
+inline constexpr int kGemmRows = kRegisters >= 32 ? 6 : 4;
+inline constexpr int kGemmVecs = kRegisters >= 32 ? 4 : 3;
+/// k steps per slice: a panel of kGemmVecs vectors x 256 floats (64 KiB on AVX-512) and the rows' x slices (~300 KiB
+/// at 300 rows) stay in a 1 MiB L2.
+inline constexpr int kGemmDepth = 256;
+
+/// R rows x V vectors from vector v0 of block b over k in [k0, k1): starts from the bias (k0 == 0) or the partial
+/// sums in y, ends with the epilogue (k1 == in) or stores the partial sums (exact, as the next slice reloads them).
+template <int R, int V>
+inline void gemm_tile(const Call& c, int r0, int b, int v0, int k0, int k1) {
+    const LinearParams& p = *c.p;
+    const int vb = std::min(kPackBlockVecs, c.out_vecs - b * kPackBlockVecs);  // vectors in this block
+    const std::size_t ks = std::size_t(vb) * kLanes;                            // floats per k step
+    const float* w = static_cast<const float*>(c.w) + std::size_t(b) * kPackBlockVecs * kLanes * std::size_t(c.ksteps) +
+                     std::size_t(v0) * kLanes;
+    const int obase = (b * kPackBlockVecs + v0) * kLanes;
+    VecF acc[R][V];
+    for (int v = 0; v < V; ++v) {
+        const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+        const VecF init = bias_vec(p, obase, v);
+        for (int r = 0; r < R; ++r) {
+            const float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
+            acc[r][v] = k0 == 0 ? init : n == kLanes ? vload(yr) : load_n(yr, n);
+        }
+    }
+    const float* x = p.x + std::size_t(r0) * c.ldx;
+    for (int k = k0; k < k1; ++k) {
+        const float* wk = w + std::size_t(k) * ks;
+        VecF wv[V];
+        for (int v = 0; v < V; ++v) wv[v] = vload(wk + v * kLanes);
+        for (int r = 0; r < R; ++r) {
+            const VecF xr = vset1(x[std::size_t(r) * c.ldx + std::size_t(k)]);
+            for (int v = 0; v < V; ++v) acc[r][v] = vfma(wv[v], xr, acc[r][v]);
+        }
+    }
+    if (k1 == p.in) {
+        finish<R, V>(c, r0, obase, acc);
+        return;
+    }
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+            float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
+            if (n == kLanes) vstore(yr, acc[r][v]);
+            else store_n(yr, acc[r][v], n);
+        }
+}
+
+/// gemm_tile for a runtime (rows, vectors) in [1, kGemmRows] x [1, kGemmVecs].
+template <int R = kGemmRows, int V = kGemmVecs>
+inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int b, int v0, int k0, int k1) {
+    if constexpr (R > 1) {
+        if (nr < R) return gemm_tile_n<R - 1, V>(nr, nv, c, r0, b, v0, k0, k1);
+    }
+    if constexpr (V > 1) {
+        if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, b, v0, k0, k1);
+    }
+    gemm_tile<R, V>(c, r0, b, v0, k0, k1);
+}
+
+/// All rows of a call against output vectors [c.vbeg, c.vend): groups of kGemmVecs vectors, each k slice over every
+/// row tile. An accumulate call is not sliced (y holds what it adds to).
+inline void gemm_all_rows(const Call& c) {
+    const LinearParams& p = *c.p;
+    const int depth = p.accumulate ? p.in : kGemmDepth;
+    for (int b = c.vbeg / kPackBlockVecs; b * kPackBlockVecs < c.vend; ++b) {
+        const int lo = std::max(0, c.vbeg - b * kPackBlockVecs);
+        const int hi = std::min({kPackBlockVecs, c.out_vecs - b * kPackBlockVecs, c.vend - b * kPackBlockVecs});
+        for (int v0 = lo; v0 < hi; v0 += kGemmVecs)
+            for (int k0 = 0; k0 < p.in; k0 += depth)
+                for (int r0 = 0; r0 < p.rows; r0 += kGemmRows)
+                    gemm_tile_n(std::min(kGemmRows, p.rows - r0), std::min(kGemmVecs, hi - v0), c, r0, b, v0, k0, std::min(p.in, k0 + depth));
     }
 }
 
@@ -330,7 +426,8 @@ inline void packed_linear_pack(PackedLayout l, bool round, const WeightRef& src_
 inline void packed_linear_part(const packed::Call& c, PackedLayout layout, bool bh) {
     const int S = packed_chains_for(c.out_vecs);
     if (layout == PackedLayout::F32) {
-        packed::run_chains<packed::Kind::F32>(S, c, nullptr, 0);
+        if (S == 1 && c.p->rows > kPackMaxRows) packed::gemm_all_rows(c);
+        else packed::run_chains<packed::Kind::F32>(S, c, nullptr, 0);
         return;
     }
 #if FLOWEDGE_ISA_AVX512

@@ -5,6 +5,7 @@
 // is zero, as LeRobot does in eval) and its tensors are ignored. On CUDA a chunk is one recorded graph.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "flowedge/models/act/config.hpp"
 #include "flowedge/models/act/lerobot_act_folder.hpp"
 #include "flowedge/models/act/transformer.hpp"
+#include "flowedge/models/feature_norm_buffers.hpp"
 #include "flowedge/models/model_execution.hpp"
 #include "flowedge/models/policy_observation.hpp"
 #include "flowedge/ops.hpp"
@@ -36,6 +38,30 @@ namespace flowedge {
 struct ActSelection {
     std::optional<double> temporal_ensemble_coeff{};  ///< set: ensemble every step (n_action_steps must be 1)
     int n_action_steps = 1;
+};
+
+/// The work of one ACT chunk per part: multiply-adds of the matrix products (convolutions, linears, attention's
+/// q k^T and p v; LayerNorm, softmax and activations not counted) and parameters read.
+struct ActChunkCost {
+    struct Part {
+        double macs = 0;
+        double parameters = 0;
+    };
+    Part tokens;   ///< the backbones, the 1x1 input projections and the 1-D token projections
+    Part encoder;  ///< the encoder layers (and a pre-norm encoder's final LayerNorm)
+    Part decoder;  ///< the decoder layers over chunk_size queries, the final LayerNorm and the action head
+    double macs() const { return tokens.macs + encoder.macs + decoder.macs; }
+    double parameters() const { return tokens.parameters + encoder.parameters + decoder.parameters; }
+};
+
+/// The host's steady clock in milliseconds (ActPolicy::time_parts' default clock).
+inline double steady_clock_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Host milliseconds of one chunk's parts as ActPolicy::time_parts ran them (each synchronized before the clock reads).
+struct ActPartTimes {
+    double tokens_ms = 0, encoder_ms = 0, decoder_ms = 0;
 };
 
 /// Load-time choices of an ActPolicy.
@@ -83,7 +109,7 @@ public:
             ws = std::max(ws, m_backbone.workspace_bytes(1));
             for (const io::PolicyCamera& pc : m_meta.cameras) {
                 m_frames.emplace_back(std::size_t(pc.channels) * pc.height * pc.width * sizeof(float));
-                m_cam_norm.push_back(upload_norm(pc.norm));
+                m_cam_norm.push_back(FeatureNormBuffers<B>::upload(pc.norm));
             }
             m_image = Buffer<float, B>(std::size_t(3) * cam0.height * cam0.width);
             m_feat = Buffer<float, B>(std::size_t(ResNet18Backbone<B>::kOutChannels) * m_feat_h * m_feat_w);
@@ -130,8 +156,8 @@ public:
         m_zero_latent = Buffer<float, B>(std::size_t(c.latent_dim));
         m_state_in = Buffer<float, B>(std::size_t(std::max(m_meta.state_dim, 1)));
         m_env_in = Buffer<float, B>(std::size_t(std::max(m_meta.env_dim, 1)));
-        m_state_norm = upload_norm(m_meta.state_norm);
-        m_env_norm = upload_norm(m_meta.env_norm);
+        m_state_norm = FeatureNormBuffers<B>::upload(m_meta.state_norm);
+        m_env_norm = FeatureNormBuffers<B>::upload(m_meta.env_norm);
         for (Buffer<float, B>* b : {&m_q, &m_k, &m_v, &m_heads, &m_sum, &m_normed, &m_branch}) *b = Buffer<float, B>(rows * D);
         m_hidden = Buffer<float, B>(rows * std::size_t(c.dim_feedforward));
         m_chunk = Buffer<float, B>(std::size_t(C) * A);
@@ -188,6 +214,52 @@ public:
     int feature_w() const { return m_feat_w; }
     /// Chunks predicted since the last reset().
     int chunks_generated() const { return m_chunk_index; }
+
+    /// The multiply-adds and parameters of one chunk, per part (counted from the config and the backbone's convs).
+    ActChunkCost cost() const {
+        const ActConfig& c = m_meta.config;
+        const double D = c.dim_model, F = c.dim_feedforward, S = m_n_tokens, Q = c.chunk_size, A = m_meta.action_dim;
+        const double hw = double(m_feat_h) * m_feat_w, n_cam = double(m_meta.cameras.size()), in_1d = c.latent_dim + m_meta.state_dim + m_meta.env_dim;
+        const double norm = 2 * D, attn = 4 * D * (D + 1), ffn = 2 * D * F + F + D;
+        ActChunkCost k;
+        if (n_cam > 0) {
+            k.tokens.macs = n_cam * (double(m_backbone.macs(1)) + hw * ResNet18Backbone<B>::kOutChannels * D);
+            k.tokens.parameters = double(m_backbone.n_parameters()) + ResNet18Backbone<B>::kOutChannels * D + D;
+        }
+        k.tokens.macs += in_1d * D;
+        k.tokens.parameters += (in_1d + 2 * m_n_1d) * D;  // 1-D projections, their biases, the 1-D position embedding
+        // Per encoder layer: q, k, v and output projections of S rows, scores and weighted sums (S x S per dim), FFN.
+        k.encoder.macs = c.n_encoder_layers * (4 * S * D * D + 2 * S * S * D + 2 * S * D * F);
+        k.encoder.parameters = c.n_encoder_layers * (attn + ffn + 2 * norm) + (c.pre_norm ? norm : 0);
+        // Per decoder layer: self-attention over Q queries; cross-attention with q and output projections of Q rows and
+        // k, v projections of the S memory rows; FFN of Q rows. Then the action head.
+        k.decoder.macs = c.n_decoder_layers * (4 * Q * D * D + 2 * Q * Q * D + 2 * Q * D * D + 2 * S * D * D + 2 * Q * S * D + 2 * Q * D * F) +
+                         Q * D * A;
+        k.decoder.parameters = c.n_decoder_layers * (2 * attn + ffn + 3 * norm) + Q * D + norm + D * A + A;
+        return k;
+    }
+
+    /// One chunk from `obs` run part by part outside any recorded graph, the stream synchronized after each part (the
+    /// per-part latency table of bench/act_bench), each part timed with `clock_ms` (milliseconds; default the host's
+    /// steady clock). The queue, the ensemble and the chunk count stay as they were.
+    ActPartTimes time_parts(const PolicyObservation& obs, double (*clock_ms)() = steady_clock_ms) {
+        m_exec.check_live("time_parts", "ActPolicy");
+        check_observation(obs);
+        const Stream stream = m_exec.stream();
+        upload_observation(obs);
+        Memory<B>::synchronize(stream);
+        ActPartTimes t;
+        auto timed = [&](double& ms, auto&& part) {
+            const double t0 = clock_ms();
+            part();
+            Memory<B>::synchronize(stream);
+            ms = clock_ms() - t0;
+        };
+        timed(t.tokens_ms, [&] { enqueue_tokens(); });
+        timed(t.encoder_ms, [&] { enqueue_encoder(); });
+        timed(t.decoder_ms, [&] { enqueue_decoder(); });
+        return t;
+    }
 
     /// LeRobot's reset(): empties the action queue or the temporal ensemble (call at every episode start).
     void reset() {
@@ -299,22 +371,6 @@ private:
             f("weight", weight, shape, Storage::Vector);
         }
     };
-    struct NormBuffers {
-        NormKind kind = NormKind::Identity;
-        Buffer<float, B> offset, denom;
-    };
-
-    NormBuffers upload_norm(const io::FeatureNorm& n) {
-        NormBuffers b;
-        b.kind = n.kind;
-        if (n.kind == NormKind::Identity) return b;
-        b.offset = Buffer<float, B>(n.offset.size());
-        b.denom = Buffer<float, B>(n.denom.size());
-        Memory<B>::copy_from_host(b.offset.data(), n.offset.data(), n.offset.size() * sizeof(float));
-        Memory<B>::copy_from_host(b.denom.data(), n.denom.data(), n.denom.size() * sizeof(float));
-        return b;
-    }
-
     std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
         const io::PolicyCamera& pc = m_meta.cameras[cam];
         return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
@@ -325,22 +381,24 @@ private:
         check_policy_observation(obs, "act", m_meta.state_key, m_meta.state_dim, m_meta.env_key, m_meta.env_dim, m_meta.cameras);
     }
 
-    static void normalize(const float* x, float* y, int dim, const NormBuffers& n, Stream stream) {
-        NormalizeParams p;
-        p.x = x;
-        p.y = y;
-        p.offset = n.offset.data();
-        p.denom = n.denom.data();
-        p.rows = 1;
-        p.dim = dim;
-        p.kind = n.kind;
-        Ops<B>::normalize(p, stream);
-    }
-
     /// One ACT forward pass (LeRobot's ACT.forward in eval) into m_chunk_host: [chunk_size, action_dim], normalised.
     /// The observation is uploaded first (pageable host copies stay outside the recorded graph), then the graph of
     /// this combination of frame layouts runs, then the chunk comes back.
     void run_chunk(const PolicyObservation& obs) {
+        const Stream stream = m_exec.stream();
+        const std::uint64_t key = upload_observation(obs);
+        m_exec.run(0, key, [&] { enqueue_chunk(); });
+        Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
+        Memory<B>::synchronize(stream);
+        for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
+            if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
+                fail(ErrorKind::NonFinite, "act", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " + std::to_string(i) + ")");
+        ++m_chunk_index;
+    }
+
+    /// Copies the state, environment state and frames to B (pageable host copies, outside any recorded graph) and
+    /// notes each frame's layout; returns the graph key of this combination of layouts.
+    std::uint64_t upload_observation(const PolicyObservation& obs) {
         const Stream stream = m_exec.stream();
         if (m_meta.state_dim > 0) Memory<B>::copy_from_host(m_state_in.data(), obs.state.data(), obs.state.size_bytes(), stream);
         if (m_meta.env_dim > 0) Memory<B>::copy_from_host(m_env_in.data(), obs.env_state.data(), obs.env_state.size_bytes(), stream);
@@ -351,34 +409,34 @@ private:
             m_layouts[cam] = f.layout;
             key |= std::uint64_t(f.layout == ImageLayout::F32Chw) << cam;
         }
-        m_exec.run(0, key, [&] { enqueue_chunk(); });
-        Memory<B>::copy_to_host(m_chunk_host.data(), m_chunk.data(), m_chunk_host.size() * sizeof(float), stream);
-        Memory<B>::synchronize(stream);
-        for (std::size_t i = 0; i < m_chunk_host.size(); ++i)
-            if (!std::isfinite(m_chunk_host[i])) [[unlikely]]
-                fail(ErrorKind::NonFinite, "act", "non-finite action in chunk " + std::to_string(m_chunk_index) + " (element " + std::to_string(i) + ")");
-        ++m_chunk_index;
+        return key;
     }
 
     /// The recorded part of a chunk, from the uploaded state, environment state and frames (in m_layouts) to m_chunk.
     void enqueue_chunk() {
-        const ActConfig& c = m_meta.config;
-        const int D = c.dim_model, C = c.chunk_size, S = m_n_tokens;
+        enqueue_tokens();
+        enqueue_encoder();
+        enqueue_decoder();
+    }
+
+    /// The encoder's input tokens into m_tokens: the zero latent's projection, the normalised robot state's and
+    /// environment state's projections, then each camera's normalised frame -> layer4 [512, h, w] -> 1x1 projection
+    /// [D, h, w] -> rows [h * w, D].
+    void enqueue_tokens() {
+        const int D = m_meta.config.dim_model;
         Context<B> ctx = m_exec.context();
         const Stream stream = m_exec.stream();
         float* tokens = m_tokens.data();
-        // 1-D tokens: the zero latent's projection, then the normalised robot state and environment state.
         m_latent_proj.forward(ctx, m_zero_latent.data(), tokens, 1);
         int row = 1;
         if (m_meta.state_dim > 0) {
-            normalize(m_state_in.data(), m_state_in.data(), m_meta.state_dim, m_state_norm, stream);
+            m_state_norm.apply(m_state_in.data(), m_state_in.data(), m_meta.state_dim, stream);
             m_state_proj.forward(ctx, m_state_in.data(), tokens + std::size_t(row++) * D, 1);
         }
         if (m_meta.env_dim > 0) {
-            normalize(m_env_in.data(), m_env_in.data(), m_meta.env_dim, m_env_norm, stream);
+            m_env_norm.apply(m_env_in.data(), m_env_in.data(), m_meta.env_dim, stream);
             m_env_proj.forward(ctx, m_env_in.data(), tokens + std::size_t(row++) * D, 1);
         }
-        // Camera tokens: normalised frame -> layer4 [512, h, w] -> 1x1 projection [D, h, w] -> rows [h * w, D].
         const int hw = m_feat_h * m_feat_w;
         for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
             const io::PolicyCamera& pc = m_meta.cameras[cam];
@@ -404,15 +462,32 @@ private:
             tp.cols = hw;
             Ops<B>::transpose(tp, stream);
         }
-        const ActScratch s{.attn = {.q = m_q.data(), .k = m_k.data(), .v = m_v.data(), .heads = m_heads.data()},
-                           .sum = m_sum.data(), .normed = m_normed.data(), .branch = m_branch.data(), .hidden = m_hidden.data()};
-        for (const ActEncoderLayer<B>& layer : m_encoder) layer.forward(ctx, tokens, m_pos.data(), S, s);
-        if (c.pre_norm) m_encoder_norm.forward(ctx, tokens, nullptr, tokens, S);
-        // Decoder: zero queries, the learned decoder position embedding; keys see the encoder's embedding.
-        act_detail::add_rows(ctx, tokens, m_pos.data(), m_memory_keys.data(), S, D);
-        Memory<B>::fill_zero(m_queries.data(), m_queries.bytes(), stream);
+    }
+
+    ActScratch scratch() {
+        return {.attn = {.q = m_q.data(), .k = m_k.data(), .v = m_v.data(), .heads = m_heads.data()},
+                .sum = m_sum.data(), .normed = m_normed.data(), .branch = m_branch.data(), .hidden = m_hidden.data()};
+    }
+
+    /// The encoder layers over m_tokens in place (and the final LayerNorm of a pre-norm encoder).
+    void enqueue_encoder() {
+        Context<B> ctx = m_exec.context();
+        const ActScratch s = scratch();
+        for (const ActEncoderLayer<B>& layer : m_encoder) layer.forward(ctx, m_tokens.data(), m_pos.data(), m_n_tokens, s);
+        if (m_meta.config.pre_norm) m_encoder_norm.forward(ctx, m_tokens.data(), nullptr, m_tokens.data(), m_n_tokens);
+    }
+
+    /// The decoder over zero queries with the learned decoder position embedding (keys see the encoder's embedding),
+    /// its final LayerNorm and the action head into m_chunk.
+    void enqueue_decoder() {
+        const ActConfig& c = m_meta.config;
+        const int D = c.dim_model, C = c.chunk_size, S = m_n_tokens;
+        Context<B> ctx = m_exec.context();
+        const ActScratch s = scratch();
+        act_detail::add_rows(ctx, m_tokens.data(), m_pos.data(), m_memory_keys.data(), S, D);
+        Memory<B>::fill_zero(m_queries.data(), m_queries.bytes(), m_exec.stream());
         for (const ActDecoderLayer<B>& layer : m_decoder)
-            layer.forward(ctx, m_queries.data(), m_dec_pos.f32(), C, m_memory_keys.data(), tokens, S, s);
+            layer.forward(ctx, m_queries.data(), m_dec_pos.f32(), C, m_memory_keys.data(), m_tokens.data(), S, s);
         m_decoder_norm.forward(ctx, m_queries.data(), nullptr, m_queries.data(), C);
         m_action_head.forward(ctx, m_queries.data(), m_chunk.data(), C);
     }
@@ -462,8 +537,8 @@ private:
     LayerNorm<B> m_encoder_norm, m_decoder_norm;
     std::vector<Buffer<std::byte, B>> m_frames;  ///< per camera: the uploaded frame (float CHW size: fits either layout)
     ImageLayout m_layouts[kMaxCameras]{};         ///< per camera: the layout of the uploaded frame
-    std::vector<NormBuffers> m_cam_norm;
-    NormBuffers m_state_norm, m_env_norm;
+    std::vector<FeatureNormBuffers<B>> m_cam_norm;
+    FeatureNormBuffers<B> m_state_norm, m_env_norm;
     Buffer<float, B> m_image, m_feat, m_proj, m_tokens, m_pos, m_memory_keys, m_queries, m_zero_latent, m_state_in, m_env_in;
     Buffer<float, B> m_q, m_k, m_v, m_heads, m_sum, m_normed, m_branch, m_hidden, m_chunk;
     std::vector<float> m_chunk_host, m_queue;

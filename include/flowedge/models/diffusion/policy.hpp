@@ -19,6 +19,7 @@
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/diffusion/lerobot_policy_folder.hpp"
 #include "flowedge/models/diffusion/rgb_encoder.hpp"
+#include "flowedge/models/feature_norm_buffers.hpp"
 #include "flowedge/models/model_execution.hpp"
 #include "flowedge/models/policy_observation.hpp"
 #include "flowedge/noise.hpp"
@@ -81,8 +82,8 @@ public:
         const std::size_t ha = std::size_t(c.horizon) * c.action_dim;
         m_noise = Buffer<float, B>(ha);
         m_chunk = Buffer<float, B>(ha);
-        upload_norm(m_meta.state_norm, m_state_norm);
-        upload_norm(m_meta.env_norm, m_env_norm);
+        m_state_norm = FeatureNormBuffers<B>::upload(m_meta.state_norm);
+        m_env_norm = FeatureNormBuffers<B>::upload(m_meta.env_norm);
         m_noise_host.resize(ha);
         m_chunk_host.resize(ha);
         m_actions.resize(std::size_t(c.n_action_steps) * c.action_dim);
@@ -250,20 +251,6 @@ public:
     }
 
 private:
-    struct NormBuffers {
-        NormKind kind = NormKind::Identity;
-        Buffer<float, B> offset, denom;
-    };
-
-    void upload_norm(const io::FeatureNorm& n, NormBuffers& b) {
-        b.kind = n.kind;
-        if (n.kind == NormKind::Identity) return;
-        b.offset = Buffer<float, B>(n.offset.size());
-        b.denom = Buffer<float, B>(n.denom.size());
-        Memory<B>::copy_from_host(b.offset.data(), n.offset.data(), n.offset.size() * sizeof(float));
-        Memory<B>::copy_from_host(b.denom.data(), n.denom.data(), n.denom.size() * sizeof(float));
-    }
-
     std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
         const io::PolicyCamera& pc = m_meta.cameras[cam];
         return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
@@ -305,15 +292,15 @@ private:
         float* last = cond + (rows - 1) * P;
         if (!fill)
             for (std::size_t r = 0; r + 1 < rows; ++r) Memory<B>::copy(cond + r * P, cond + (r + 1) * P, P * sizeof(float), stream);
-        normalize(m_state_in.data(), last, m_meta.state_dim, m_state_norm, stream);
+        m_state_norm.apply(m_state_in.data(), last, m_meta.state_dim, stream);
         for (std::size_t cam = 0; encode && cam < m_encoders.size(); ++cam) {
             m_exec.workspace().reset();
             float* feat = last + m_meta.state_dim + cam * std::size_t(m_feature_dim);
             m_encoders[cam].forward(ctx, m_frames[cam].data(), m_layouts[cam], 1, View<float, B>{feat, Shape{1, m_feature_dim}});
         }
         if (m_meta.env_dim > 0)
-            normalize(m_env_in.data(), last + m_meta.state_dim + m_encoders.size() * std::size_t(m_feature_dim), m_meta.env_dim,
-                      m_env_norm, stream);
+            m_env_norm.apply(m_env_in.data(), last + m_meta.state_dim + m_encoders.size() * std::size_t(m_feature_dim), m_meta.env_dim,
+                             stream);
         if (fill)
             for (std::size_t r = 0; r + 1 < rows; ++r) Memory<B>::copy(cond + r * P, last, P * sizeof(float), stream);
         if (chunk) m_head.enqueue_sample_on_device(cond, m_noise.data(), m_chunk.data(), m_sample, 1, true);
@@ -345,18 +332,6 @@ private:
         for (std::size_t cam = 0; cam < m_frames.size(); ++cam) m_stage.frames[cam] = take(m_frames[cam].bytes());
     }
 
-    static void normalize(const float* x, float* y, int dim, NormBuffers& n, Stream stream) {
-        NormalizeParams p;
-        p.x = x;
-        p.y = y;
-        p.offset = n.offset.data();
-        p.denom = n.denom.data();
-        p.rows = 1;
-        p.dim = dim;
-        p.kind = n.kind;
-        Ops<B>::normalize(p, stream);
-    }
-
     using Execution = ModelExecution<B, 1>;
     static constexpr std::size_t kMaxCameras = 32;  ///< size of the per-camera tables
 
@@ -386,7 +361,7 @@ private:
     SampleOptions m_sample{};
     std::uint64_t m_seed = 0;
     Buffer<float, B> m_cond, m_state_in, m_env_in, m_noise, m_chunk;
-    NormBuffers m_state_norm, m_env_norm;
+    FeatureNormBuffers<B> m_state_norm, m_env_norm;
     std::vector<float> m_noise_host, m_chunk_host, m_actions;
     int m_queue_len = 0, m_queue_pos = 0, m_chunk_index = 0;
     bool m_was_reset = false, m_obs_filled = false;

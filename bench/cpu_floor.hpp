@@ -1,0 +1,91 @@
+// The CPU floors the benches print next to their latencies: this machine's FP32 FMA peak per core and one core's read
+// bandwidth, both measured, plus the thread count and load average the numbers were taken under.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace flowedge::bench {
+
+/// CPU time of the calling thread in milliseconds. On a shared machine a single-threaded run's CPU time leaves out
+/// the slices the OS gave other processes (the wall time is the latency a user sees; this is what the code costs).
+inline double thread_cpu_ms() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
+
+/// OpenMP threads of the kernels from now on (no-op without OpenMP).
+inline void set_threads(int t) {
+#ifdef _OPENMP
+    omp_set_num_threads(t);
+#else
+    (void)t;
+#endif
+}
+
+/// /proc/loadavg's 1, 5 and 15 minute averages ("" off Linux): how busy the machine was around a measurement.
+inline std::string read_loadavg() {
+    std::ifstream f("/proc/loadavg");
+    std::string a, b, c;
+    f >> a >> b >> c;
+    return a + " " + b + " " + c;
+}
+
+/// FP32 FMA throughput of one core in GFLOP/s: 12 independent 16-lane accumulators (the compiler's widest vectors
+/// under -march=native), best of many short runs (a run of a few ms is often not preempted on a shared machine).
+inline double fma_peak_gflops_per_core() {
+    typedef float v16 __attribute__((vector_size(64)));
+    constexpr int kAcc = 12;
+    constexpr long kIters = 200'000;
+    double best = 0;
+    for (int rep = 0; rep < 300; ++rep) {
+        v16 acc[kAcc];
+        for (int i = 0; i < kAcc; ++i) acc[i] = v16{} + float(i) * 1e-3f;
+        v16 a = v16{} + 0.999999f, b = v16{} + 1e-7f;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (long it = 0; it < kIters; ++it) {
+            for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * a + b;
+            asm volatile("" : "+x"(a));
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        float sink = 0;
+        for (int i = 0; i < kAcc; ++i) sink += acc[i][0];
+        asm volatile("" ::"x"(sink));
+        best = std::max(best, double(kIters) * kAcc * 16 * 2 / s / 1e9);
+    }
+    return best;
+}
+
+/// Read bandwidth of one core in GB/s over `bytes` (re-read whole, four 64-byte loads in flight per step), best of a
+/// few passes after a warm one.
+inline double read_bandwidth_gbs(std::size_t bytes) {
+    typedef float v16 __attribute__((vector_size(64)));
+    const std::size_t n = bytes / sizeof(v16) / 4 * 4;
+    std::vector<v16> buf(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = v16{} + float(i & 7);
+    double best = 0;
+    for (int rep = 0; rep < 6; ++rep) {
+        v16 a0{}, a1{}, a2{}, a3{};
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < n; i += 4) {
+            a0 += buf[i];
+            a1 += buf[i + 1];
+            a2 += buf[i + 2];
+            a3 += buf[i + 3];
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const v16 t = a0 + a1 + a2 + a3;
+        asm volatile("" ::"x"(t));
+        if (rep > 0) best = std::max(best, double(n * sizeof(v16)) / s / 1e9);
+    }
+    return best;
+}
+
+}  // namespace flowedge::bench
