@@ -23,6 +23,7 @@
 #include "../support/lerobot_fixture_folder.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/act/policy.hpp"
+#include "../support/cpu_models_act.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;
