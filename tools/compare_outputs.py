@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Compares the aarch64 (qemu) run of a demo program with the x86 run of the same program on the same checkpoint,
-within the parity bounds of SPEC section 4. Standard library only: CI's aarch64 stage runs before any venv exists.
+within the parity bounds of docs/numerics.md#parity-tolerances. Standard library only: CI's aarch64 stage needs no
+venv.
 
   compare_outputs.py text X86.txt ARM.txt --rel TOL
       every number on the non-latency lines, |arm - x86| <= TOL * max(|x86|) over the file (flow_sample's action,
