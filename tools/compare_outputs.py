@@ -4,8 +4,9 @@ within the parity bounds of docs/numerics.md#parity-tolerances. Standard library
 venv.
 
   compare_outputs.py text X86.txt ARM.txt --rel TOL
-      every number on the non-latency lines, |arm - x86| <= TOL * max(|x86|) over the file (flow_sample's action,
-      mamba_forward's hidden-state summary); the lines must match once numbers are masked.
+      every decimal number on the non-latency lines, |arm - x86| <= TOL * (largest |x86| decimal on that line):
+      flow_sample's action values, mamba_forward's hidden-state values and summary. Integers (sizes, step counts,
+      indices) are part of the text, which must match exactly once the decimals are masked.
   compare_outputs.py actions X86.npy ARM.npy --checkpoint CKPT --max-abs TOL
       diffusion_sample --out horizons [batch, horizon, action_dim], compared in normalised units: the difference is
       divided by half of each action's range (dp.action_min / dp.action_max read from the compact checkpoint), as
@@ -18,7 +19,7 @@ import re
 import struct
 import sys
 
-NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)", re.IGNORECASE)
+DECIMAL = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|nan|inf)(?![\w.])", re.IGNORECASE)
 
 
 def read_npy_f32(path):
@@ -55,29 +56,34 @@ def read_safetensors_f32(path, name):
     return struct.unpack(f"<{len(raw) // 4}f", raw)
 
 
-def numeric_lines(path):
-    """(masked line, numbers) for each line that carries results (latency lines are machine-dependent)."""
+def result_lines(path):
+    """(line with its decimals masked, decimals) for each line that carries results (latency is machine-dependent)."""
     out = []
     with open(path) as f:
         for line in f:
             if line.startswith("latency"):
                 continue
-            out.append((NUMBER.sub("#", line.rstrip()), [float(x) for x in NUMBER.findall(line)]))
+            out.append((DECIMAL.sub("#", line.rstrip()), [float(x) for x in DECIMAL.findall(line)]))
     return out
 
 
 def compare_text(args):
-    x86, arm = numeric_lines(args.x86), numeric_lines(args.arm)
+    x86, arm = result_lines(args.x86), result_lines(args.arm)
     if [m for m, _ in x86] != [m for m, _ in arm]:
-        print(f"flowedge compare: {args.arm}: lines differ from {args.x86}")
+        print(f"flowedge compare: {args.arm}: lines differ from {args.x86} beyond their decimals")
         return 1
-    xs = [v for _, vs in x86 for v in vs]
-    ys = [v for _, vs in arm for v in vs]
-    scale = max((abs(v) for v in xs), default=0.0) or 1.0
-    worst = max((abs(a - b) for a, b in zip(xs, ys)), default=0.0)
-    ok = worst <= args.rel * scale
-    print(f"flowedge compare: {args.arm}: {len(xs)} values, max |arm - x86| = {worst:.3g} "
-          f"= {worst / scale:.3g} of max |x86| {scale:.4g} (bound {args.rel:g}): {'ok' if ok else 'OUTSIDE'}")
+    count, worst = 0, 0.0  # worst: max |arm - x86| over the values, relative to the largest |x86| of its line
+    for (_, xs), (_, ys) in zip(x86, arm):
+        scale = max((abs(v) for v in xs), default=0.0) or 1.0
+        for a, b in zip(xs, ys):
+            worst = max(worst, abs(a - b) / scale)
+            count += 1
+    if count == 0:
+        print(f"flowedge compare: {args.x86}: no result values")
+        return 1
+    ok = worst <= args.rel
+    print(f"flowedge compare: {args.arm}: {count} values, max |arm - x86| = {worst:.3g} of the line's largest value "
+          f"(bound {args.rel:g}): {'ok' if ok else 'OUTSIDE'}")
     return 0 if ok else 1
 
 
