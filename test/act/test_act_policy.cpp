@@ -24,6 +24,7 @@
 #include "../support/policy_episode.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/act/policy.hpp"
+#include "../support/cpu_models_act.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

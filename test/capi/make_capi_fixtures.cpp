@@ -8,6 +8,8 @@
 #include <flowedge/models/diffusion/export.hpp>
 #include <flowedge/models/diffusion/head.hpp>
 #include <flowedge/models/mamba_flow/policy.hpp>
+#include "../support/cpu_models_diffusion_head.hpp"
+#include "../support/cpu_models_mamba_flow.hpp"
 
 #include "../diffusion/diffusion_reference.hpp"
 

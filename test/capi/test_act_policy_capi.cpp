@@ -15,6 +15,7 @@
 #include "flowedge/c_api.h"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/act/lerobot_act_folder.hpp"
+#include "../support/cpu_models_act.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

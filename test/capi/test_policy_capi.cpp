@@ -11,6 +11,7 @@
 
 #include "flowedge/c_api.h"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "../support/cpu_models_diffusion_policy.hpp"
 
 using namespace flowedge;
 

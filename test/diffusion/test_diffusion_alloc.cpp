@@ -9,6 +9,7 @@
 
 #include "diffusion_reference.hpp"
 #include "flowedge/models/diffusion/head.hpp"
+#include "../support/cpu_models_diffusion_head.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/diffusion/export.hpp"
 #include "flowedge/models/diffusion/head.hpp"
+#include "../support/cpu_models_diffusion_head.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

@@ -18,6 +18,7 @@
 #include "../support/policy_episode.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "../support/cpu_models_diffusion_policy.hpp"
 
 using namespace flowedge;
 

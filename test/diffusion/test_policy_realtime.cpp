@@ -17,6 +17,7 @@
 #include "../support/realtime_test_util.hpp"
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "../support/cpu_models_diffusion_policy.hpp"
 
 using namespace flowedge;
 

@@ -19,6 +19,7 @@
 
 #include "../ops/ops_test_util.hpp"
 #include "flowedge/models/diffusion/rgb_encoder.hpp"
+#include "../support/cpu_models_diffusion_policy.hpp"
 
 using namespace flowedge;
 

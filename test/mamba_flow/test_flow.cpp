@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <flowedge/models/mamba_flow/policy.hpp>
+#include "../support/cpu_models_mamba_flow.hpp"
 
 #include "support.hpp"
 

@@ -6,6 +6,7 @@
 #include "../support/counting_new.hpp"
 
 #include <flowedge/models/mamba_flow/policy.hpp>
+#include "../support/cpu_models_mamba_flow.hpp"
 
 #include "support.hpp"
 

@@ -13,6 +13,7 @@
 
 #include "flowedge/io/npy.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
+#include "../support/cpu_models_mamba_flow.hpp"
 
 using namespace flowedge;
 namespace fs = std::filesystem;

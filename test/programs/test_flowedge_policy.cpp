@@ -27,6 +27,8 @@
 #include "flowedge/io/npz.hpp"
 #include "flowedge/models/act/lerobot_act_folder.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
+#include "../support/cpu_models_diffusion_policy.hpp"
+#include "../support/cpu_models_act.hpp"
 #include "../support/lerobot_fixture_folder.hpp"
 #include "../support/test_paths.hpp"
 

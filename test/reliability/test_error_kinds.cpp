@@ -15,6 +15,8 @@
 #include "flowedge/io/safetensors.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
+#include "../support/cpu_models_diffusion_head.hpp"
+#include "../support/cpu_models_mamba_flow.hpp"
 #include "flowedge/residency.hpp"
 #include "reliability_util.hpp"
 

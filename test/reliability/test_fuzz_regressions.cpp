@@ -16,6 +16,8 @@
 #include "flowedge/models/diffusion/export.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/mamba.hpp"
+#include "../support/cpu_models_diffusion_head.hpp"
+#include "../support/cpu_models_mamba_flow.hpp"
 #include "reliability_util.hpp"
 
 using namespace flowedge;

@@ -19,6 +19,8 @@
 
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/mamba_flow/policy.hpp"
+#include "../support/cpu_models_diffusion_head.hpp"
+#include "../support/cpu_models_mamba_flow.hpp"
 #include "reliability_util.hpp"
 
 using namespace flowedge;
