@@ -7,7 +7,7 @@
 //                kernels use 32 registers and stream at the memory floor).
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
 //                stored tensor.
-//   scalar set:  nothing is prepared.
+//   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
 #pragma once
 #include <cstdlib>
 #include <memory>
