@@ -4,11 +4,12 @@
 // cpu/kernels.hpp; empty outside the Eigen set.
 #if FLOWEDGE_ISA_EIGEN
 
-/// Tile bounds of one Eigen product. Every operand is a Map of a matrix type with these compile-time maximum sizes,
-/// so Eigen 3.4 sizes its GEMM blocking at compile time (gemm_blocking_space<..., true>: the packed panels are arrays
-/// of an object on the stack, 160 KiB here) instead of heap-allocating panels above EIGEN_STACK_ALLOCATION_LIMIT; and
-/// a destination of at most 32 rows keeps Eigen from starting an OpenMP team of its own (parallelize_gemm runs in
-/// parallel only for more rows), so threads stay flowedge's (output rows per thread, as in the other sets).
+/// Tile bounds of one Eigen product. Eigen 3.4 takes a product's packed panels from the heap once one outgrows
+/// EIGEN_STACK_ALLOCATION_LIMIT (128 KiB) and sizes them at run time from the cache sizes; here every operand is a Map
+/// of a matrix type with these compile-time maximum sizes, so Eigen uses its fixed-size blocking instead
+/// (gemm_blocking_space<..., true>: the panels are arrays of an object on the stack, 160 KiB) whatever the caches,
+/// and a destination of at most 32 rows keeps Eigen from starting an OpenMP team of its own (parallelize_gemm goes
+/// parallel only above 32 rows), so the threads stay flowedge's (output rows per thread, as in the other sets).
 inline constexpr int kEigenRows = 32;    ///< output rows per product (weight rows)
 inline constexpr int kEigenCols = 128;   ///< output columns per product (activation columns)
 inline constexpr int kEigenDepth = 256;  ///< reduction elements per product (Eigen's kc)
