@@ -81,15 +81,14 @@ inline Isa best_isa(const CpuFeatures& f) {
 /// one). A set the machine cannot run, or an unknown name, is an Error naming the choices.
 inline Isa choose_isa(std::string_view requested, const CpuFeatures& f) {
     if (requested.empty()) return best_isa(f);
-    std::string runnable;
-    for (Isa i : kAllIsas)
-        if (isa_supported(i, f)) runnable += (runnable.empty() ? "" : ", ") + std::string(isa_name(i));
     for (Isa i : kAllIsas) {
         if (requested != isa_name(i)) continue;
-        if (!isa_supported(i, f))
-            fail(ErrorKind::Unsupported, "cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
-                            expected_got("one of " + runnable, requested));
-        return i;
+        if (isa_supported(i, f)) return i;
+        std::string runnable;
+        for (Isa r : kAllIsas)
+            if (isa_supported(r, f)) runnable += (runnable.empty() ? "" : ", ") + std::string(isa_name(r));
+        fail(ErrorKind::Unsupported, "cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
+                        expected_got("one of " + runnable, requested));
     }
     fail("cpu", "unknown FLOWEDGE_CPU_ISA" + expected_got("scalar, eigen, avx2 or avx512", requested));
 }
