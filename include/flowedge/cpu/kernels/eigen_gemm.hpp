@@ -24,8 +24,10 @@ constexpr std::size_t eigen_offset(int row, int col, std::size_t ld) {
 /// C (m x n, column-major, leading dimension ldc) = A (m x k) * B (k x n), or C += A * B when accumulate. A and B are
 /// stored in orders AOrder and BOrder (Eigen::RowMajor / Eigen::ColMajor) with leading dimensions lda and ldb; an A of
 /// 16-bit floats is widened one tile at a time into stack scratch. Tiled so each Eigen product fits the compile-time
-/// blocking above: nothing touches the heap.
-template <int AOrder, int BOrder, class AT>
+/// blocking above: nothing touches the heap. PerColumn: one matrix-vector product per column of B (Eigen's GEMV,
+/// with the A tile in L1), so a column's bits do not depend on how many columns there are; Eigen's GEMM kernel sums
+/// a lone column in another order than a column among several.
+template <int AOrder, int BOrder, bool PerColumn = false, class AT>
 inline void eigen_gemm(int m, int n, int k, const AT* a, std::size_t lda, const float* b, std::size_t ldb, float* c,
                        std::size_t ldc, bool accumulate) {
     using MatA = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, AOrder, kEigenRows, kEigenDepth>;
@@ -54,29 +56,47 @@ inline void eigen_gemm(int m, int n, int k, const AT* a, std::size_t lda, const 
                 }
                 const Eigen::Map<const MatA, Eigen::Unaligned, Stride> am(ap, mi, kk, Stride(Eigen::Index(ld)));
                 const Eigen::Map<const MatB, Eigen::Unaligned, Stride> bm(b + eigen_offset<BOrder>(k0, j0, ldb), kk, nj, Stride(Eigen::Index(ldb)));
-                if (k0 == 0 && !accumulate) cm.noalias() = am * bm;
-                else cm.noalias() += am * bm;
+                const bool add = k0 > 0 || accumulate;
+                if constexpr (PerColumn) {
+                    for (int j = 0; j < nj; ++j) {
+                        if (add) cm.col(j).noalias() += am * bm.col(j);
+                        else cm.col(j).noalias() = am * bm.col(j);
+                    }
+                } else if (add) {
+                    cm.noalias() += am * bm;
+                } else {
+                    cm.noalias() = am * bm;
+                }
             }
         }
     }
 }
 
-/// The Eigen set's gemm_rows (gemm.hpp has the other sets'): f(o, c, dot(w row o, x column c)) for rows [o0, o1) and
-/// columns [0, ncols), each tile of kEigenRows x kEigenCols dots one product (weights row-major, x columns
-/// contiguous) into a stack tile, then through the epilogue.
-template <class WT, class F>
-inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, int ncols, F& f) {
+/// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and columns [0, ncols) on Eigen's products: each tile of
+/// kEigenRows x kEigenCols dots is one eigen_gemm (weights row-major, x columns contiguous) into a stack tile, then
+/// goes through the epilogue. PerColumn as in eigen_gemm.
+template <bool PerColumn, class WT, class F>
+inline void eigen_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, int ncols, F& f) {
     alignas(64) float tile[kEigenRows * kEigenCols];
     for (int ob = o0; ob < o1; ob += kEigenRows) {
         const int rows = std::min(kEigenRows, o1 - ob);
         for (int cb = 0; cb < ncols; cb += kEigenCols) {
             const int cols = std::min(kEigenCols, ncols - cb);
-            eigen_gemm<Eigen::RowMajor, Eigen::ColMajor>(rows, cols, len, w + std::size_t(ob) * ldw, ldw, x + std::size_t(cb) * ldx, ldx,
-                                                         tile, kEigenRows, false);
+            eigen_gemm<Eigen::RowMajor, Eigen::ColMajor, PerColumn>(rows, cols, len, w + std::size_t(ob) * ldw, ldw,
+                                                                    x + std::size_t(cb) * ldx, ldx, tile, kEigenRows, false);
             for (int c = 0; c < cols; ++c)
                 for (int r = 0; r < rows; ++r) f(ob + r, cb + c, tile[c * kEigenRows + r]);
         }
     }
+}
+
+/// The Eigen set's gemm_rows (gemm.hpp has the other sets'): up to kMaxCols columns (batch-1 convs, few-row linears)
+/// one matrix-vector product per column, more on Eigen's GEMM kernel. Linears always take eigen_rows<true>
+/// (linear.hpp), so a row's bits never depend on the row count, as in the other sets.
+template <class WT, class F>
+inline void gemm_rows(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, int ncols, F& f) {
+    if (ncols <= kMaxCols) eigen_rows<true>(w, ldw, x, ldx, len, o0, o1, ncols, f);
+    else eigen_rows<false>(w, ldw, x, ldx, len, o0, o1, ncols, f);
 }
 
 #endif
