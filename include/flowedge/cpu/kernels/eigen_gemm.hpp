@@ -49,9 +49,17 @@ inline void eigen_gemm(int m, int n, int k, const AT* a, std::size_t lda, const 
                     ap = a + eigen_offset<AOrder>(i0, k0, lda);
                     ld = lda;
                 } else {
-                    ld = AOrder == Eigen::RowMajor ? std::size_t(kk) : std::size_t(mi);
-                    for (int r = 0; r < mi; ++r)
-                        for (int j = 0; j < kk; ++j) wide[eigen_offset<AOrder>(r, j, ld)] = widen(a[eigen_offset<AOrder>(i0 + r, k0 + j, lda)]);
+                    // Contiguous runs (rows of a row-major tile, columns of a column-major one) in whole vectors.
+                    constexpr bool kRows = AOrder == Eigen::RowMajor;
+                    ld = kRows ? std::size_t(kk) : std::size_t(mi);
+                    const int runs = kRows ? mi : kk, run = kRows ? kk : mi;
+                    for (int q = 0; q < runs; ++q) {
+                        const AT* src = a + (kRows ? eigen_offset<AOrder>(i0 + q, k0, lda) : eigen_offset<AOrder>(i0, k0 + q, lda));
+                        float* dst = wide + std::size_t(q) * ld;
+                        int e = 0;
+                        for (; e + kLanes <= run; e += kLanes) vstore(dst + e, vload(src + e));
+                        for (; e < run; ++e) dst[e] = widen(src[e]);
+                    }
                     ap = wide;
                 }
                 const Eigen::Map<const MatA, Eigen::Unaligned, Stride> am(ap, mi, kk, Stride(Eigen::Index(ld)));
