@@ -1,11 +1,11 @@
 // Every CPU kernel, compiled once per kernel set into its own namespace (cpu::scalar, cpu::eigen, cpu::avx2,
 // cpu::avx512). The portable sets (plain C++; Eigen's products for the GEMM-shaped ops) follow the consumer's flags;
-// the x86 sets do not, whatever the consumer's -march: each set's region enables that set's instructions for the functions in it
-// (#pragma GCC target / clang attribute), so the code, the data layouts and the kernel choice are the same in every
-// translation unit, and Ops<Cpu> picks one set per process at run time (cpu/isa.hpp). The op bodies in kernels/ are
-// written once against the set's vocabulary (arch/<set>.hpp: VecF, vload, vfma, vexp, ...); where a set needs its
-// own algorithm the body says so with FLOWEDGE_ISA_AVX512 / FLOWEDGE_ISA_AVX2 / FLOWEDGE_ISA_EIGEN (0 or 1 in each
-// region).
+// the x86 sets do not, whatever the consumer's -march: each one's region enables its instructions for the functions
+// in it (#pragma GCC target / clang attribute), so their code, the data layouts and the kernel choice are the same in
+// every translation unit, and Ops<Cpu> picks one set per process at run time (cpu/isa.hpp). The op bodies in
+// kernels/ are written once against the set's vocabulary (arch/<set>.hpp: VecF, vload, vfma, vexp, ...); where a set
+// needs its own algorithm the body says so with FLOWEDGE_ISA_AVX512 / FLOWEDGE_ISA_AVX2 / FLOWEDGE_ISA_EIGEN (0 or 1
+// in each region).
 #pragma once
 #include <algorithm>
 #include <climits>
