@@ -1,5 +1,6 @@
 // Which CPU kernel set runs: every SIMD kernel is compiled for each supported instruction set whatever the
-// consumer's -march (cpu/kernels.hpp), and one set is picked once per process by CPUID.
+// consumer's -march (cpu/kernels.hpp), beside the portable sets (plain C++, and Eigen's products), and one set is
+// picked once per process by CPUID.
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -15,18 +16,24 @@
 
 namespace flowedge::cpu {
 
-/// A CPU kernel set, in increasing order of what it needs.
+/// A CPU kernel set.
 enum class Isa : int {
-    Scalar = 0,  ///< portable C++ (every machine; the only set off x86-64)
+    Scalar = 0,  ///< plain C++ loops (every machine): the reference the other sets are checked against
     Avx2 = 1,    ///< AVX2 + FMA + F16C (Haswell, Zen 1-3 and later)
     Avx512 = 2,  ///< AVX-512 F/BW/DQ/VL (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and later)
+    Eigen = 3,   ///< the portable fast set (every machine): GEMM-shaped ops on Eigen's products, vectorised for the
+                 ///< consumer's target (NEON on aarch64, SSE/AVX on x86 by -march); the best set where no x86 set runs
 };
+
+/// Every set, in the order FLOWEDGE_CPU_ISA's error message lists them.
+inline constexpr Isa kAllIsas[] = {Isa::Scalar, Isa::Eigen, Isa::Avx2, Isa::Avx512};
 
 inline constexpr std::string_view isa_name(Isa i) {
     switch (i) {
         case Isa::Scalar: return "scalar";
         case Isa::Avx2: return "avx2";
         case Isa::Avx512: return "avx512";
+        case Isa::Eigen: return "eigen";
     }
     return "?";
 }
@@ -52,26 +59,38 @@ inline CpuFeatures detect_cpu_features() {
     return f;
 }
 
-/// The best kernel set this machine runs.
+/// Whether this machine runs kernel set i (the portable sets run everywhere).
+inline bool isa_supported(Isa i, const CpuFeatures& f) {
+    switch (i) {
+        case Isa::Scalar:
+        case Isa::Eigen: return true;
+        case Isa::Avx2: return f.avx2;
+        case Isa::Avx512: return f.avx512;
+    }
+    return false;
+}
+
+/// The best kernel set this machine runs: the hand-written x86 sets where the CPU has them, else Eigen's.
 inline Isa best_isa(const CpuFeatures& f) {
     if (f.avx512) return Isa::Avx512;
     if (f.avx2) return Isa::Avx2;
-    return Isa::Scalar;
+    return Isa::Eigen;
 }
 
-/// The kernel set a FLOWEDGE_CPU_ISA value asks for ("scalar", "avx2", "avx512"; empty or unset = the best one).
-/// A set the machine cannot run, or an unknown name, is an Error naming the choices.
+/// The kernel set a FLOWEDGE_CPU_ISA value asks for ("scalar", "eigen", "avx2", "avx512"; empty or unset = the best
+/// one). A set the machine cannot run, or an unknown name, is an Error naming the choices.
 inline Isa choose_isa(std::string_view requested, const CpuFeatures& f) {
-    const Isa best = best_isa(f);
-    if (requested.empty()) return best;
-    for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (requested.empty()) return best_isa(f);
+    for (Isa i : kAllIsas) {
         if (requested != isa_name(i)) continue;
-        if (int(i) > int(best))
-            fail(ErrorKind::Unsupported, "cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
-                            expected_got("one of scalar..." + std::string(isa_name(best)), requested));
-        return i;
+        if (isa_supported(i, f)) return i;
+        std::string runnable;
+        for (Isa r : kAllIsas)
+            if (isa_supported(r, f)) runnable += (runnable.empty() ? "" : ", ") + std::string(isa_name(r));
+        fail(ErrorKind::Unsupported, "cpu", "FLOWEDGE_CPU_ISA=" + std::string(requested) + " is not supported by this CPU" +
+                        expected_got("one of " + runnable, requested));
     }
-    fail("cpu", "unknown FLOWEDGE_CPU_ISA" + expected_got("scalar, avx2 or avx512", requested));
+    fail("cpu", "unknown FLOWEDGE_CPU_ISA" + expected_got("scalar, eigen, avx2 or avx512", requested));
 }
 
 namespace detail {

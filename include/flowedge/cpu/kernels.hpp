@@ -1,9 +1,11 @@
-// Every CPU kernel, compiled once per instruction set into its own namespace (cpu::scalar, cpu::avx2, cpu::avx512)
-// whatever the consumer's -march: each set's region enables that set's instructions for the functions in it
-// (#pragma GCC target / clang attribute), so the code, the data layouts and the kernel choice are the same in every
-// translation unit, and Ops<Cpu> picks one set per process at run time (cpu/isa.hpp). The op bodies in kernels/ are
-// written once against the set's vocabulary (arch/<set>.hpp: VecF, vload, vfma, vexp, ...); where a set needs its
-// own algorithm the body says so with FLOWEDGE_ISA_AVX512 / FLOWEDGE_ISA_AVX2 (0 or 1 in each region).
+// Every CPU kernel, compiled once per kernel set into its own namespace (cpu::scalar, cpu::eigen, cpu::avx2,
+// cpu::avx512). The portable sets (plain C++; Eigen's products for the GEMM-shaped ops) follow the consumer's flags;
+// the x86 sets do not, whatever the consumer's -march: each one's region enables its instructions for the functions
+// in it (#pragma GCC target / clang attribute), so their code, the data layouts and the kernel choice are the same in
+// every translation unit, and Ops<Cpu> picks one set per process at run time (cpu/isa.hpp). The op bodies in
+// kernels/ are written once against the set's vocabulary (arch/<set>.hpp: VecF, vload, vfma, vexp, ...); where a set
+// needs its own algorithm the body says so with FLOWEDGE_ISA_AVX512 / FLOWEDGE_ISA_AVX2 / FLOWEDGE_ISA_EIGEN (0 or 1
+// in each region).
 #pragma once
 #include <algorithm>
 #include <climits>
@@ -45,6 +47,12 @@
 #define FLOWEDGE_SIMD_WARNINGS_ON
 #endif
 
+// Eigen's products (the Eigen set), with the same warnings off: where the consumer's flags enable AVX-512, Eigen's
+// packing code reaches GCC 12's _mm512_undefined_ps as above.
+FLOWEDGE_SIMD_WARNINGS_OFF
+#include <Eigen/Core>
+FLOWEDGE_SIMD_WARNINGS_ON
+
 namespace flowedge::cpu {
 /// Storage of a small-row packed linear (kernels/packed_linear.hpp): none, F32 vectors, or BF16 pairs.
 enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs };
@@ -53,10 +61,11 @@ enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs };
 inline constexpr int kPackBhPairs = 2048;
 }  // namespace flowedge::cpu
 
-// ---- the portable set (every machine) ----
+// ---- the plain C++ set (every machine) ----
 #define FLOWEDGE_ISA_AVX512 0
 #define FLOWEDGE_ISA_AVX2 0
 #define FLOWEDGE_ISA_SIMD 0
+#define FLOWEDGE_ISA_EIGEN 0
 FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu::scalar {
 #include "flowedge/cpu/arch/scalar.hpp"
@@ -66,12 +75,30 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #undef FLOWEDGE_ISA_AVX512
 #undef FLOWEDGE_ISA_AVX2
 #undef FLOWEDGE_ISA_SIMD
+#undef FLOWEDGE_ISA_EIGEN
+
+// ---- the Eigen set (every machine): the plain C++ vocabulary, with Eigen's products for the GEMM-shaped ops ----
+#define FLOWEDGE_ISA_AVX512 0
+#define FLOWEDGE_ISA_AVX2 0
+#define FLOWEDGE_ISA_SIMD 0
+#define FLOWEDGE_ISA_EIGEN 1
+FLOWEDGE_SIMD_WARNINGS_OFF
+namespace flowedge::cpu::eigen {
+#include "flowedge/cpu/arch/scalar.hpp"
+#include "flowedge/cpu/kernels/set.hpp"
+}  // namespace flowedge::cpu::eigen
+FLOWEDGE_SIMD_WARNINGS_ON
+#undef FLOWEDGE_ISA_AVX512
+#undef FLOWEDGE_ISA_AVX2
+#undef FLOWEDGE_ISA_SIMD
+#undef FLOWEDGE_ISA_EIGEN
 
 #if defined(FLOWEDGE_CPU_X86)
 // ---- AVX2 + FMA + F16C ----
 #define FLOWEDGE_ISA_AVX512 0
 #define FLOWEDGE_ISA_AVX2 1
 #define FLOWEDGE_ISA_SIMD 1
+#define FLOWEDGE_ISA_EIGEN 0
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -92,11 +119,13 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #undef FLOWEDGE_ISA_AVX512
 #undef FLOWEDGE_ISA_AVX2
 #undef FLOWEDGE_ISA_SIMD
+#undef FLOWEDGE_ISA_EIGEN
 
 // ---- AVX-512 F/BW/DQ/VL (+ BF16 instructions, run only where the CPU has them) ----
 #define FLOWEDGE_ISA_AVX512 1
 #define FLOWEDGE_ISA_AVX2 0
 #define FLOWEDGE_ISA_SIMD 1
+#define FLOWEDGE_ISA_EIGEN 0
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
 #else
@@ -117,6 +146,7 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #undef FLOWEDGE_ISA_AVX512
 #undef FLOWEDGE_ISA_AVX2
 #undef FLOWEDGE_ISA_SIMD
+#undef FLOWEDGE_ISA_EIGEN
 #endif  // FLOWEDGE_CPU_X86
 
 /// Runs `call` (an unqualified kernel call, e.g. conv1d(p, nullptr, false)) in the process's kernel set.
@@ -126,11 +156,16 @@ FLOWEDGE_SIMD_WARNINGS_ON
         switch (::flowedge::cpu::active_isa()) {                       \
             case ::flowedge::cpu::Isa::Avx512: ::flowedge::cpu::avx512::call; break; \
             case ::flowedge::cpu::Isa::Avx2: ::flowedge::cpu::avx2::call; break;     \
+            case ::flowedge::cpu::Isa::Eigen: ::flowedge::cpu::eigen::call; break;   \
             default: ::flowedge::cpu::scalar::call; break;             \
         }                                                              \
     } while (0)
 #else
-#define FLOWEDGE_CPU_KERNEL(call) ::flowedge::cpu::scalar::call
+#define FLOWEDGE_CPU_KERNEL(call)                                      \
+    do {                                                               \
+        if (::flowedge::cpu::active_isa() == ::flowedge::cpu::Isa::Eigen) ::flowedge::cpu::eigen::call; \
+        else ::flowedge::cpu::scalar::call;                            \
+    } while (0)
 #endif
 
 namespace flowedge::cpu {
@@ -143,6 +178,7 @@ inline float stream_sum(const float* a, std::int64_t n) {
         default: break;
     }
 #endif
+    if (active_isa() == Isa::Eigen) return eigen::stream_sum(a, n);
     return scalar::stream_sum(a, n);
 }
 }  // namespace flowedge::cpu

@@ -7,7 +7,7 @@
 //                kernels use 32 registers and stream at the memory floor).
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
 //                stored tensor.
-//   scalar set:  nothing is prepared.
+//   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
 #pragma once
 #include <cstdlib>
 #include <memory>
@@ -72,7 +72,7 @@ public:
         auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::Conv2dBlocks, isa, w.dtype));
         pw->m_out = int(shape.dims[0]);
         pw->m_in = int(shape.numel() / shape.dims[0]);
-        const std::size_t R = std::size_t(pw->m_in);
+        [[maybe_unused]] const std::size_t R = std::size_t(pw->m_in);  // unused where no x86 set is built
         std::size_t elements = 0;
 #if defined(FLOWEDGE_CPU_X86)
         elements = isa == Isa::Avx512 ? avx512::packed_conv2d_elements(pw->m_out, R) : avx2::packed_conv2d_elements(pw->m_out, R);

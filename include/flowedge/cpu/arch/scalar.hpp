@@ -1,7 +1,6 @@
-// The portable kernel set's vocabulary: an 8-lane 'vector' in plain C++, so the kernels written against the vocabulary also
-// run where no SIMD set is compiled (non-x86 machines, or a CPU without AVX2). Included once, inside the scalar
-// region of cpu/kernels.hpp.
-#pragma once
+// The portable kernel sets' vocabulary: an 8-lane 'vector' in plain C++, so the kernels written against the
+// vocabulary also run where no SIMD set is compiled (non-x86 machines, or a CPU without AVX2). Included once inside
+// each portable region of cpu/kernels.hpp (the scalar and the Eigen sets), so no include guard.
 
 /// Eight lanes in plain C++ (the compiler maps them to whatever vector unit the target has, e.g. NEON or SSE): sums
 /// run in 8 interleaved chains as on AVX2, so long reductions keep the same accuracy as the SIMD sets.

@@ -16,6 +16,44 @@ inline float attention_dot(const float* q, const float* k, int n) {
     return s;
 }
 
+#if FLOWEDGE_ISA_EIGEN
+/// Queries [i0, i1) of head h on Eigen's products, as many queries per pass as one score block of kAttentionMaxKeys
+/// floats holds: S = k q^T (n_kv x queries), the same max-subtracted exp per query column (float32, sum in double),
+/// then out^T = v^T S, scaled by 1 / sum. One matrix-vector product per query (PerColumn), so a query's bits do not
+/// depend on how many queries share its pass.
+inline void attention_rows(const AttentionParams& p, int h, int i0, int i1) {
+    const int width = p.n_heads * p.head_dim, dh = p.head_dim, nk = p.n_kv;
+    const std::size_t ldq = std::size_t(p.ld_q ? p.ld_q : width), ldk = std::size_t(p.ld_k ? p.ld_k : width);
+    const std::size_t ldv = std::size_t(p.ld_v ? p.ld_v : width), ldo = std::size_t(p.ld_out ? p.ld_out : width);
+    const std::size_t col = std::size_t(h) * std::size_t(dh);
+    const int per_pass = std::max(1, kAttentionMaxKeys / nk);
+    alignas(64) float score[kAttentionMaxKeys];
+    alignas(64) float inv[kAttentionMaxKeys];
+    for (int q0 = i0; q0 < i1; q0 += per_pass) {
+        const int nq = std::min(per_pass, i1 - q0);
+        eigen_gemm<Eigen::RowMajor, Eigen::ColMajor, true>(nk, nq, dh, p.k + col, ldk, p.q + std::size_t(q0) * ldq + col, ldq, score,
+                                                           std::size_t(nk), false);
+        for (int c = 0; c < nq; ++c) {
+            float* s = score + std::size_t(c) * nk;
+            float mx = -INFINITY;
+            for (int j = 0; j < nk; ++j) {
+                s[j] *= p.scale;
+                mx = std::max(mx, s[j]);
+            }
+            double sum = 0;
+            for (int j = 0; j < nk; ++j) {
+                s[j] = std::exp(s[j] - mx);
+                sum += s[j];
+            }
+            inv[c] = float(1.0 / sum);
+        }
+        float* o = p.out + std::size_t(q0) * ldo + col;
+        eigen_gemm<Eigen::ColMajor, Eigen::ColMajor, true>(dh, nq, nk, p.v + col, ldv, score, std::size_t(nk), o, ldo, false);
+        for (int c = 0; c < nq; ++c)
+            for (int t = 0; t < dh; ++t) o[std::size_t(c) * ldo + t] *= inv[c];
+    }
+}
+#else
 /// Queries [i0, i1) of head h: scores, max-subtracted exp (float32, sum in double), weighted sum of v rows.
 inline void attention_rows(const AttentionParams& p, int h, int i0, int i1) {
     const int width = p.n_heads * p.head_dim, dh = p.head_dim;
@@ -49,6 +87,7 @@ inline void attention_rows(const AttentionParams& p, int h, int i0, int i1) {
         for (int t = 0; t < dh; ++t) o[t] = acc[t] * inv;
     }
 }
+#endif
 
 #if FLOWEDGE_ISA_SIMD
 // The blocked kernel (SIMD sets): a block of kAttnBlock queries of one head at a time, queries in vector lanes.

@@ -46,7 +46,15 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
     {
         alignas(64) float panel[kScratchFloats];
         const int tid = thread_index(), nth = thread_count();
+#if FLOWEDGE_ISA_EIGEN
+        // Whole 16-row units: Eigen's GEMV sums a row by the position of its group in the product, so a split on any
+        // other row would change bits with the thread count.
+        const int units = (Cout + 15) / 16;
+        const int o0 = std::min(Cout, 16 * int(std::int64_t(units) * tid / nth));
+        const int o1 = std::min(Cout, 16 * int(std::int64_t(units) * (tid + 1) / nth));
+#else
         const int o0 = int(std::int64_t(Cout) * tid / nth), o1 = int(std::int64_t(Cout) * (tid + 1) / nth);
+#endif
         for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
             for (int i0 = 0; i0 < Cin; i0 += chunk_in) {

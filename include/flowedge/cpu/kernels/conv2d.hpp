@@ -338,6 +338,25 @@ inline void conv2d_dot_columns(const WT* w, std::size_t ldw, const float* x, std
     });
 }
 
+/// The epilogue of the column-panel paths (dot, Eigen): f(o, c, v) adds v, the dot of output channel o and panel
+/// column c (position n0 + c of image b), to y; the first reduction chunk starts from the bias, the last adds the
+/// residual and applies the activation (conv2d_epilogue's order).
+struct Conv2dColumnEpilogue {
+    const Conv2dParams& p;
+    int b, n0;
+    bool first, last;
+    void operator()(int o, int c, float v) const {
+        const std::size_t N = std::size_t(p.out_h) * std::size_t(p.out_w);
+        const std::size_t at = (std::size_t(b) * std::size_t(p.out_channels) + std::size_t(o)) * N + std::size_t(n0 + c);
+        float s = first ? v + (p.bias ? p.bias[o] : 0.f) : p.y[at] + v;
+        if (last) {
+            if (p.residual) s += p.residual[at];
+            s = activate(p.act, s);
+        }
+        p.y[at] = s;
+    }
+};
+
 /// This thread's share (output channels [o0, o1)) of a conv2d with at most kConv2dDotPositions positions per image:
 /// per image and reduction chunk, the im2col panel with one column per position ([position][j], j contiguous as in
 /// the weight rows) and gemm_rows over the thread's weight rows; epilogue order as conv2d_epilogue.
@@ -357,22 +376,36 @@ inline void conv2d_dot_part(const Conv2dParams& p, const WT* w, int o0, int o1) 
             const std::size_t ldp = round_up16(std::size_t(len)) + 16;
             // conv2d_im2col writes [j][position] rows of width W: build one position at a time into its column.
             for (int n = 0; n < N; ++n) conv2d_im2col_column(p, b, n, j0, len, panel + std::size_t(n) * ldp);
-            const bool first = j0 == 0, last = j0 + len == R;
-            float* yb = p.y + std::size_t(b) * p.out_channels * std::size_t(N);
-            const float* rb = p.residual ? p.residual + std::size_t(b) * p.out_channels * std::size_t(N) : nullptr;
-            auto epilogue = [&](int o, int n, float v) {
-                float& dst = yb[std::size_t(o) * N + std::size_t(n)];
-                float s = first ? v + (p.bias ? p.bias[o] : 0.f) : dst + v;
-                if (last) {
-                    if (rb) s += rb[std::size_t(o) * N + std::size_t(n)];
-                    s = activate(p.act, s);
-                }
-                dst = s;
-            };
+            Conv2dColumnEpilogue epilogue{p, b, 0, j0 == 0, j0 + len == R};
             conv2d_dot_columns(w + std::size_t(j0), std::size_t(R), panel, ldp, len, o0, o1, N, epilogue);
         }
     }
 }
+
+#if FLOWEDGE_ISA_EIGEN
+/// This thread's share (output channels [o0, o1)) of a conv2d on the Eigen set: per image, block of kEigenCols output
+/// positions and reduction chunk, conv2d_dot_part's panel (one contiguous column per position) times the thread's
+/// weight rows through gemm_rows (Eigen products), then Conv2dColumnEpilogue.
+template <class WT>
+inline void conv2d_eigen_part(const Conv2dParams& p, const WT* w, int o0, int o1) {
+    const int N = p.out_h * p.out_w, R = p.in_channels * p.kernel_h * p.kernel_w;
+    const int positions = std::min(N, kEigenCols);
+    const int len_chunk = std::min(R, int(kScratchFloats / std::size_t(positions)) / 16 * 16);
+    alignas(64) float panel[kScratchFloats];
+    for (int b = 0; b < p.batch; ++b) {
+        for (int n0 = 0; n0 < N; n0 += positions) {
+            const int nb = std::min(positions, N - n0);
+            for (int j0 = 0; j0 < R; j0 += len_chunk) {
+                const int len = std::min(len_chunk, R - j0);
+                const std::size_t ldp = round_up16(std::size_t(len));
+                for (int n = 0; n < nb; ++n) conv2d_im2col_column(p, b, n0 + n, j0, len, panel + std::size_t(n) * ldp);
+                Conv2dColumnEpilogue epilogue{p, b, n0, j0 == 0, j0 + len == R};
+                gemm_rows(w + std::size_t(j0), std::size_t(R), panel, ldp, len, o0, o1, nb, epilogue);
+            }
+        }
+    }
+}
+#endif
 
 /// Ops<Cpu>::conv2d after its checks: OpenMP over position tiles when there are enough of them (the early, large
 /// layers: no panel is built twice), else over output channels (the late layers, 9-36 positions: each thread builds
@@ -382,6 +415,17 @@ inline void conv2d(const Conv2dParams& p) {
     const double macs = double(p.batch) * N * double(p.in_channels) * p.kernel_h * p.kernel_w * p.out_channels;
     [[maybe_unused]] const bool par = macs >= kParallelMacs;
     with_weights(p.w, [&](auto w) {
+#if FLOWEDGE_ISA_EIGEN
+        // Every layer on Eigen's products, output channels split in units of one product's rows.
+#pragma omp parallel if (par)
+        {
+            const int tid = thread_index(), nth = thread_count(), units = (p.out_channels + kEigenRows - 1) / kEigenRows;
+            const int o0 = std::min(p.out_channels, int(std::int64_t(units) * tid / nth) * kEigenRows);
+            const int o1 = std::min(p.out_channels, int(std::int64_t(units) * (tid + 1) / nth) * kEigenRows);
+            if (o0 < o1) conv2d_eigen_part(p, w, o0, o1);
+        }
+        return;
+#endif
         if (N <= kConv2dDotPositions) {
 #pragma omp parallel if (par)
             {

@@ -83,10 +83,10 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
 #pragma omp parallel if (par)
     {
         const int tid = thread_index(), nth = thread_count();
-        float xs[64 * 4];
+        [[maybe_unused]] float xs[64 * 4];
         for (int b0 = 0; b0 < p.batch; b0 += nb) {
             const int nbb = std::min(nb, p.batch - b0);
-            const int nn = nbb * Lin;
+            [[maybe_unused]] const int nn = nbb * Lin;
             for (int oA = 0; oA < Cout; oA += chunk_o) {
                 const int no = std::min(chunk_o, Cout - oA);
                 const int jlen = no * K;
@@ -94,6 +94,13 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
                 const int units = (jlen + 15) / 16;
                 const int j0 = std::min(jlen, 16 * int(std::int64_t(units) * tid / nth));
                 const int j1 = std::min(jlen, 16 * int(std::int64_t(units) * (tid + 1) / nth));
+#if FLOWEDGE_ISA_EIGEN
+                // Z rows [j0, j1) of each batch element: Z_b (no*K x Lin) = w^T (no*K x Cin) * x_b (Cin x Lin).
+                for (int bb = 0; bb < nbb && j0 < j1; ++bb)
+                    eigen_gemm<Eigen::ColMajor, Eigen::RowMajor>(j1 - j0, Lin, Cin, w + std::size_t(oA) * K + std::size_t(j0), J,
+                                                                 p.x + std::size_t(b0 + bb) * Cin * std::size_t(Lin), std::size_t(Lin),
+                                                                 z + std::size_t(bb * Lin) * ldz + std::size_t(j0), ldz, false);
+#else
                 for (int c = 0; c < nn; ++c) std::fill(z + std::size_t(c) * ldz + j0, z + std::size_t(c) * ldz + j1, 0.f);
                 if (j0 < j1) {
                     for (int i = 0; i < Cin; i += 4) {
@@ -112,6 +119,7 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
                         }
                     }
                 }
+#endif
 #pragma omp barrier
                 // col2im: y[b, o, t] = bias[o] + sum over k with t + pad - k = s*stride, 0 <= s < Lin.
 #pragma omp for schedule(static)

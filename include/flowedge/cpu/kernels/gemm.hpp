@@ -265,10 +265,12 @@ inline void for_l2_row_blocks(std::size_t row_bytes, int o0, int o1, int ncols, 
     }
 }
 
+#if !FLOWEDGE_ISA_EIGEN
 /// f(o, c, dot(w row o, x column c)) for rows [o0, o1) and columns [0, ncols): with more than kMaxCols
 /// columns the rows are walked in blocks small enough to stay in L2 while every column block uses them,
 /// so the weights still come from memory once. XT = float, or bf16 (MathMode::BF16: x holds ncols BF16 columns of
 /// ldx elements, a multiple of 32, zero past len; the dot_rows overload for bf16 x runs the vdpbf16ps kernels).
+/// The Eigen set has its own gemm_rows (eigen_gemm.hpp).
 template <class WT, class XT, class F>
 inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx, int len, int o0, int o1,
                       int ncols, F& f) {
@@ -281,6 +283,7 @@ inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx
         dot_rows(n, w, ldw, x + std::size_t(cb) * ldx, ldx, len, ob, oe, g);
     });
 }
+#endif
 
 #if FLOWEDGE_ISA_AVX512
 // ---- MathMode::BF16 kernels (vdpbf16ps) -------------------------------------------------------------------------

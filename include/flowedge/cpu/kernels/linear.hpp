@@ -47,7 +47,11 @@ inline void linear_impl(const LinearParams& p, const WT* w) {
 #endif
         {
             LinearEpilogue epilogue{p, ldy, act_after};
+#if FLOWEDGE_ISA_EIGEN
+            eigen_rows<true>(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+#else
             gemm_rows(w, std::size_t(p.in), p.x, ldx, p.in, o0, o1, p.rows, epilogue);
+#endif
         }
         if (act_after)
             for (int r = 0; r < p.rows; ++r) activate_inplace(p.act, p.y + std::size_t(r) * ldy + std::size_t(o0), o1 - o0);

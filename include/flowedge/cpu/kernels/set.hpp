@@ -2,6 +2,7 @@
 // that set's namespace and target region), never on its own.
 #include "flowedge/cpu/kernels/common.hpp"
 #include "flowedge/cpu/kernels/gemm.hpp"
+#include "flowedge/cpu/kernels/eigen_gemm.hpp"
 #include "flowedge/cpu/kernels/packed_conv.hpp"
 #include "flowedge/cpu/kernels/packed_linear.hpp"
 #include "flowedge/cpu/kernels/conv1d.hpp"
