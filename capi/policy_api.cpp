@@ -212,8 +212,8 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
     return p;
 }
 
-/// An ACT folder, resident on the GPU when asked for and possible. The sampler options are the Diffusion Policy's: a value other than the zero default is
-/// the caller's mistake, named here; the seed is ignored (ACT draws no noise).
+/// An ACT folder, resident on the GPU when asked for and possible. The sampler options are the Diffusion Policy's: a
+/// value other than the zero default is the caller's mistake, named here; the seed is ignored (ACT draws no noise).
 std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const DeviceRequest& req, const ResidencyFlags& flags,
                                     const fe_policy_options* options) {
     ActPolicyOptions opts;
