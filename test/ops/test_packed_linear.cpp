@@ -26,7 +26,10 @@ namespace {
 class PackedLinear {
 public:
     /// Whether this process's kernel set has the packed kernels (AVX2 or AVX-512).
-    static bool available() { return cpu::active_isa() != cpu::Isa::Scalar; }
+    static bool available() {
+        const cpu::Isa i = cpu::active_isa();
+        return i == cpu::Isa::Avx2 || i == cpu::Isa::Avx512;
+    }
     void pack(WeightRef w, int in, int out, MathMode m) {
         m_src = w;
         m_pw = cpu::PackedWeight::small_rows(w, in, out, cpu::active_isa(), m);
