@@ -214,6 +214,20 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+/// Sum over the block in a fixed order (lanes, then warps), so results repeat run to run; every thread receives
+/// the result. scratch: one double per warp in shared memory.
+__device__ __forceinline__ double block_sum(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double total = 0.0;
+    const int n_warps = (blockDim.x + 31) >> 5;
+    for (int w = 0; w < n_warps; ++w) total += scratch[w];
+    return total;
+}
+
 /// Calls f.template operator()<T>() with T the C++ storage type of `d` (float, bf16 or f16).
 template <class F>
 void dispatch_dtype(DType d, F&& f) {

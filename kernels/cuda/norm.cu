@@ -31,18 +31,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-/// Sum over the block in a fixed order (lanes, then warps); every thread receives the result.
-__device__ double block_sum(double v, double* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = detail::warp_sum(v);
-    __syncthreads();  // scratch may still be read from a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    double total = 0.0;
-    const int n_warps = (blockDim.x + 31) >> 5;
-    for (int w = 0; w < n_warps; ++w) total += scratch[w];
-    return total;
-}
+using detail::block_sum;
 
 /// Sums two values over the block at once (same fixed order as block_sum); every thread receives both.
 __device__ void block_sum2(double& a, double& b, double (*scratch)[32]) {

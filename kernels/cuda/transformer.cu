@@ -23,17 +23,7 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-/// Sum over the block in a fixed order (lanes, then warps); every thread receives the result.
-__device__ double block_sum(double v, double* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = detail::warp_sum(v);
-    __syncthreads();  // scratch may still be read from a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    double total = 0.0;
-    for (int w = 0; w < kNormThreads / 32; ++w) total += scratch[w];
-    return total;
-}
+using detail::block_sum;
 
 __global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(LayerNormParams p) {
     detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
