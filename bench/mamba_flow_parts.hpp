@@ -153,7 +153,6 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         SelectiveScanParams sp;
         sp.u = u.data();
         sp.dt = dt.data();
-        sp.A = A_neg.data();  // the replay's own copy: the model's -exp(A_log) of this layer
         sp.B = dbl.data() + R;
         sp.C = dbl.data() + R + S;
         sp.ld_bc = ld_dbl;
@@ -166,6 +165,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         sp.channels = di;
         sp.d_state = S;
         // Per state: decay = exp(dt A), s = decay s + (dt u) B, y += s C (3 multiply-adds, 1 exp); gate SiLU per channel.
+        // A: this layer's -exp(A_log), held by the replay (the model keeps its own copy private).
         std::vector<float> A_copy = A_neg;
         parts.push_back({tag + "selective_scan", 1, 3.0 * L * di * S, double(L) * di * (S + 1), 0,
                          [sp, A_copy]() mutable {

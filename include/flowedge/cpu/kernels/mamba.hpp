@@ -2,7 +2,7 @@
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
 /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`. The SIMD sets take a block
 /// of channels at a time through every token (the block's taps are arranged once, not once per token) and apply the
-/// SiLU in registers; the multiply-add order per output is the scalar loop's, so every set gives the same bits.
+/// SiLU in registers; the multiply-add order per output is the scalar loop's (bias, then taps 0..K-1).
 inline void causal_conv(const CausalConvParams& p) {
     const int K = p.kernel, C = p.channels, L = p.length, H = K - 1;
     const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(C);
