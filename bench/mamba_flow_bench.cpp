@@ -21,6 +21,8 @@
 
 #include <flowedge/models/mamba_flow/policy.hpp>
 #include <flowedge/residency.hpp>
+
+#include "mamba_flow_parts.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
 #include <flowedge/cuda/device.hpp>
 #endif
@@ -95,6 +97,7 @@ nlohmann::json census_json(const cuda::GraphCensus& c) {
 struct Options {
     std::string model = "models/mamba_flow.safetensors", json_path, dtype = "f32", device = "cpu", math = "f32";
     int iters = 5000, warmup = 500, threads = 1, steps = 10;
+    bool parts = false;
 };
 
 /// Times one resident policy (MambaFlowPolicy<Cpu> or MambaFlowPolicy<Cuda>) and prints/writes the results.
@@ -140,6 +143,9 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     policy.set_math(math);
 
     const Stats act = time_us(warmup, iters, [&](int) { policy.act(tokens, noise, action, Solver::Euler, steps); });
+    nlohmann::json parts = nullptr;
+    if constexpr (!on_cuda)
+        if (o.parts) parts = bench::mamba_flow_parts(policy, int(tokens.size()), steps, act.min, act.p50);
     const Stats prefill = time_us(warmup, iters, [&](int) { mamba.prefill(tokens, hidden); });
     std::vector<float> cond(hidden.end() - dm, hidden.end());
     const Stats solve = time_us(warmup, iters, [&](int) { head.sample(cond, noise, action, Solver::Euler, steps); });
@@ -159,8 +165,8 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
         std::printf("mamba_flow_bench (flowedge cuda on %s, %s weights, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
                     gpu.c_str(), o.dtype.c_str(), mamba.config().n_layers, dm, tokens.size(), steps);
     else
-        std::printf("mamba_flow_bench (flowedge cpu, %s weights, %s math, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
-                    o.dtype.c_str(), o.math.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
+        std::printf("mamba_flow_bench (flowedge cpu, %s kernels, %s weights, %s math, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
+                    cpu::kernel_set_name().c_str(), o.dtype.c_str(), o.math.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
     auto line = [](const char* name, const Stats& s) {
         std::printf("  %-22s min %7.2f  p50 %8.2f  p99 %8.2f  max %9.2f  mean %8.2f us | thread CPU min %7.2f p50 %7.2f us\n",
                     name, s.min, s.p50, s.p99, s.max, s.mean, s.cpu_min, s.cpu_p50);
@@ -209,6 +215,8 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
                                 : nlohmann::json{{"action_p50_us", 40}, {"decode_step_p50_us", 10}}},
         };
         if (!census.is_null()) j["graph_census"] = census;
+        if (!parts.is_null()) j["parts"] = parts;
+        if (!on_cuda) j["kernel_set"] = cpu::kernel_set_name();
         std::ofstream(o.json_path) << j.dump(2) << "\n";
     }
     return 0;
@@ -226,6 +234,7 @@ int main(int argc, char** argv) {
     app.add_option("--threads", o.threads, "OpenMP threads (1 = single thread, the reference setting)")->check(CLI::Range(1, 1024));
     app.add_option("--steps", o.steps, "Euler steps")->check(CLI::Range(1, 65535));
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
+    app.add_flag("--parts", o.parts, "CPU: also replay each op of one action alone and print it against the FMA and L2 floors");
     app.add_option("--dtype", o.dtype, "storage of the projection weights: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
     app.add_option("--math", o.math, "arithmetic of the projections: f32 (exact) | bf16 (opt-in, set_math) | tf32")
         ->check(CLI::IsMember({"f32", "bf16", "tf32"}));

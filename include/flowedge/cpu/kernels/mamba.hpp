@@ -1,96 +1,99 @@
 // Mamba-1's causal depthwise conv + SiLU and selective scan. Kernel-set body: included once per instruction set by
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
-/// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`.
+/// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`. The SIMD sets take a block
+/// of channels at a time through every token (the block's taps are arranged once, not once per token) and apply the
+/// SiLU in registers; the multiply-add order per output is the scalar loop's (bias, then taps 0..K-1).
 inline void causal_conv(const CausalConvParams& p) {
     const int K = p.kernel, C = p.channels, L = p.length, H = K - 1;
     const std::size_t ldx = p.ld_x ? std::size_t(p.ld_x) : std::size_t(C);
+    // Row `row` of xx = [state ; x] from channel 0.
+    auto xx_row = [&](int row) -> const float* {
+        return row < H ? p.state + std::size_t(row) * C : p.x + std::size_t(row - H) * ldx;
+    };
     with_weights(p.w, [&](auto w) {
-        for (int t = 0; t < L; ++t) {
-            float* u = p.u + std::size_t(t) * C;
-            int c0 = 0;
+        int c0 = 0;
 #if FLOWEDGE_ISA_AVX512
-            // 16 channels at a time: tap k of channels c..c+15 gathered from the [C, K] weight, the
-            // history/input rows read as vectors (same multiply-add order as the scalar loop below).
-            if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
-                const __m512i lane_k = _mm512_mullo_epi32(
-                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
-                for (; c0 + 16 <= C; c0 += 16) {
-                    __m512 acc = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
-                    if (K == 4) {
-                        // The 16 x 4 weight block is 4 vectors; tap k of channels 0..7 comes from the first
-                        // two, of channels 8..15 from the last two (two lane permutes and a 256-bit merge
-                        // instead of a 16-element gather).
-                        const float* wb = w + std::size_t(c0) * 4;
-                        const __m512 a0 = _mm512_loadu_ps(wb), a1 = _mm512_loadu_ps(wb + 16);
-                        const __m512 a2 = _mm512_loadu_ps(wb + 32), a3 = _mm512_loadu_ps(wb + 48);
-                        for (int k = 0; k < 4; ++k) {
-                            const int row = t + k;
-                            const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
-                            const __m512i idx = _mm512_add_epi32(
-                                _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0), _mm512_set1_epi32(k));
-                            const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1), hi = _mm512_permutex2var_ps(a2, idx, a3);
-                            const __m512 wk = _mm512_shuffle_f32x4(lo, hi, 0x44);
-                            acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
-                        }
-                        _mm512_storeu_ps(u + c0, acc);
-                        continue;
+        // 16 channels at a time.
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
+            const __m512i lane_k = _mm512_mullo_epi32(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
+            for (; c0 + 16 <= C; c0 += 16) {
+                const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
+                if (K == 4) {
+                    // The 16 x 4 weight block is 4 vectors; tap k of channels 0..7 comes from the first two, of
+                    // channels 8..15 from the last two (two lane permutes and a 256-bit merge per tap).
+                    const float* wb = w + std::size_t(c0) * 4;
+                    const __m512 a0 = _mm512_loadu_ps(wb), a1 = _mm512_loadu_ps(wb + 16);
+                    const __m512 a2 = _mm512_loadu_ps(wb + 32), a3 = _mm512_loadu_ps(wb + 48);
+                    __m512 wk[4];
+                    for (int k = 0; k < 4; ++k) {
+                        const __m512i idx = _mm512_add_epi32(
+                            _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0), _mm512_set1_epi32(k));
+                        wk[k] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(a0, idx, a1), _mm512_permutex2var_ps(a2, idx, a3), 0x44);
                     }
+                    for (int t = 0; t < L; ++t) {
+                        __m512 acc = b;
+                        for (int k = 0; k < 4; ++k) acc = _mm512_fmadd_ps(wk[k], _mm512_loadu_ps(xx_row(t + k) + c0), acc);
+                        _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
+                    }
+                    continue;
+                }
+                for (int t = 0; t < L; ++t) {
+                    __m512 acc = b;
                     for (int k = 0; k < K; ++k) {
-                        const int row = t + k;  // row of xx = [state ; x]
-                        const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
                         const __m512 wk = _mm512_i32gather_ps(lane_k, w + std::size_t(c0) * K + k, 4);
-                        acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(src), acc);
+                        acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(xx_row(t + k) + c0), acc);
                     }
-                    _mm512_storeu_ps(u + c0, acc);
+                    _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
                 }
             }
+        }
 #elif FLOWEDGE_ISA_AVX2
-            // 8 channels at a time (same multiply-add order as the scalar loop below).
-            if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
-                const __m256i lane_k = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(K));
-                for (; c0 + 8 <= C; c0 += 8) {
-                    __m256 acc = p.bias ? _mm256_loadu_ps(p.bias + c0) : _mm256_setzero_ps();
-                    if (K == 4) {
-                        // The 8 x 4 weight block [c][k] as rows [c | c + 4] (128-bit halves), then a 4 x 4
-                        // transpose in each half: wk[k] = tap k of channels 0..3 | 4..7 (12 shuffles, no gather).
-                        const float* wb = w + std::size_t(c0) * 4;
-                        __m256 r[4], wk[4];
-                        for (int j = 0; j < 4; ++j)
-                            r[j] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(wb + 4 * j)), _mm_loadu_ps(wb + 16 + 4 * j), 1);
-                        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                        wk[0] = _mm256_shuffle_ps(t0, t2, 0x44);
-                        wk[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
-                        wk[2] = _mm256_shuffle_ps(t1, t3, 0x44);
-                        wk[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
-                        for (int k = 0; k < 4; ++k) {
-                            const int row = t + k;
-                            const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
-                            acc = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(src), acc);
-                        }
-                        _mm256_storeu_ps(u + c0, acc);
-                        continue;
+        // 8 channels at a time.
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
+            const __m256i lane_k = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(K));
+            for (; c0 + 8 <= C; c0 += 8) {
+                const __m256 b = p.bias ? _mm256_loadu_ps(p.bias + c0) : _mm256_setzero_ps();
+                if (K == 4) {
+                    // The 8 x 4 weight block [c][k] as rows [c | c + 4] (128-bit halves), then a 4 x 4 transpose in
+                    // each half: wk[k] = tap k of channels 0..3 | 4..7 (12 shuffles, no gather).
+                    const float* wb = w + std::size_t(c0) * 4;
+                    __m256 r[4], wk[4];
+                    for (int j = 0; j < 4; ++j)
+                        r[j] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(wb + 4 * j)), _mm_loadu_ps(wb + 16 + 4 * j), 1);
+                    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                    wk[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+                    wk[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+                    wk[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+                    wk[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+                    for (int t = 0; t < L; ++t) {
+                        __m256 acc = b;
+                        for (int k = 0; k < 4; ++k) acc = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(xx_row(t + k) + c0), acc);
+                        _mm256_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
                     }
+                    continue;
+                }
+                for (int t = 0; t < L; ++t) {
+                    __m256 acc = b;
                     for (int k = 0; k < K; ++k) {
-                        const int row = t + k;  // row of xx = [state ; x]
-                        const float* src = row < H ? p.state + std::size_t(row) * C + c0 : p.x + std::size_t(row - H) * ldx + c0;
                         const __m256 wk = _mm256_i32gather_ps(w + std::size_t(c0) * K + k, lane_k, 4);
-                        acc = _mm256_fmadd_ps(wk, _mm256_loadu_ps(src), acc);
+                        acc = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xx_row(t + k) + c0), acc);
                     }
-                    _mm256_storeu_ps(u + c0, acc);
+                    _mm256_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
                 }
             }
+        }
 #endif
+        // The channels no vector block took (all of them in the scalar and Eigen sets, and for non-F32 weights).
+        for (int t = 0; t < L && c0 < C; ++t) {
+            float* u = p.u + std::size_t(t) * C;
             for (int c = c0; c < C; ++c) {
                 float acc = p.bias ? p.bias[c] : 0.f;
-                for (int k = 0; k < K; ++k) {
-                    const int row = t + k;  // row of xx = [state ; x]
-                    const float v = row < H ? p.state[std::size_t(row) * C + c] : p.x[std::size_t(row - H) * ldx + c];
-                    acc += widen(w[std::size_t(c) * K + k]) * v;
-                }
+                for (int k = 0; k < K; ++k) acc += widen(w[std::size_t(c) * K + k]) * xx_row(t + k)[c];
                 u[c] = acc;
             }
-            activate_inplace(Activation::Silu, u, C);
+            activate_inplace(Activation::Silu, u + c0, C - c0);
         }
     });
     // New history: the last H rows of xx (shift the old state forward when fewer than H new rows came in).

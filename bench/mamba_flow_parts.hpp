@@ -1,0 +1,248 @@
+// mamba_flow_bench --parts: one CPU action broken into its ops, each replayed alone through Ops<Cpu> on the loaded
+// model's own (packed) weights at the shapes act() runs them, next to this core's floors (FMA peak, L2 read rate).
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <flowedge/models/mamba_flow/policy.hpp>
+
+#include "cpu_floor.hpp"
+
+namespace flowedge::bench {
+
+/// FMA throughput of one core in G multiply-adds/s: 12 independent vfmadd231ps chains written in assembly (ymm and zmm,
+/// the better of the two), best of many short runs. Assembly so that the compiler cannot keep the chains in memory
+/// or split the vectors.
+inline double fma_peak_gmacs_asm() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    auto run = [](auto body, int lanes) {
+        double best = 0;
+        for (int rep = 0; rep < 60; ++rep) {
+            constexpr long kIters = 400'000;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (long i = 0; i < kIters; ++i) body();
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            best = std::max(best, double(kIters) * 12 * lanes / s / 1e9);
+        }
+        return best;
+    };
+#define FE_FMA12(R)                                                                                                   \
+    asm volatile("vfmadd231ps %%" R "14, %%" R "15, %%" R "0\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "1\n\t"       \
+                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "2\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "3\n\t"       \
+                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "4\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "5\n\t"       \
+                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "6\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "7\n\t"       \
+                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "8\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "9\n\t"       \
+                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "10\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "11\n\t" ::: \
+                     "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11")
+    double best = run([] { FE_FMA12("ymm"); }, 8);
+    if (__builtin_cpu_supports("avx512f")) best = std::max(best, run([] { FE_FMA12("zmm"); }, 16));
+#undef FE_FMA12
+    return best;
+#else
+    return fma_peak_gflops_per_core() / 2;
+#endif
+}
+
+/// One op of an action: what it is, how often an action runs it, its multiply-adds and weight bytes per call, and the
+/// replay timings (min and p50 of batches of calls, per call).
+struct Part {
+    std::string name;
+    int per_action = 1;
+    double macs = 0;          ///< multiply-adds per call (matrix products, conv taps, scan updates)
+    double exps = 0;          ///< exp evaluations per call (SiLU, softplus, scan decays)
+    double weight_bytes = 0;  ///< bytes of weights read per call
+    std::function<void()> call;
+    double min_us = 0, p50_us = 0;
+};
+
+/// Min and p50 per call of `f` over `batches` batches of `per_batch` calls (after a warm batch).
+inline void time_part(Part& p, int batches = 300, int per_batch = 40) {
+    std::vector<double> us;
+    for (int i = 0; i < per_batch; ++i) p.call();
+    for (int b = 0; b < batches; ++b) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < per_batch; ++i) p.call();
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / per_batch);
+    }
+    std::sort(us.begin(), us.end());
+    p.min_us = us.front();
+    p.p50_us = us[us.size() / 2];
+}
+
+/// Replays every op of one act() (prefix L tokens, `steps` Euler steps, batch 1) alone and prints the table with the
+/// floors; `action_min_us` / `action_p50_us`: the whole act() measured in the same run. Returns the table as JSON.
+inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int steps, double action_min_us,
+                                       double action_p50_us) {
+    Mamba<Cpu>& mamba = policy.backbone();
+    FlowHead<Cpu>& head = policy.head();
+    const auto& mc = mamba.config();
+    const auto& hc = head.config();
+    std::map<std::string, const Parameter<Cpu>*> params;
+    mamba.visit_parameters([&](const std::string& n, Parameter<Cpu>& p, const Shape&, Storage) { params["backbone." + n] = &p; });
+    head.visit_parameters([&](const std::string& n, Parameter<Cpu>& p, const Shape&, Storage) { params["flow." + n] = &p; });
+    auto param = [&](const std::string& n) -> const Parameter<Cpu>& { return *params.at(n); };
+    auto wbytes = [&](const std::string& n, std::size_t numel) { return double(numel) * double(dtype_size(param(n).ref().dtype)); };
+
+    const int dm = mc.d_model, di = mc.d_inner, S = mc.d_state, R = mc.dt_rank, K = mc.d_conv, H = hc.hidden, A = hc.action_dim;
+    const int ld_dbl = R + 2 * S;
+    const MathMode math = policy.math();
+    // Scratch at the model's shapes (values: small, finite, deterministic).
+    auto filled = [](std::size_t n, float scale) {
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * float(i) + 0.1f);
+        return v;
+    };
+    std::vector<float> h = filled(std::size_t(L) * dm, 0.5f), n = filled(std::size_t(L) * dm, 0.5f);
+    std::vector<float> xz = filled(std::size_t(L) * 2 * di, 0.5f), u = filled(std::size_t(L) * di, 0.5f);
+    std::vector<float> dbl = filled(std::size_t(L) * ld_dbl, 0.5f), dt = filled(std::size_t(L) * di, 0.05f);
+    std::vector<float> y = filled(std::size_t(L) * di, 0.5f), conv_state(std::size_t(K - 1) * di, 0.f);
+    std::vector<float> ssm_state(std::size_t(di) * S, 0.f), A_neg(std::size_t(di) * S);
+    std::vector<float> c = filled(std::size_t(H), 0.5f), hb0 = filled(std::size_t(H), 0.5f), hb1 = filled(std::size_t(H), 0.5f);
+    std::vector<float> x = filled(std::size_t(A), 0.5f), v = filled(std::size_t(A), 0.5f), tproj = filled(std::size_t(H), 0.5f);
+
+    std::vector<Part> parts;
+    auto linear = [&](const std::string& name, int per_action, const std::string& w, const std::string& bias, const float* in,
+                      float* out, int rows, int n_in, int n_out, Activation act, bool accumulate, int ld_x) {
+        LinearParams p;
+        p.x = in;
+        p.w = param(w).ref();
+        p.bias = bias.empty() ? nullptr : param(bias).f32();
+        p.y = out;
+        p.rows = rows;
+        p.in = n_in;
+        p.out = n_out;
+        p.ld_x = ld_x;
+        p.act = act;
+        p.accumulate = accumulate;
+        p.math = math;
+        const double ex = act == Activation::None ? 0 : double(rows) * n_out;
+        parts.push_back({name, per_action, double(rows) * n_in * n_out, ex, wbytes(w, std::size_t(n_in) * n_out),
+                         [p] { Ops<Cpu>::linear(p); }});
+    };
+    for (int l = 0; l < mc.n_layers; ++l) {
+        const std::string pre = "backbone.layers." + std::to_string(l) + ".", mix = pre + "mixer.";
+        const std::string tag = "L" + std::to_string(l) + " ";
+        const bool last = l == mc.n_layers - 1;
+        const Parameter<Cpu>& a_log = param(mix + "A_log");
+        for (std::size_t i = 0; i < A_neg.size(); ++i) A_neg[i] = -std::exp(a_log.f32()[i]);
+        RmsNormParams rp{h.data(), param(pre + "norm.weight").f32(), n.data(), L, dm, mc.eps};
+        parts.push_back({tag + "rms_norm", 1, double(L) * dm, 0, 0, [rp] { Ops<Cpu>::rms_norm(rp); }});
+        linear(tag + "in_proj", 1, mix + "in_proj.weight", "", n.data(), xz.data(), L, dm, 2 * di, Activation::None, false, 0);
+        CausalConvParams cp;
+        cp.x = xz.data();
+        cp.ld_x = 2 * di;
+        cp.w = param(mix + "conv1d.weight").ref();
+        cp.bias = param(mix + "conv1d.bias").f32();
+        cp.state = conv_state.data();
+        cp.u = u.data();
+        cp.length = L;
+        cp.channels = di;
+        cp.kernel = K;
+        parts.push_back({tag + "causal_conv + SiLU", 1, double(L) * di * K, double(L) * di, 0, [cp] { Ops<Cpu>::causal_conv(cp); }});
+        linear(tag + "x_proj", 1, mix + "x_proj.weight", "", u.data(), dbl.data(), L, di, ld_dbl, Activation::None, false, 0);
+        linear(tag + "dt_proj + softplus", 1, mix + "dt_proj.weight", mix + "dt_proj.bias", dbl.data(), dt.data(), L, R, di,
+               Activation::Softplus, false, ld_dbl);
+        SelectiveScanParams sp;
+        sp.u = u.data();
+        sp.dt = dt.data();
+        sp.B = dbl.data() + R;
+        sp.C = dbl.data() + R + S;
+        sp.ld_bc = ld_dbl;
+        sp.D = param(mix + "D").f32();
+        sp.z = xz.data() + di;
+        sp.ld_z = 2 * di;
+        sp.state = ssm_state.data();
+        sp.y = y.data();
+        sp.length = L;
+        sp.channels = di;
+        sp.d_state = S;
+        // Per state: decay = exp(dt A), s = decay s + (dt u) B, y += s C (3 multiply-adds, 1 exp); gate SiLU per channel.
+        // A: this layer's -exp(A_log), held by the replay (the model keeps its own copy private).
+        std::vector<float> A_copy = A_neg;
+        parts.push_back({tag + "selective_scan", 1, 3.0 * L * di * S, double(L) * di * (S + 1), 0,
+                         [sp, A_copy]() mutable {
+                             sp.A = A_copy.data();
+                             Ops<Cpu>::selective_scan(sp);
+                         }});
+        const int out_rows = last ? 1 : L;
+        linear(tag + "out_proj (+residual)", 1, mix + "out_proj.weight", "", y.data(), h.data(), out_rows, di, dm,
+               Activation::None, true, 0);
+    }
+    RmsNormParams fp{h.data(), param("backbone.norm_f.weight").f32(), n.data(), 1, dm, mc.eps};
+    parts.push_back({"norm_f (last row)", 1, double(dm), 0, 0, [fp] { Ops<Cpu>::rms_norm(fp); }});
+
+    linear("flow cond_proj", 1, "flow.cond_proj.weight", "", n.data(), c.data(), 1, dm, H, Activation::None, false, 0);
+    linear("flow in_proj", steps, "flow.in_proj.weight", "", x.data(), hb0.data(), 1, A, H, Activation::None, false, 0);
+    AxpbyParams ap{hb0.data(), tproj.data(), hb0.data(), H, 1.f, 1.f};
+    parts.push_back({"flow h += time_proj row, += c (2 axpby)", steps, 0, 0, 0, [ap, &c] {
+                         Ops<Cpu>::axpby(ap);
+                         AxpbyParams a2 = ap;
+                         a2.y = c.data();
+                         Ops<Cpu>::axpby(a2);
+                     }});
+    ActivationParams sil{hb0.data(), hb0.data(), H, Activation::Silu};
+    parts.push_back({"flow SiLU (h0)", steps, 0, double(H), 0, [sil] { Ops<Cpu>::activation(sil); }});
+    for (int l = 0; l < hc.n_layers; ++l)
+        linear("flow layers." + std::to_string(l) + " + SiLU", steps, "flow.layers." + std::to_string(l) + ".weight", "",
+               l % 2 ? hb1.data() : hb0.data(), l % 2 ? hb0.data() : hb1.data(), 1, H, H, Activation::Silu, false, 0);
+    linear("flow out_proj", steps, "flow.out_proj.weight", "", hb0.data(), v.data(), 1, H, A, Activation::None, false, 0);
+    AxpbyParams xp{x.data(), v.data(), x.data(), A, 1.f, 0.f};  // b = 0 keeps x bounded over the replays
+    parts.push_back({"flow x += dt v (axpby)", steps, 0, 0, 0, [xp] { Ops<Cpu>::axpby(xp); }});
+
+    for (Part& p : parts) time_part(p);
+
+    const double peak = fma_peak_gmacs_asm();
+    const double l2 = read_bandwidth_gbs(256 * 1024), l3 = read_bandwidth_gbs(8 * 1024 * 1024);
+    double sum_min = 0, sum_p50 = 0, sum_floor = 0, macs = 0, exps = 0, bytes = 0;
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("\n  parts of one action, each op replayed alone (%s weights hot in cache; min / p50 per call of batches of 40)\n",
+                std::string(dtype_name(param("flow.layers.0.weight").ref().dtype)).c_str());
+    std::printf("  %-40s %5s %10s %8s %9s %9s %10s %8s %10s\n", "part", "calls", "MACs/call", "exps", "weight KB", "us/call",
+                "us/action", "G MAC/s", "floor us");
+    for (const Part& p : parts) {
+        const double per = p.per_action;
+        const double floor_us = std::max(p.macs / (peak * 1e3), p.weight_bytes / (l2 * 1e3)) * per;
+        sum_min += p.min_us * per;
+        sum_floor += floor_us;
+        sum_p50 += p.p50_us * per;
+        macs += p.macs * per;
+        exps += p.exps * per;
+        bytes += p.weight_bytes * per;
+        std::printf("  %-40s %5d %10.0f %8.0f %9.1f %9.3f %10.2f %8.1f %10.2f\n", p.name.c_str(), p.per_action, p.macs, p.exps,
+                    p.weight_bytes / 1024, p.min_us, p.min_us * per, p.macs / (p.min_us * 1e3), floor_us);
+        rows.push_back({{"part", p.name}, {"calls_per_action", p.per_action}, {"macs_per_call", p.macs}, {"exps_per_call", p.exps},
+                        {"weight_bytes_per_call", p.weight_bytes}, {"min_us_per_call", p.min_us}, {"p50_us_per_call", p.p50_us},
+                        {"floor_us_per_action", floor_us}});
+    }
+    const double fma_floor = macs / (peak * 1e3), byte_floor = bytes / (l2 * 1e3);
+    std::printf("  sum of parts: min %.2f us, p50 %.2f us per action; the whole act() in this run: min %.2f, p50 %.2f us\n",
+                sum_min, sum_p50, action_min_us, action_p50_us);
+    std::printf("  per action: %.3f M multiply-adds, %.1f k exps, %.2f MB of weights read\n", macs / 1e6, exps / 1e3, bytes / 1e6);
+    std::printf("  floors: FMA %.1f us at %.1f G MAC/s (asm probe); weight bytes %.1f us at the L2 read rate %.1f GB/s (L3 %.1f GB/s)\n",
+                fma_floor, peak, byte_floor, l2, l3);
+    std::printf("  sum over parts of max(FMA, weight bytes / L2 rate): %.1f us\n", sum_floor);
+    std::printf("  act() p50 / FMA floor = %.2f (target <= 1.5)\n", action_p50_us / fma_floor);
+    return {{"parts", rows},
+            {"sum_min_us", sum_min},
+            {"sum_p50_us", sum_p50},
+            {"macs_per_action", macs},
+            {"exps_per_action", exps},
+            {"weight_bytes_per_action", bytes},
+            {"fma_peak_gmacs", peak},
+            {"l2_read_gbs", l2},
+            {"l3_read_gbs", l3},
+            {"fma_floor_us", fma_floor},
+            {"weight_byte_floor_us", byte_floor},
+            {"sum_part_floors_us", sum_floor},
+            {"action_p50_over_fma_floor", action_p50_us / fma_floor}};
+}
+
+}  // namespace flowedge::bench
