@@ -18,39 +18,6 @@
 
 namespace flowedge::bench {
 
-/// FMA throughput of one core in G multiply-adds/s: 12 independent vfmadd231ps chains written in assembly (ymm and zmm,
-/// the better of the two), best of many short runs. Assembly so that the compiler cannot keep the chains in memory
-/// or split the vectors.
-inline double fma_peak_gmacs_asm() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    auto run = [](auto body, int lanes) {
-        double best = 0;
-        for (int rep = 0; rep < 60; ++rep) {
-            constexpr long kIters = 400'000;
-            const auto t0 = std::chrono::steady_clock::now();
-            for (long i = 0; i < kIters; ++i) body();
-            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            best = std::max(best, double(kIters) * 12 * lanes / s / 1e9);
-        }
-        return best;
-    };
-#define FE_FMA12(R)                                                                                                   \
-    asm volatile("vfmadd231ps %%" R "14, %%" R "15, %%" R "0\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "1\n\t"       \
-                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "2\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "3\n\t"       \
-                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "4\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "5\n\t"       \
-                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "6\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "7\n\t"       \
-                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "8\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "9\n\t"       \
-                 "vfmadd231ps %%" R "14, %%" R "15, %%" R "10\n\tvfmadd231ps %%" R "14, %%" R "15, %%" R "11\n\t" ::: \
-                     "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11")
-    double best = run([] { FE_FMA12("ymm"); }, 8);
-    if (__builtin_cpu_supports("avx512f")) best = std::max(best, run([] { FE_FMA12("zmm"); }, 16));
-#undef FE_FMA12
-    return best;
-#else
-    return fma_peak_gflops_per_core() / 2;
-#endif
-}
-
 /// One op of an action: what it is, how often an action runs it, its multiply-adds and weight bytes per call, and the
 /// replay timings (min and p50 of batches of calls, per call).
 struct Part {
@@ -199,7 +166,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
 
     for (Part& p : parts) time_part(p);
 
-    const double peak = fma_peak_gmacs_asm();
+    const double peak = fma_peak_gflops_per_core() / 2;  // G multiply-adds/s
     const double l2 = read_bandwidth_gbs(256 * 1024), l3 = read_bandwidth_gbs(8 * 1024 * 1024);
     double sum_min = 0, sum_p50 = 0, sum_floor = 0, macs = 0, exps = 0, bytes = 0;
     nlohmann::json rows = nlohmann::json::array();
