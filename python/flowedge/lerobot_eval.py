@@ -136,8 +136,7 @@ def load_batched_policy(folder: str, batch: int, *, device: str, steps: Optional
 # Rollout and evaluation (LeRobot's rollout / eval_policy, numpy)
 # ----------------------------------------------------------------------------------------------------------------
 
-def rollout(env, policy, seeds: List[int], render: Optional[Callable[[Any], None]] = None,
-            on_step: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> Dict[str, np.ndarray]:
+def rollout(env, policy, seeds: List[int], render: Optional[Callable[[Any], None]] = None) -> Dict[str, np.ndarray]:
     """One batch: reset every environment with ``seeds``, step them together until all are done or the step limit.
     Returns reward / success / done [N, T] (done cumulative; the last step counts as done) and action [N, T, A]."""
     policy.reset(seeds[0])
@@ -164,8 +163,6 @@ def rollout(env, policy, seeds: List[int], render: Optional[Callable[[Any], None
         successes.append(success)
         dones.append(done.copy())
         step += 1
-        if on_step is not None:
-            on_step(action, np.asarray(reward, np.float64))
     return {"action": np.stack(actions, 1), "reward": np.stack(rewards, 1), "success": np.stack(successes, 1),
             "done": np.stack(dones, 1)}
 
@@ -228,8 +225,10 @@ class VideoWriter:
 
 
 def eval_policy(env, policy, n_episodes: int, start_seed: int, videos: Optional[VideoWriter] = None,
-                progress=None, on_step=None) -> Dict[str, Any]:
-    """LeRobot's eval_policy on a batched policy: ceil(n_episodes / N) batches, per-episode rows and the aggregate."""
+                progress=None, on_batch: Optional[Callable[[Dict[str, np.ndarray], Dict[str, np.ndarray]], None]] = None
+                ) -> Dict[str, Any]:
+    """LeRobot's eval_policy on a batched policy: ceil(n_episodes / N) batches, per-episode rows and the aggregate.
+    ``on_batch(rollout, episode_results)`` sees each batch's arrays (the comparison tool keeps the actions)."""
     start = time.time()
     n = env.num_envs
     n_batches = -(-n_episodes // n)
@@ -241,8 +240,10 @@ def eval_policy(env, policy, n_episodes: int, start_seed: int, videos: Optional[
     for b in range(n_batches):
         batch_seeds = list(range(start_seed + b * n, start_seed + (b + 1) * n))
         render = videos.render if videos is not None and videos.active else None
-        r = rollout(env, policy, batch_seeds, render=render, on_step=on_step)
+        r = rollout(env, policy, batch_seeds, render=render)
         ep = episode_results(r)
+        if on_batch is not None:
+            on_batch(r, ep)
         sums += ep["sum_reward"].tolist()
         maxes += ep["max_reward"].tolist()
         succ += ep["success"].tolist()
@@ -339,8 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = build_parser()
+def parse_args(argv: Optional[List[str]], ap: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """The flags, checked; ``ap``: build_parser() with more flags added (tools/compare_lerobot_eval.py)."""
+    ap = ap or build_parser()
     args, unknown = ap.parse_known_args(argv)
     if unknown:
         ap.error(f"unknown flag(s) {' '.join(unknown)} (expected flowedge-lerobot-eval's flags: the common "
