@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """flowedge-lerobot-eval against LeRobot's own lerobot-eval code path, on the same seeds and the same initial noise.
 
-Runs the flowedge evaluation (flowedge.lerobot_eval: the whole policy in flowedge, numpy observations) and then
-LeRobot 0.4.4's ``lerobot.scripts.lerobot_eval.eval_policy`` with LeRobot's policy, processors and env factory, as
-``eval_main`` sets them up, in one process with the same threads. Only LeRobot's noise source is patched: its
+Runs flowedge-lerobot-eval (the whole policy in flowedge, numpy observations) in a process of its own, then LeRobot
+0.4.4's ``lerobot.scripts.lerobot_eval.eval_policy`` with LeRobot's policy, processors and env factory as ``eval_main``
+sets them up, here, with the same --threads. Only LeRobot's noise source is patched: its
 ``DiffusionModel.conditional_sample`` gets ``noise=`` for batch element e, chunk k equal to flowedge's seeded draw
 (SplitMix64 stream ``batch_seed + (e << 32) + 2k``, tools/splitmix_noise.py; batch_seed = seed + b * batch_size, the
 seed flowedge's batched policy is reset with). Without that patch the two could only agree statistically.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -49,28 +50,26 @@ def parse():
     return args
 
 
-def collect(store: List[np.ndarray]):
-    """on_batch callback keeping each episode's own actions [T_i, A] (steps up to its first done)."""
-    def on_batch(r, ep):
-        for e, last in enumerate(ep["done_index"].tolist()):
-            store.append(r["action"][e, :last + 1].copy())
-    return on_batch
-
-
-def run_flowedge(args) -> Dict[str, Any]:
-    env = fe.make_vector_env(args.env_type, args.batch_size, args.env_task, args.episode_length)
-    policy = fe.load_batched_policy(args.policy_path, args.batch_size, device=args.device, steps=args.steps,
-                                    scheduler=args.scheduler)
-    actions: List[np.ndarray] = []
-    try:
-        info = fe.eval_policy(env, policy, args.n_episodes, args.seed, on_batch=collect(actions))
-    finally:
-        env.close()
-    out = {"info": info, "actions": actions[:args.n_episodes], "batched_policy": type(policy).__name__,
-           "backend": policy.backend}
-    del policy
-    gc.collect()
-    return out
+def run_flowedge(args, work: Path) -> Dict[str, Any]:
+    """flowedge-lerobot-eval in its own process, as users run it: no torch imported (importing torch into the
+    process made flowedge's CPU chunk 5x slower on the 2-core machine, bench/results/lerobot_eval_cpu.md)."""
+    cmd = [sys.executable, "-m", "flowedge.lerobot_eval", f"--policy.path={args.policy_path}",
+           f"--policy.device={args.device}", f"--env.type={args.env_type}", f"--eval.batch_size={args.batch_size}",
+           f"--eval.n_episodes={args.n_episodes}", f"--seed={args.seed}", f"--output_dir={work}",
+           "--max-render-videos=0", "--no-progress", f"--save-actions={work / 'actions.npz'}"]
+    for flag, v in (("--env.task", args.env_task), ("--env.episode_length", args.episode_length),
+                    ("--policy.noise_scheduler_type", args.scheduler), ("--policy.num_inference_steps", args.steps),
+                    ("--threads", args.threads)):
+        if v is not None:
+            cmd.append(f"{flag}={v}")
+    t0, r0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True)
+    wall, r1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    info = json.loads((work / "eval_info.json").read_text())
+    with np.load(work / "actions.npz") as z:
+        actions = [z[f"ep_{i}"] for i in range(args.n_episodes)]
+    return {"info": info, "actions": actions, "command": " ".join(cmd), "wall_s": wall,
+            "cpu_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}
 
 
 def run_lerobot(args) -> Dict[str, Any]:
@@ -169,21 +168,23 @@ def split_lerobot_actions(steps: List[np.ndarray], batch: int, batch_steps: List
 
 def main() -> int:
     args = parse()
-    import torch
+    import tempfile
 
     from flowedge.replay import cpu_name, versions
 
+    with tempfile.TemporaryDirectory(prefix="flowedge-eval-") as tmp:
+        f = run_flowedge(args, Path(tmp))
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    fe.set_omp_threads(args.threads)
-    t0 = time.time()
-    f = run_flowedge(args)
-    f_wall = time.time() - t0
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     lr = run_lerobot(args)
-    l_wall = time.time() - t0
+    l_wall, l_cpu = time.time() - t0, time.process_time() - c0
 
-    fi, li = f["info"], lr["info"]
+    fi = {"per_episode": f["info"]["per_episode"], "aggregated": f["info"]["overall"],
+          "episode_steps": f["info"]["flowedge"]["episode_steps"]}
+    li = lr["info"]
     n = args.n_episodes
     n_batches = -(-n // args.batch_size)
     # Batch b ran max(steps of its episodes) lockstep steps on both sides when their episode lengths agree; LeRobot's
@@ -229,13 +230,14 @@ def main() -> int:
         "episode_length": args.episode_length, "batch_size": args.batch_size, "n_episodes": n, "seed": args.seed,
         "scheduler": args.scheduler, "num_inference_steps": args.steps, "tol_normalised": args.tol,
         "action_scale": scale.tolist(),
-        "flowedge_batched_policy": f["batched_policy"], "flowedge_backend": f["backend"],
+        "flowedge_batched_policy": f["info"]["flowedge"]["batched_policy"],
+        "flowedge_backend": f["info"]["flowedge"]["backend"], "flowedge_command": f["command"],
         "lerobot_steps_recorded": len(lr["steps"]), "flowedge_batch_steps": batch_steps,
         "episodes_agree_step_for_step": agree if l_eps is not None else None,
         "flowedge": {k: fo[k] for k in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s")}
-        | {"episodes_per_s": n / fo["eval_s"], "wall_s_with_load": f_wall},
+        | {"episodes_per_s": n / fo["eval_s"], "wall_s_with_load": f["wall_s"], "cpu_s_with_load": f["cpu_s"]},
         "lerobot": {k: lo[k] for k in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s")}
-        | {"episodes_per_s": n / lo["eval_s"], "wall_s_with_load": l_wall},
+        | {"episodes_per_s": n / lo["eval_s"], "wall_s_with_load": l_wall, "cpu_s_with_load": l_cpu},
         "per_episode": rows, "versions": versions(),
     }
     text = json.dumps(result, indent=1)
@@ -253,9 +255,10 @@ def markdown(r: Dict[str, Any], command: str) -> str:
              f"{r['date_utc']} UTC, commit {r['commit']}, {r['cpu']} ({r['nproc']} cores), threads {r['threads']}, "
              f"load average {r['load_average_1m']}; policy {r['policy_path']}; {r['n_episodes']} episodes, batch "
              f"{r['batch_size']}, seed {r['seed']}, episode_length {r['episode_length']}.", "",
-             f"    {command}", "",
+             f"    {command}", "", "flowedge side, run by it:", "", f"    {r['flowedge_command']}", "",
              "| | flowedge-lerobot-eval | LeRobot eval_policy |", "|---|---|---|"]
-    for k in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s", "episodes_per_s"):
+    for k in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s", "episodes_per_s",
+              "wall_s_with_load", "cpu_s_with_load"):
         lines.append(f"| {k} | {fl[k]:.4g} | {lr[k]:.4g} |")
     lines += ["", f"Episodes that agree step for step (every action within {r['tol_normalised']} normalised units, i.e. "
               f"robot units / {r['action_scale']}, and the same success): "

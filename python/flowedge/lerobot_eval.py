@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-render-videos", dest="max_videos", type=int, default=10,
                     help="episodes rendered to <output_dir>/videos (LeRobot: 10; needs imageio; 0 = none)")
     ap.add_argument("--json", action="store_true", help="print eval_info.json's content on stdout")
+    ap.add_argument("--save-actions", default=None, metavar="FILE.npz",
+                    help="each episode's actions up to its first done as ep_<i> [steps, action_dim] (for "
+                         "tools/compare_lerobot_eval.py)")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -393,11 +396,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     fps = ENV_TYPES[args.env_type]["fps"]
     videos = VideoWriter(args.max_videos, out_dir / "videos", fps)
     progress = BatchProgress(-(-args.n_episodes // args.batch_size), not args.no_progress)
+    actions: List[np.ndarray] = []
+
+    def keep_actions(r, ep):
+        actions.extend(r["action"][e, :last + 1] for e, last in enumerate(ep["done_index"].tolist()))
+
     try:
-        info = eval_policy(env, policy, args.n_episodes, args.seed, videos=videos, progress=progress)
+        info = eval_policy(env, policy, args.n_episodes, args.seed, videos=videos, progress=progress,
+                           on_batch=keep_actions if args.save_actions else None)
     finally:
         progress.close()
         env.close()
+    if args.save_actions:
+        np.savez(args.save_actions, **{f"ep_{i}": a for i, a in enumerate(actions[:args.n_episodes])})
     result = eval_info(args.env_type, info)
     result["flowedge"] = {
         "policy_path": args.policy_path, "policy_type": kind, "env_type": args.env_type,
