@@ -19,7 +19,6 @@ it). Needs LeRobot + torch + the env package (the reference venv) and flowedge i
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import resource
