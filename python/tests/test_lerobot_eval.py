@@ -99,7 +99,7 @@ def test_pusht_eval_writes_lerobots_eval_info(pusht_policy, tmp_path):
     assert sorted(info) == ["flowedge", "overall", "per_episode", "per_group", "per_task"]
     metrics = info["per_task"][0]["metrics"]
     assert info["per_task"][0]["task_group"] == "pusht"
-    assert sorted(metrics) == ["max_rewards", "sum_rewards", "successes", "video_paths"]
+    assert sorted(metrics) == ["max_rewards", "successes", "sum_rewards", "video_paths"]
     o = info["overall"]
     assert o["n_episodes"] == 4 and set(o) >= {"avg_sum_reward", "avg_max_reward", "pc_success", "eval_s", "eval_ep_s"}
     assert o["avg_sum_reward"] == pytest.approx(np.mean(metrics["sum_rewards"]))
