@@ -390,8 +390,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.env_type, kind)
     env = make_vector_env(args.env_type, args.batch_size, args.env_task, args.episode_length)
     t0 = time.perf_counter()
-    policy = load_batched_policy(args.policy_path, args.batch_size, device=args.device, steps=args.steps,
-                                 scheduler=args.scheduler)
+    try:
+        policy = load_batched_policy(args.policy_path, args.batch_size, device=args.device, steps=args.steps,
+                                     scheduler=args.scheduler)
+    except flowedge.FlowEdgeError as e:  # --policy.device cuda without a usable GPU, a folder that does not load
+        env.close()
+        raise SystemExit(str(e)) from None
     load_s = time.perf_counter() - t0
     fps = ENV_TYPES[args.env_type]["fps"]
     videos = VideoWriter(args.max_videos, out_dir / "videos", fps)
