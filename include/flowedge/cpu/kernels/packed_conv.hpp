@@ -303,52 +303,6 @@ inline void packed_pairs_bf16_nc4(const bf16* wp, const float* x, std::size_t ld
           "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
 
-/// packed_steps<4> on INT8 blocks for `lines` >= 1 whole 64-byte lines (4 steps each), AVX2, in inline assembly: 8
-/// accumulators (ymm0-7), two widened weight vectors per step (ymm8-11, alternating steps) and the broadcasts
-/// (ymm12-15). GCC's allocation of the intrinsics form hoisted the widening of later steps and copied accumulators
-/// (vmovaps between FMAs) in this loop. Same operations in the same order per accumulator as the intrinsics form.
-inline void packed_lines_int8_nc4(const std::int8_t* wp, const float* x, std::size_t ldx, long lines, VecF (&acc)[2][4]) {
-    const long ldx_bytes = long(ldx * sizeof(float));
-    // ymm(2c + v) holds acc[v][c], stored at byte (4v + c) * 32 of acc.
-#define FLOWEDGE_INT8_STEP(off, wa, wb, ba, bb)                                                                        \
-    "vpmovsxbd " #off "(%[w]), %%ymm" #wa "\n\t"                                                                     \
-    "vpmovsxbd " #off "+8(%[w]), %%ymm" #wb "\n\t"                                                                   \
-    "vcvtdq2ps %%ymm" #wa ", %%ymm" #wa "\n\t"                                                                        \
-    "vcvtdq2ps %%ymm" #wb ", %%ymm" #wb "\n\t"                                                                        \
-    "vbroadcastss (%[x]), %%ymm" #ba "\n\t"                                                                          \
-    "vfmadd231ps %%ymm" #wa ", %%ymm" #ba ", %%ymm0\n\t" "vfmadd231ps %%ymm" #wb ", %%ymm" #ba ", %%ymm1\n\t"       \
-    "vbroadcastss 4(%[x]), %%ymm" #bb "\n\t"                                                                         \
-    "vfmadd231ps %%ymm" #wa ", %%ymm" #bb ", %%ymm2\n\t" "vfmadd231ps %%ymm" #wb ", %%ymm" #bb ", %%ymm3\n\t"       \
-    "vbroadcastss 8(%[x]), %%ymm" #ba "\n\t"                                                                         \
-    "vfmadd231ps %%ymm" #wa ", %%ymm" #ba ", %%ymm4\n\t" "vfmadd231ps %%ymm" #wb ", %%ymm" #ba ", %%ymm5\n\t"       \
-    "vbroadcastss 12(%[x]), %%ymm" #bb "\n\t"                                                                        \
-    "vfmadd231ps %%ymm" #wa ", %%ymm" #bb ", %%ymm6\n\t" "vfmadd231ps %%ymm" #wb ", %%ymm" #bb ", %%ymm7\n\t"       \
-    "add %[ld], %[x]\n\t"
-    asm volatile(
-        "vmovups 0(%[acc]), %%ymm0\n\t"  "vmovups 128(%[acc]), %%ymm1\n\t"
-        "vmovups 32(%[acc]), %%ymm2\n\t" "vmovups 160(%[acc]), %%ymm3\n\t"
-        "vmovups 64(%[acc]), %%ymm4\n\t" "vmovups 192(%[acc]), %%ymm5\n\t"
-        "vmovups 96(%[acc]), %%ymm6\n\t" "vmovups 224(%[acc]), %%ymm7\n\t"
-        "1:\n\t"
-        "prefetcht0 %c[pf](%[w])\n\t"
-        FLOWEDGE_INT8_STEP(0, 8, 9, 12, 13)
-        FLOWEDGE_INT8_STEP(16, 10, 11, 14, 15)
-        FLOWEDGE_INT8_STEP(32, 8, 9, 12, 13)
-        FLOWEDGE_INT8_STEP(48, 10, 11, 14, 15)
-        "add $64, %[w]\n\t"
-        "dec %[n]\n\t"
-        "jnz 1b\n\t"
-        "vmovups %%ymm0, 0(%[acc])\n\t"  "vmovups %%ymm1, 128(%[acc])\n\t"
-        "vmovups %%ymm2, 32(%[acc])\n\t" "vmovups %%ymm3, 160(%[acc])\n\t"
-        "vmovups %%ymm4, 64(%[acc])\n\t" "vmovups %%ymm5, 192(%[acc])\n\t"
-        "vmovups %%ymm6, 96(%[acc])\n\t" "vmovups %%ymm7, 224(%[acc])\n\t"
-        : [w] "+r"(wp), [x] "+r"(x), [n] "+r"(lines)
-        : [ld] "r"(ldx_bytes), [acc] "r"(&acc[0][0]), [pf] "i"(kPackPrefetchBytes)
-        : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
-#undef FLOWEDGE_INT8_STEP
-}
-
 /// tot[c*W + l] += block x panel columns [c0, c0 + NC) over n steps (fresh accumulators, then added), W the
 /// block width of WT.
 template <int NC, class WT>
@@ -360,10 +314,6 @@ inline void packed_chunk(const WT* wp, const float* x, std::size_t ldx, int n, i
     if constexpr (std::is_same_v<WT, bf16> && NC == 4) {
         if (n >= 2) packed_pairs_bf16_nc4(wp, x + c0, ldx, n / 2, acc);
         if (n % 2) packed_steps<NC>(wp + std::size_t(n / 2) * 6 * kLanes, x + c0 + std::size_t(n - 1) * ldx, ldx, 1, acc);
-    } else if constexpr (std::is_same_v<WT, std::int8_t> && NC == 4) {
-        const int whole = n / 4 * 4;  // steps in whole 64-byte lines
-        if (whole) packed_lines_int8_nc4(wp, x + c0, ldx, n / 4, acc);
-        if (n > whole) packed_steps<NC>(wp + std::size_t(whole) * kConvBlockWidth<WT>, x + c0 + std::size_t(whole) * ldx, ldx, n - whole, acc);
     } else {
         packed_steps<NC>(wp, x + c0, ldx, n, acc);
     }
