@@ -24,11 +24,10 @@ struct LoadOptions {
     /// Store Storage::Matrix parameters in this dtype regardless of the file's (e.g. BF16 from an F32 file).
     std::optional<DType> weight_dtype{};
     /// WeightQuant::Int8: Conv1d, ConvTranspose1d and streamed Linear weights (the U-Net's convolutions and FiLM
-    /// projections) stored as int8 with per-output-channel scales, quantised from the weight_dtype values; the other
+    /// projections) stored as int8 with one scale per output row, quantised from the weight_dtype values; the other
     /// weights as weight_dtype says. CPU AVX2 kernel set only (an Error elsewhere). Error bound: docs/numerics.md.
     WeightQuant quantize = WeightQuant::None;
 };
-
 
 /// One tensor of a model, resident on backend B.
 template <Backend B>

@@ -27,9 +27,10 @@ enum class Storage : std::uint8_t {
 enum class WeightQuant : std::uint8_t {
     None,  ///< weights keep their stored dtype (the default)
     /// INT8 weight-only, for the weights streamed by the packed conv kernels (Storage::ConvWeight, ConvTransposeWeight,
-    /// StreamedMatrix): int8 values with one F32 scale per output channel (symmetric, scale = max |w| over that
-    /// channel's [in, kernel] slice / 127), F32 activations and accumulation. Only the CPU's AVX2 kernel set has the
-    /// kernels; elsewhere loading fails (ErrorKind::Unsupported) rather than ignore the request.
+    /// StreamedMatrix): int8 values with one F32 scale per output row (symmetric, scale = max |w| of the row / 127;
+    /// a row is a Conv1d output channel's [in, kernel] slice, a Linear output, or a ConvTranspose1d (output channel,
+    /// tap) pair), F32 activations and accumulation. Only the CPU's AVX2 kernel set has the kernels; elsewhere loading
+    /// fails (ErrorKind::Unsupported) rather than ignore the request.
     Int8,
 };
 

@@ -134,8 +134,8 @@ inline void pack_conv_weights(const bf16* w, int out, std::size_t R, bf16* dst) 
 
 /// ConvTranspose1d weights [in, out, K] packed as the kernel-1 Conv1d they are per input column (Ops<Cpu>::
 /// conv_transpose1d computes Z[b, o*K + k, s] = sum_i w[i, o, k] x[b, i, s] with the packed kernels, then scatters Z):
-/// row o*K + k of the [out*K, in] matrix is w[:, o, k]. dst: packed_conv_elements<T>(out*K, in) elements. Load time
-/// only (transposes through a temporary copy).
+/// row o*K + k of the [out*K, in] matrix is w[:, o, k]. dst: packed_conv_elements<D>(out*K, in) elements (D = T, or
+/// std::int8_t for INT8 blocks). Load time only (transposes through a temporary copy).
 template <class T, class D>
 inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, D* dst) {
     const std::size_t J = std::size_t(out) * std::size_t(K), I = std::size_t(in);
