@@ -1,4 +1,4 @@
-// diffusion_cpu_bench: PushT Diffusion Policy (batch 1, N-step DDIM) on the CPU with F32 and BF16 weights, exact (F32)
+// diffusion_cpu_bench: PushT Diffusion Policy (batch 1, N-step DDIM) on the CPU with F32, BF16 or INT8 weights, exact (F32)
 // and opt-in BF16 arithmetic (MathMode::BF16: vdpbf16ps where built for AVX512_BF16), at 1 and 2 threads, next to the
 // memory floor (weight bytes x steps / this machine's measured read bandwidth) and, per row, the largest action
 // difference from F32 weights with F32 math.
@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
     app.add_option("--runs", runs, "timed samples per (dtype, threads)")->check(CLI::Range(1, 100000));
     app.add_option("--warmup", warmup, "untimed samples first")->check(CLI::Range(0, 1000));
     app.add_option("--steps", steps, "DDIM steps")->check(CLI::Range(1, 1000));
-    app.add_option("--dtype", dtypes, "weight storage: f32 and/or bf16 (f16 allowed)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    app.add_option("--dtype", dtypes, "weight storage: f32 and/or bf16 (f16 allowed; int8: LoadOptions::quantize = Int8, AVX2 kernel set)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
     app.add_option("--math", maths, "arithmetic (DiffusionHead::set_math): f32 (exact) and/or bf16 (tf32 allowed)")
         ->check(CLI::IsMember({"f32", "bf16", "tf32"}));
     app.add_option("--threads", threads, "OpenMP thread counts to measure")->check(CLI::Range(1, 1024));
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
             LoadOptions opts;
             if (dt == "bf16") opts.weight_dtype = DType::BF16;
             if (dt == "f16") opts.weight_dtype = DType::F16;
+            if (dt == "int8") opts.quantize = WeightQuant::Int8;
             auto head = DiffusionHead<Cpu>::load(model, opts, 1);
             std::size_t wbytes = 0;
             head.visit_parameters([&](const std::string&, Parameter<Cpu>& p, const Shape&, Storage) { wbytes += p.bytes(); });

@@ -23,6 +23,10 @@ namespace flowedge {
 struct LoadOptions {
     /// Store Storage::Matrix parameters in this dtype regardless of the file's (e.g. BF16 from an F32 file).
     std::optional<DType> weight_dtype{};
+    /// WeightQuant::Int8: Conv1d, ConvTranspose1d and streamed Linear weights (the U-Net's convolutions and FiLM
+    /// projections) stored as int8 with one scale per output row, quantised from the weight_dtype values; the other
+    /// weights as weight_dtype says. CPU AVX2 kernel set only (an Error elsewhere). Error bound: docs/numerics.md.
+    WeightQuant quantize = WeightQuant::None;
 };
 
 /// One tensor of a model, resident on backend B.
@@ -32,7 +36,12 @@ public:
     DType dtype() const { return m_dtype; }
     const Shape& shape() const { return m_shape; }
     std::int64_t numel() const { return m_shape.numel(); }
-    std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(m_dtype); }
+    /// Bytes of the weight values as stored: one per element when quantised to int8 (the scales not counted).
+    std::size_t bytes() const {
+        return static_cast<std::size_t>(numel()) * (m_quant == WeightQuant::Int8 ? 1 : dtype_size(m_dtype));
+    }
+    /// The quantisation applied at load (WeightQuant::None unless LoadOptions::quantize asked and the kind allows).
+    WeightQuant quant() const { return m_quant; }
     bool loaded() const { return m_data != nullptr || m_prepared != nullptr; }
     WeightRef ref() const { return {m_data, m_dtype, m_prepared.get()}; }
     /// Bytes of the backend's prepared form (0 when none; see weights.hpp).
@@ -57,6 +66,7 @@ public:
         m_shape = expected;
         DType want = storage == Storage::Vector ? DType::F32 : opts.weight_dtype.value_or(t.dtype);
         m_dtype = want;
+        m_quant = quantizable(storage) ? opts.quantize : WeightQuant::None;
         const std::size_t n = static_cast<std::size_t>(expected.numel());
         const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 4 == 0;
         m_prepared.reset();
@@ -86,6 +96,7 @@ public:
     void assign_f32(const std::vector<float>& values, const Shape& shape) {
         m_shape = shape;
         m_dtype = DType::F32;
+        m_quant = WeightQuant::None;
         m_owned = Buffer<std::byte, B>(values.size() * sizeof(float));
         Memory<B>::copy_from_host(m_owned.data(), values.data(), m_owned.bytes());
         Memory<B>::synchronize();
@@ -101,6 +112,7 @@ public:
                   expected_got(shape.numel(), values.size()));
         m_shape = shape;
         m_dtype = storage == Storage::Vector ? DType::F32 : dtype;
+        m_quant = WeightQuant::None;
         m_keeper.reset();
         m_prepared.reset();
         std::vector<std::byte> stored(values.size() * dtype_size(m_dtype));
@@ -137,7 +149,7 @@ private:
     /// form replaces it.
     void prepare(Storage storage, const std::string& name, std::string_view component) {
         m_prepared = Ops<B>::prepare_weight(storage, {m_data, m_dtype, nullptr}, m_shape,
-                                            "tensor '" + name + "' (" + component_str(component) + ")");
+                                            "tensor '" + name + "' (" + component_str(component) + ")", m_quant);
         if (m_prepared && m_prepared->replaces_source()) {
             m_owned = Buffer<std::byte, B>();
             m_keeper.reset();
@@ -146,6 +158,7 @@ private:
     }
 
     DType m_dtype = DType::F32;
+    WeightQuant m_quant = WeightQuant::None;
     Shape m_shape{};
     const void* m_data = nullptr;
     Buffer<std::byte, B> m_owned;

@@ -23,6 +23,22 @@ enum class Storage : std::uint8_t {
     SmallRowsMatrix,
 };
 
+/// Opt-in weight quantisation at load (LoadOptions::quantize).
+enum class WeightQuant : std::uint8_t {
+    None,  ///< weights keep their stored dtype (the default)
+    /// INT8 weight-only, for the weights streamed by the packed conv kernels (Storage::ConvWeight, ConvTransposeWeight,
+    /// StreamedMatrix): int8 values with one F32 scale per output row (symmetric, scale = max |w| of the row / 127;
+    /// a row is a Conv1d output channel's [in, kernel] slice, a Linear output, or a ConvTranspose1d (output channel,
+    /// tap) pair), F32 activations and accumulation. Only the CPU's AVX2 kernel set has the kernels; elsewhere loading
+    /// fails (ErrorKind::Unsupported) rather than ignore the request.
+    Int8,
+};
+
+/// Whether LoadOptions::quantize applies to a tensor of this storage kind (the weights the packed conv kernels stream).
+constexpr bool quantizable(Storage s) {
+    return s == Storage::ConvWeight || s == Storage::ConvTransposeWeight || s == Storage::StreamedMatrix;
+}
+
 /// A backend's re-laid-out form of one weight (e.g. the CPU's packed blocks), made once at load by
 /// Ops<B>::prepare_weight and reached by the kernels through WeightRef::prepared.
 class PreparedWeight {

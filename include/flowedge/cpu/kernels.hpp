@@ -149,7 +149,7 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #undef FLOWEDGE_ISA_EIGEN
 #endif  // FLOWEDGE_CPU_X86
 
-/// Runs `call` (an unqualified kernel call, e.g. conv1d(p, nullptr, false)) in the process's kernel set.
+/// Runs `call` (an unqualified kernel call, e.g. conv1d(p, nullptr, false, false)) in the process's kernel set.
 #if defined(FLOWEDGE_CPU_X86)
 #define FLOWEDGE_CPU_KERNEL(call)                                      \
     do {                                                               \

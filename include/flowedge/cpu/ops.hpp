@@ -32,8 +32,9 @@ template <>
 struct Ops<Cpu> {
     /// The weight-preparation hook: the layout this process's kernel set wants for a bound tensor (cpu/weights.hpp),
     /// or null to read it as stored. Load time only.
-    static std::unique_ptr<PreparedWeight> prepare_weight(Storage s, const WeightRef& w, const Shape& shape, std::string_view what) {
-        return cpu::prepare_weight(s, w, shape, what);
+    static std::unique_ptr<PreparedWeight> prepare_weight(Storage s, const WeightRef& w, const Shape& shape, std::string_view what,
+                                                          WeightQuant q = WeightQuant::None) {
+        return cpu::prepare_weight(s, w, shape, what, q);
     }
 
     /// torch.nn.Linear with fused bias, activation and optional accumulate (see LinearParams).
@@ -44,7 +45,7 @@ struct Ops<Cpu> {
             if (pw->kind() == cpu::PackedWeight::Kind::ConvBlocks) {
                 check_packed_linear(p);
 #if defined(FLOWEDGE_CPU_X86)
-                cpu::avx2::linear_on_blocks(p, pw->data());
+                cpu::avx2::linear_on_blocks(p, pw->data(), pw->int8());
 #endif
                 return;
             }
@@ -79,6 +80,7 @@ struct Ops<Cpu> {
         // Items all on conv blocks (the U-Net's FiLM projections on the AVX2 set) share one parallel region.
         {
             const void* blocks[kMaxLinearBatch];
+            bool int8[kMaxLinearBatch];
             double macs = 0;
             bool all_blocks = true;
             for (int i = 0; i < p.n_items && all_blocks; ++i) {
@@ -86,11 +88,12 @@ struct Ops<Cpu> {
                 const cpu::PackedWeight* pw = cpu::packed_weight(it.w);
                 all_blocks = pw && pw->kind() == cpu::PackedWeight::Kind::ConvBlocks && it.rows > 0;
                 blocks[i] = all_blocks ? pw->data() : nullptr;
+                int8[i] = all_blocks && pw->int8();
                 macs += double(it.rows) * it.in * it.out;
             }
             if (all_blocks && macs >= cpu::kParallelMacs) {
                 for (int i = 0; i < p.n_items; ++i) check_packed_linear(p.items[i]);
-                cpu::avx2::linear_batch_on_blocks(p, blocks);
+                cpu::avx2::linear_batch_on_blocks(p, blocks, int8);
                 return;
             }
         }
@@ -109,7 +112,7 @@ struct Ops<Cpu> {
         check_args(p);
         FLOWEDGE_CPU_REQUIRE(p.kernel <= 1024, "conv1d", "kernel too long" + expected_got("<= 1024", p.kernel));
         const cpu::PackedWeight* pw = cpu::packed_weight(p.w);
-        FLOWEDGE_CPU_KERNEL(conv1d(p, pw ? pw->data() : nullptr, cpu::bf16_math_available()));
+        FLOWEDGE_CPU_KERNEL(conv1d(p, pw ? pw->data() : nullptr, pw && pw->int8(), cpu::bf16_math_available()));
     }
 
     /// torch.nn.ConvTranspose1d (groups 1, dilation 1), weight [in, out, k]; output_padding = out_length - minimum.
@@ -119,7 +122,7 @@ struct Ops<Cpu> {
                              "conv_transpose1d", "in_length * kernel too large for the stack scratch" +
                                                      expected_got("<= 65536 floats", p.in_length * p.kernel));
         const cpu::PackedWeight* pw = cpu::packed_weight(p.w);
-        FLOWEDGE_CPU_KERNEL(conv_transpose1d(p, pw ? pw->data() : nullptr));
+        FLOWEDGE_CPU_KERNEL(conv_transpose1d(p, pw ? pw->data() : nullptr, pw && pw->int8()));
     }
 
     /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual epilogue. Statistics in double.

@@ -1,7 +1,7 @@
 // The CPU's weight preparation, in one place: which stored tensors the process's kernel set wants re-laid out at
 // load (Ops<Cpu>::prepare_weight), and the packed copies that result.
 //   AVX2 set:    Conv1d, ConvTranspose1d and streamed Linear weights -> packed conv blocks (kernels/packed_conv.hpp),
-//                replacing the stored tensor; small-row Linear weights -> k-major packed copy (kernels/packed_linear.hpp)
+//                replacing the stored tensor (INT8 blocks with per-output scales under LoadOptions::quantize = Int8); small-row Linear weights -> k-major packed copy (kernels/packed_linear.hpp)
 //                beside it.
 //   AVX-512 set: small-row Linear weights -> k-major packed copy; everything else stays row-major (its row-major
 //                kernels use 32 registers and stream at the memory floor).
@@ -44,24 +44,30 @@ public:
     };
 
     /// Conv blocks of a stored [out, R] matrix w (transposed: a ConvTranspose1d weight [in, out, K], packed as the
-    /// [out*K, in] kernel-1 Conv1d it is per input column). `what` names the tensor in errors.
-    static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, std::string_view what) {
+    /// [out*K, in] kernel-1 Conv1d it is per input column), in w's dtype or, int8, quantised to INT8 blocks with
+    /// per-output scales (LoadOptions::quantize). `what` names the tensor in errors.
+    static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, bool int8,
+                                                     std::string_view what) {
 #if defined(FLOWEDGE_CPU_X86)
         auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::ConvBlocks, Isa::Avx2, w.dtype));
+        pw->m_int8 = int8;
         const int out = transposed ? int(shape.dims[1] * shape.dims[2]) : int(shape.dims[0]);
         const std::size_t R = std::size_t(shape.numel()) / std::size_t(out);
-        const std::size_t bytes = avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
+        const std::size_t bytes = int8 ? avx2::packed_conv_elements<std::int8_t>(out, R)
+                                       : avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
         Memory<Cpu>::check_fits(bytes, std::string(what));
         pw->m_buf = Buffer<std::byte, Cpu>(bytes);
         avx2::with_weights(w, [&](auto src) {
-            using T = std::remove_cvref_t<decltype(*src)>;
-            T* dst = reinterpret_cast<T*>(pw->m_buf.data());
-            if (transposed) avx2::pack_conv_transpose_weights(src, int(shape.dims[0]), int(shape.dims[1]), int(shape.dims[2]), dst);
-            else avx2::pack_conv_weights(src, out, R, dst);
+            auto pack = [&](auto* dst) {
+                if (transposed) avx2::pack_conv_transpose_weights(src, int(shape.dims[0]), int(shape.dims[1]), int(shape.dims[2]), dst);
+                else avx2::pack_conv_weights(src, out, R, dst);
+            };
+            if (int8) pack(reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
+            else pack(reinterpret_cast<std::remove_cvref_t<decltype(*src)>*>(pw->m_buf.data()));
         });
         return pw;
 #else
-        (void)w, (void)shape, (void)transposed, (void)what;
+        (void)w, (void)shape, (void)transposed, (void)int8, (void)what;
         return nullptr;
 #endif
     }
@@ -104,6 +110,8 @@ public:
     Kind kind() const { return m_kind; }
     Isa isa() const { return m_isa; }
     DType dtype() const { return m_dtype; }
+    /// ConvBlocks: whether the blocks hold int8 weights and scales (LoadOptions::quantize = Int8), not m_dtype values.
+    bool int8() const { return m_int8; }
     const void* data() const { return m_buf.data(); }
     int in() const { return m_in; }
     int out() const { return m_out; }
@@ -154,6 +162,7 @@ private:
     Isa m_isa;
     DType m_dtype;
     Buffer<std::byte, Cpu> m_buf;
+    bool m_int8 = false;
     int m_in = 0, m_out = 0;  ///< SmallRows: in, out; Conv2dBlocks: reduction length in * kh * kw, out
     // SmallRows only
     WeightRef m_src{};
@@ -162,16 +171,26 @@ private:
 };
 
 /// The CPU's prepared form of a weight (see the file comment), or null when the process's kernel set reads the stored
-/// tensor as it is. w: the bound tensor of `shape`; `what` names it in errors.
-inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const WeightRef& w, const Shape& shape, std::string_view what) {
+/// tensor as it is. w: the bound tensor of `shape`; `what` names it in errors; q: LoadOptions::quantize for the
+/// storage kinds it applies to (quantizable()). INT8 blocks exist in the AVX2 set only: another set fails rather than
+/// ignore the request.
+inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const WeightRef& w, const Shape& shape, std::string_view what,
+                                                      WeightQuant q = WeightQuant::None) {
     const Isa isa = active_isa();
+    const bool int8 = q == WeightQuant::Int8;
+    if (int8 && !quantizable(storage)) [[unlikely]]
+        fail(ErrorKind::Internal, "cpu", std::string(what) + ": INT8 requested for a weight kind the packed conv kernels do not stream");
+    if (int8 && isa != Isa::Avx2) [[unlikely]]
+        fail(ErrorKind::Unsupported, "cpu",
+             std::string(what) + ": LoadOptions::quantize = Int8 needs the AVX2 kernel set (the only one with INT8 kernels)" +
+                 expected_got("FLOWEDGE_CPU_ISA=avx2 on an AVX2 or AVX-512 CPU, or quantize = None", "kernel set " + std::string(isa_name(isa))));
     switch (storage) {
         case Storage::ConvWeight:
         case Storage::StreamedMatrix:
-            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, false, what);
+            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, false, int8, what);
             return nullptr;
         case Storage::ConvTransposeWeight:
-            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, what);
+            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, int8, what);
             return nullptr;
         case Storage::Conv2dWeight: {
             // FLOWEDGE_CPU_CONV2D_NO_PACK=1 keeps the stored layout (the im2col paths): the old path of an A/B run in

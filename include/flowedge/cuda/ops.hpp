@@ -25,8 +25,15 @@ struct Ops<Cuda> {
     static void fill_zero(void* dst, std::size_t bytes, Stream s = {}) { Memory<Cuda>::fill_zero(dst, bytes, s); }
     static void synchronize(Stream s = {}) { Memory<Cuda>::synchronize(s); }
 
-    /// The weight-preparation hook: the kernels read every weight as stored, so nothing is prepared.
-    static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view) { return nullptr; }
+    /// The weight-preparation hook: the kernels read every weight as stored, so nothing is prepared. No CUDA kernel
+    /// reads int8 weights: a quantisation request is an error, not ignored.
+    static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view what,
+                                                          WeightQuant q = WeightQuant::None) {
+        if (q != WeightQuant::None)
+            fail(ErrorKind::Unsupported, "cuda", std::string(what) + ": LoadOptions::quantize = Int8 has no CUDA kernels" +
+                                                     expected_got("quantize = None on the CUDA backend", "Int8"));
+        return nullptr;
+    }
 
     static void linear(const LinearParams& p, Stream s = {}) { check_args(p); cuda::linear(p, s); }
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { check_args(p); cuda::linear_batch(p, s); }

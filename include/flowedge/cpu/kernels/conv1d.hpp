@@ -124,6 +124,8 @@ inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int
                             c0 = c1;
                         }
                     }
+                    if constexpr (std::is_same_v<WT, std::int8_t>)
+                        scale_block_sums(int8_block_scales(wp + std::size_t(ob) * block_steps * W, R), nn, tot);
                     const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
                     for (int c = 0; c < nn; ++c)
                         for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(o - o0)], first);
@@ -198,16 +200,17 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 }
 #endif
 
-/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 set), or null for the
-/// row-major weight p.w.data; bf16: run MathMode::BF16 on vdpbf16ps (AVX-512 set with AVX512_BF16).
-inline void conv1d(const Conv1dParams& p, const void* blocks, bool bf16) {
+/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 set; int8: the INT8 blocks),
+/// or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on vdpbf16ps (AVX-512 set with AVX512_BF16).
+inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf16) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
         // Every MathMode runs the exact packed kernel (no BF16 arithmetic kernel exists in this set).
-        with_weights(blocks, p.w.dtype, [&](auto w) { conv1d_packed_impl(p, w); });
+        with_blocks(blocks, p.w.dtype, int8, [&](auto w) { conv1d_packed_impl(p, w); });
         return;
     }
 #endif
+    (void)int8;  // only the AVX2 set prepares INT8 blocks (cpu/weights.hpp)
 #if FLOWEDGE_ISA_AVX512
     if (bf16 && p.math == MathMode::BF16) {
         with_weights(p.w, [&](auto w) { conv1d_bf16_impl(p, w); });

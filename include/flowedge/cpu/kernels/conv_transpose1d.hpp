@@ -145,12 +145,12 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
     }
 }
 
-/// Ops<Cpu>::conv_transpose1d after its checks. blocks: the weight packed as [out*K, in] conv blocks (AVX2 set), or
-/// null for the [in, out, K] weight p.w.data.
-inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks) {
+/// Ops<Cpu>::conv_transpose1d after its checks. blocks: the weight packed as [out*K, in] conv blocks (AVX2 set; int8:
+/// the INT8 blocks), or null for the [in, out, K] weight p.w.data.
+inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks, bool int8) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
-        with_weights(blocks, p.w.dtype, [&](auto w) {
+        with_blocks(blocks, p.w.dtype, int8, [&](auto w) {
             constexpr int W = kConvBlockWidth<std::remove_cvref_t<decltype(*w)>>;
             if (std::size_t(p.in_length) * W > kScratchFloats) [[unlikely]]
                 fail(ErrorKind::Unsupported, "cpu conv_transpose1d", "in_length too long for packed weights" +
@@ -161,5 +161,6 @@ inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks)
     }
 #endif
     (void)blocks;
+    (void)int8;  // only the AVX2 set prepares INT8 blocks (cpu/weights.hpp)
     with_weights(p.w, [&](auto w) { conv_transpose1d_impl(p, w); });
 }

@@ -143,21 +143,22 @@ inline Conv1dParams linear_as_packed_conv(const LinearParams& p) {
     return c;
 }
 
-/// Linear on conv blocks (Storage::StreamedMatrix), then the activation over the finished rows.
-inline void linear_on_blocks(const LinearParams& p, const void* blocks) {
-    with_weights(blocks, p.w.dtype, [&](auto w) { conv1d_packed_impl(linear_as_packed_conv(p), w); });
+/// Linear on conv blocks (Storage::StreamedMatrix; int8: INT8 blocks), then the activation over the finished rows.
+inline void linear_on_blocks(const LinearParams& p, const void* blocks, bool int8) {
+    with_blocks(blocks, p.w.dtype, int8, [&](auto w) { conv1d_packed_impl(linear_as_packed_conv(p), w); });
     if (p.act != Activation::None) activate_inplace(p.act, p.y, std::size_t(p.rows) * std::size_t(p.out));
 }
 
 /// Several linears on conv blocks (the U-Net's FiLM projections at batch 1: each far below kParallelMacs, together
 /// ~7.5 M multiply-adds of streamed weights) in one parallel region, every thread taking its blocks of each item,
 /// instead of one after another on one thread. Same kernel per output, same bits as one linear_on_blocks per item.
-inline void linear_batch_on_blocks(const LinearBatchParams& p, const void* const* blocks) {
+/// int8[i]: item i's blocks are INT8.
+inline void linear_batch_on_blocks(const LinearBatchParams& p, const void* const* blocks, const bool* int8) {
 #pragma omp parallel
     {
         const int tid = thread_index(), nth = thread_count();
         for (int i = 0; i < p.n_items; ++i)
-            with_weights(blocks[i], p.items[i].w.dtype, [&](auto w) { conv1d_packed_part(linear_as_packed_conv(p.items[i]), w, tid, nth); });
+            with_blocks(blocks[i], p.items[i].w.dtype, int8[i], [&](auto w) { conv1d_packed_part(linear_as_packed_conv(p.items[i]), w, tid, nth); });
     }
     for (int i = 0; i < p.n_items; ++i)
         if (p.items[i].act != Activation::None)

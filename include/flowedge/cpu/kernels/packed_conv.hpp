@@ -16,6 +16,10 @@
 //              3L 32-bit slots: [0, L) step j, low half output l, high half output L + l; [L, 2L) the same for
 //              step j+1; [2L, 3L) output 2L + l, low half step j, high half step j+1. One full-width load widens
 //              to two vectors with a shift (low halves) and a mask (high halves), no shuffles.
+//   INT8 (LoadOptions::quantize = Int8, weight-only): blocks of 2 vectors like F32, one signed byte per weight,
+//              [block][j][2L] for j < R, then the block's 2L F32 scales (one per output, zero past `out`) in the
+//              bytes of 4 more steps. A step widens in registers (int8 -> int32 -> f32, exact) before the same FMAs;
+//              the sums are multiplied by their output's scale once, after the chunk loop (scale_block_sums).
 // Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, and with 4-cycle FMA
 // latency at 2 FMAs per cycle a core needs ~12 independent chains: three vectors x 4 columns keep 12 in flight and
 // share each broadcast over 3 FMAs, where two vectors x 4 columns (8 chains) stay well below the FMA peak.
@@ -27,10 +31,16 @@ inline constexpr int kConvBlockVecs = std::is_same_v<T, bf16> ? 3 : 2;
 template <class T>
 inline constexpr int kConvBlockWidth = kConvBlockVecs<T> * kLanes;
 
-/// Reduction steps one packed block stores for R = in_channels * kernel: R, or R rounded up to a whole pair (BF16).
+/// INT8 blocks: the steps' worth of bytes that hold a block's F32 scales after its R weight steps.
+inline constexpr std::size_t kInt8ScaleSteps = sizeof(float);
+
+/// Reduction steps one packed block stores for R = in_channels * kernel: R, R rounded up to a whole pair (BF16), or
+/// R and the scales (INT8).
 template <class T>
 constexpr std::size_t packed_conv_steps(std::size_t R) {
-    return std::is_same_v<T, bf16> ? (R + 1) / 2 * 2 : R;
+    if constexpr (std::is_same_v<T, bf16>) return (R + 1) / 2 * 2;
+    else if constexpr (std::is_same_v<T, std::int8_t>) return R + kInt8ScaleSteps;
+    else return R;
 }
 
 /// Elements of the packed copy of a [out, R] weight matrix: whole blocks.
@@ -53,6 +63,56 @@ template <class T>
 inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
     pack_output_blocks(w, out, R, kConvBlockWidth<T>, dst);
 }
+/// INT8: each row o of w ([out, R] row-major, any stored dtype) quantised symmetrically with scale s_o = max_j |w[o][j]|
+/// / 127 (q = round(w / s_o), in [-127, 127]; an all-zero row gets s_o = 0, q = 0), then laid out as F32 blocks are,
+/// followed by the block's scales (the INT8 layout above). dst: packed_conv_elements<std::int8_t>(out, R) bytes.
+/// Load time only. Non-finite weights are an Error (no finite scale represents them).
+template <class T>
+inline void pack_conv_weights(const T* w, int out, std::size_t R, std::int8_t* dst) {
+    constexpr int W = kConvBlockWidth<std::int8_t>;
+    const int blocks = (out + W - 1) / W;
+    const std::size_t stride = std::size_t(W) * packed_conv_steps<std::int8_t>(R);
+    std::vector<std::int8_t> rows(std::size_t(W) * R);  // one block's rows quantised, row-major, then transposed
+    for (int b = 0; b < blocks; ++b) {
+        std::int8_t* db = dst + std::size_t(b) * stride;
+        float scales[W] = {};
+        std::fill(rows.begin(), rows.end(), std::int8_t(0));
+        for (int l = 0; l < W && b * W + l < out; ++l) {
+            const T* row = w + std::size_t(b * W + l) * R;
+            float amax = 0.f;
+            bool finite = true;
+            for (std::size_t j = 0; j < R; ++j) {
+                const float a = std::fabs(widen(row[j]));
+                finite = finite && std::isfinite(a);
+                amax = std::max(amax, a);
+            }
+            if (!finite) [[unlikely]]
+                fail(ErrorKind::NonFinite, "cpu int8 weights",
+                     "LoadOptions::quantize = Int8 needs finite weights" + expected_got("finite values", "a non-finite value in output row " + std::to_string(b * W + l)));
+            if (amax == 0.f) continue;
+            scales[l] = amax / 127.f;
+            const double inv = 1.0 / double(scales[l]);
+            for (std::size_t j = 0; j < R; ++j)
+                rows[std::size_t(l) * R + j] = std::int8_t(std::clamp(std::nearbyint(double(widen(row[j])) * inv), -127.0, 127.0));
+        }
+        for (std::size_t j = 0; j < R; ++j)
+            for (int l = 0; l < W; ++l) db[j * W + std::size_t(l)] = rows[std::size_t(l) * R + j];
+        std::memcpy(db + R * W, scales, sizeof(scales));
+    }
+}
+
+/// The F32 scales of the INT8 block at wb (its first step), R its weight steps.
+inline const float* int8_block_scales(const std::int8_t* wb, std::size_t R) {
+    return reinterpret_cast<const float*>(wb + R * std::size_t(kConvBlockWidth<std::int8_t>));
+}
+
+/// tot[c*W + l] *= scale[l] for the nn columns of one INT8 block's sums (W = kConvBlockWidth<std::int8_t>).
+inline void scale_block_sums(const float* scale, int nn, float* tot) {
+    constexpr int W = kConvBlockWidth<std::int8_t>;
+    for (int c = 0; c < nn; ++c)
+        for (int v = 0; v < W; v += kLanes) vstore(tot + std::size_t(c) * W + v, vmul(vload(tot + std::size_t(c) * W + v), vload(scale + v)));
+}
+
 /// BF16: the paired three-vector layout above. dst: packed_conv_elements<bf16>(out, R) elements.
 inline void pack_conv_weights(const bf16* w, int out, std::size_t R, bf16* dst) {
     constexpr int L = kLanes, W = kConvBlockWidth<bf16>;
@@ -74,10 +134,10 @@ inline void pack_conv_weights(const bf16* w, int out, std::size_t R, bf16* dst) 
 
 /// ConvTranspose1d weights [in, out, K] packed as the kernel-1 Conv1d they are per input column (Ops<Cpu>::
 /// conv_transpose1d computes Z[b, o*K + k, s] = sum_i w[i, o, k] x[b, i, s] with the packed kernels, then scatters Z):
-/// row o*K + k of the [out*K, in] matrix is w[:, o, k]. dst: packed_conv_elements<T>(out*K, in) elements. Load time
-/// only (transposes through a temporary copy).
-template <class T>
-inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, T* dst) {
+/// row o*K + k of the [out*K, in] matrix is w[:, o, k]. dst: packed_conv_elements<D>(out*K, in) elements (D = T, or
+/// std::int8_t for INT8 blocks). Load time only (transposes through a temporary copy).
+template <class T, class D>
+inline void pack_conv_transpose_weights(const T* w, int in, int out, int K, D* dst) {
     const std::size_t J = std::size_t(out) * std::size_t(K), I = std::size_t(in);
     std::vector<T> rows(J * I);
     constexpr std::size_t kTile = 64;  // cache-sized tiles: a plain strided transpose is slow at the Upsample1d sizes
@@ -102,6 +162,11 @@ inline void load_pair(const f16* p, VecF& w0, VecF& w1) {
     w0 = vload(p);
     w1 = vload(p + kLanes);
 }
+/// INT8: 2 * kLanes signed bytes at p, widened exactly (int8 -> int32 -> f32); the scale comes after the sum.
+inline void load_pair(const std::int8_t* p, VecF& w0, VecF& w1) {
+    w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kLanes))));
+}
 /// BF16: kLanes 32-bit slots at p, low halves to w0 (shift), high halves to w1 (mask). A BF16 value is the high
 /// half of its float, so both are exact.
 inline void load_pair(const bf16* p, VecF& w0, VecF& w1) {
@@ -122,8 +187,8 @@ inline constexpr int kPackPrefetchBytes = FLOWEDGE_PACK_PREFETCH_BYTES;
 /// of packed step j. wp: the block at step j0 (even for BF16); x: panel rows from j0 ([j][column], ldx floats each).
 template <int NC, class WT>
 inline void packed_steps(const WT* wp, const float* x, std::size_t ldx, int n, VecF (&acc)[2][NC]) {
-    // F32 steps are a 64-byte line each (AVX2), F16 steps half a line: the loop body covers a whole line, so the
-    // prefetch needs no per-step test.
+    // F32 steps are a 64-byte line each (AVX2), F16 steps half a line, INT8 steps a quarter: the loop body covers a
+    // whole line, so the prefetch needs no per-step test.
     constexpr int W = kConvBlockWidth<WT>;
     constexpr int kStepsPerLine = int(64 / (W * sizeof(WT))) > 0 ? int(64 / (W * sizeof(WT))) : 1;
     auto step = [&acc](const WT* w, const float* xj) {
@@ -257,6 +322,14 @@ inline void packed_chunk(const WT* wp, const float* x, std::size_t ldx, int n, i
             float* t = tot + std::size_t(c0 + c) * kConvBlockWidth<WT> + std::size_t(v) * kLanes;
             vstore(t, vadd(vload(t), acc[v][c]));
         }
+}
+
+/// Calls f(typed pointer) with packed conv blocks: int8 blocks (LoadOptions::quantize = Int8) or blocks of the
+/// stored dtype.
+template <class F>
+inline void with_blocks(const void* blocks, DType dtype, bool int8, F&& f) {
+    if (int8) f(static_cast<const std::int8_t*>(blocks));
+    else with_weights(blocks, dtype, static_cast<F&&>(f));
 }
 
 /// Runtime-NC front end of packed_chunk (1 <= nc <= kConvMaxCols<WT>).

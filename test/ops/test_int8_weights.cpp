@@ -1,0 +1,277 @@
+// INT8 weight-only storage on the CPU (LoadOptions::quantize = WeightQuant::Int8: cpu/weights.hpp, the INT8 blocks of
+// kernels/packed_conv.hpp): conv1d, conv_transpose1d, linear and linear_batch on INT8 blocks at odd sizes against
+//   - a double loop on the dequantised weights s_r * q (q = round(w / s_r), s_r = max |w| of packed row r / 127,
+//     computed here independently): the F32 accumulation bound of the other packed kernels, 2e-6 of sum |w_q||x|;
+//   - a double loop on the original weights: the quantisation bound |dy| <= s_r / 2 * sum |x| over the row's terms
+//     (each weight is off by at most half a step), plus the same accumulation term;
+// bit-identical results for 1 and 2 threads, and the load-time errors (non-finite weights, INT8 asked where the
+// process's kernel set has no INT8 kernel: every set but AVX2).
+#include <limits>
+#include <string>
+
+#include "cpu_packed_util.hpp"
+#include "ops_test_util.hpp"
+
+using namespace optest;
+
+namespace {
+
+/// The quantisation the loader applies, computed independently: rows of R consecutive values of w (any row order
+/// the caller maps), s = float(max |w|) / 127, deq = s * round(w / s) clamped to [-127, 127] steps.
+struct Quantised {
+    std::vector<double> deq;   ///< dequantised weight values, same indexing as the input
+    std::vector<double> step;  ///< s of each row
+};
+template <class RowOf>
+Quantised quantise(const std::vector<double>& w, std::size_t rows, std::size_t R, RowOf index) {
+    Quantised q{std::vector<double>(w.size()), std::vector<double>(rows)};
+    for (std::size_t r = 0; r < rows; ++r) {
+        float amax = 0.f;
+        for (std::size_t j = 0; j < R; ++j) amax = std::max(amax, float(std::fabs(w[index(r, j)])));
+        const float s = amax / 127.f;
+        q.step[r] = s;
+        for (std::size_t j = 0; j < R; ++j)
+            q.deq[index(r, j)] = s == 0.f ? 0.0 : double(s) * std::clamp(std::nearbyint(w[index(r, j)] / double(s)), -127.0, 127.0);
+    }
+    return q;
+}
+
+/// Per output of y: |y - ref_q| <= 2e-6 * mag_q (the dequantised weights) and |y - ref| <= bound + 2e-6 * mag (the
+/// original ones), bound = sum over its terms of s_row / 2 * |x|. Reports the largest observed fraction of the bound.
+struct Refs {
+    std::vector<double> ref, mag, ref_q, mag_q, bound;
+    explicit Refs(std::size_t n) : ref(n), mag(n), ref_q(n), mag_q(n), bound(n) {}
+    void add(std::size_t i, double w, double wq, double step, double x) {
+        ref[i] += w * x;
+        mag[i] += std::fabs(w * x);
+        ref_q[i] += wq * x;
+        mag_q[i] += std::fabs(wq * x);
+        bound[i] += 0.5 * step * std::fabs(x);
+    }
+    void start(std::size_t i, double bias) {
+        ref[i] = ref_q[i] = bias;
+        mag[i] = mag_q[i] = std::fabs(bias);
+    }
+    void check(const std::vector<float>& y, const char* what) const {
+        check_all(y, ref_q, mag_q, kTolRef, (std::string(what) + " vs the dequantised weights").c_str());
+        double worst = 0;
+        for (std::size_t i = 0; i < y.size(); ++i) {
+            const double d = std::fabs(double(y[i]) - ref[i]);
+            REQUIRE_MESSAGE(d <= bound[i] + kTolRef * mag[i], std::string(what) << " vs F32 weights, output " << i << ": |dy| = " << d
+                                                                 << " > bound " << bound[i] + kTolRef * mag[i]);
+            if (bound[i] > 0) worst = std::max(worst, d / bound[i]);
+        }
+        MESSAGE(std::string(what) << ": largest |y - y_f32| / quantisation bound = " << worst);
+    }
+};
+
+std::unique_ptr<PreparedWeight> int8_weight(Storage s, const HostWeights& w, const Shape& shape) {
+    return Ops<Cpu>::prepare_weight(s, w.ref(), shape, "test weight", WeightQuant::Int8);
+}
+
+struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
+
+void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
+    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const std::size_t R = std::size_t(k.cin) * k.kernel;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
+    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    Refs refs(std::size_t(k.batch) * k.cout * lout);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                const std::size_t i = (std::size_t(b) * k.cout + o) * lout + t;
+                refs.start(i, bias[std::size_t(o)]);
+                for (int c = 0; c < k.cin; ++c)
+                    for (int kk = 0; kk < k.kernel; ++kk) {
+                        const int src = t * k.stride + kk - k.pad;
+                        if (src < 0 || src >= k.lin) continue;
+                        const std::size_t wi = std::size_t(o) * R + std::size_t(c) * k.kernel + kk;
+                        refs.add(i, w.value[wi], q.deq[wi], q.step[std::size_t(o)], x[(std::size_t(b) * k.cin + c) * k.lin + src]);
+                    }
+            }
+    const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
+    Conv1dParams p;
+    p.x = x.data();
+    p.w = {nullptr, dt, pw.get()};
+    p.bias = bias.data();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = k.kernel;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
+    p.y = y1.data();
+    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
+    p.y = y2.data();
+    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
+    refs.check(y1, "conv1d on INT8 blocks");
+    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
+}
+
+void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
+    const int K = k.kernel, lout = (k.lin - 1) * k.stride - 2 * k.pad + K;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cin) * k.cout * K, DType::F32, seed + 2, 0.3f);
+    // Packed rows are (output channel o, tap k) of the [out*K, in] kernel-1 conv: row o*K + k holds w[:, o, k].
+    const std::size_t J = std::size_t(k.cout) * K;
+    const Quantised q = quantise(w.value, J, std::size_t(k.cin), [&](std::size_t r, std::size_t i) { return i * J + r; });
+    Refs refs(std::size_t(k.batch) * k.cout * lout);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
+                refs.start(idx, bias[std::size_t(o)]);
+                for (int kk = 0; kk < K; ++kk) {
+                    const int num = t + k.pad - kk;
+                    if (num < 0 || num % k.stride != 0 || num / k.stride >= k.lin) continue;
+                    for (int c = 0; c < k.cin; ++c) {
+                        const std::size_t wi = std::size_t(c) * J + std::size_t(o) * K + kk;
+                        refs.add(idx, w.value[wi], q.deq[wi], q.step[std::size_t(o) * K + kk],
+                                 x[(std::size_t(b) * k.cin + c) * k.lin + num / k.stride]);
+                    }
+                }
+            }
+    const auto pw = int8_weight(Storage::ConvTransposeWeight, w, Shape{k.cin, k.cout, K});
+    ConvTranspose1dParams p;
+    p.x = x.data();
+    p.w = {nullptr, DType::F32, pw.get()};
+    p.bias = bias.data();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = K;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
+    p.y = y1.data();
+    with_threads(1, [&] { Ops<Cpu>::conv_transpose1d(p); });
+    p.y = y2.data();
+    with_threads(2, [&] { Ops<Cpu>::conv_transpose1d(p); });
+    refs.check(y1, "conv_transpose1d on INT8 blocks");
+    CHECK(bit_mismatches(y1, y2) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("conv1d on INT8 blocks: within accumulation rounding of the dequantised weights and the quantisation bound of F32") {
+    if (!packs_conv()) {
+        MESSAGE("kernel set " << cpu::isa_name(cpu::active_isa()) << " has no INT8 kernels (the error is checked below)");
+        return;
+    }
+    // Outputs not a multiple of the 16-wide block, column counts 1..64 (every micro-kernel width), reductions longer
+    // than one 128-step chunk and input channels split over several passes (2048 x 5), the PushT deep-level shape.
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 0},    {2, 3, 7, 5, 3, 1, 1},    {1, 37, 129, 16, 5, 1, 2}, {3, 7, 37, 7, 3, 2, 1},
+        {1, 129, 3, 4, 1, 1, 0},  {1, 2048, 40, 4, 5, 1, 2}, {4, 61, 30, 16, 3, 1, 1}, {1, 300, 33, 8, 5, 1, 2},
+    };
+    std::uint32_t seed = 7100;
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes) run_conv1d_int8(k, dt, seed += 10);
+}
+
+TEST_CASE("conv_transpose1d on INT8 blocks: within accumulation rounding of the dequantised weights and the quantisation bound") {
+    if (!packs_conv()) return;
+    run_conv_transpose1d_int8({2, 37, 23, 5, 4, 2, 1}, 7300);
+    run_conv_transpose1d_int8({3, 96, 300, 16, 5, 2, 2}, 7310);  // K = 5 rows straddle the 96-row chunks
+    run_conv_transpose1d_int8({1, 1024, 17, 4, 4, 2, 1}, 7320);   // the PushT Upsample1d reduction length
+}
+
+TEST_CASE("linear and linear_batch on INT8 blocks (streamed weights), mixed with F32 blocks in one batch") {
+    if (!packs_conv()) return;
+    struct Shape3 { int rows, in, out; };
+    std::uint32_t seed = 7500;
+    for (Shape3 sh : {Shape3{1, 260, 1024}, Shape3{2, 7, 33}, Shape3{3, 129, 50}, Shape3{1, 1, 1}}) {
+        CAPTURE(sh.rows); CAPTURE(sh.in); CAPTURE(sh.out);
+        const auto x = random_vec(std::size_t(sh.rows) * sh.in, seed += 10);
+        const auto bias = random_vec(std::size_t(sh.out), seed + 1);
+        const HostWeights w = make_weights(std::size_t(sh.out) * sh.in, DType::F32, seed + 2, 0.3f);
+        const std::size_t in = std::size_t(sh.in);
+        const Quantised q = quantise(w.value, std::size_t(sh.out), in, [&](std::size_t r, std::size_t j) { return r * in + j; });
+        Refs refs(std::size_t(sh.rows) * sh.out);
+        for (int r = 0; r < sh.rows; ++r)
+            for (int o = 0; o < sh.out; ++o) {
+                const std::size_t i = std::size_t(r) * sh.out + o;
+                refs.start(i, bias[std::size_t(o)]);
+                for (std::size_t j = 0; j < in; ++j)
+                    refs.add(i, w.value[std::size_t(o) * in + j], q.deq[std::size_t(o) * in + j], q.step[std::size_t(o)], x[r * in + j]);
+            }
+        const auto pw = int8_weight(Storage::StreamedMatrix, w, Shape{sh.out, sh.in});
+        const auto pf = packed_conv_bytes(w, sh.out);  // the same weights as F32 blocks
+        std::vector<float> y(refs.ref.size(), -7.f), yb(y.size(), -8.f), yf(y.size(), -9.f), yfb(y.size(), -6.f);
+        LinearParams p;
+        p.x = x.data();
+        p.w = {nullptr, DType::F32, pw.get()};
+        p.bias = bias.data();
+        p.y = y.data();
+        p.rows = sh.rows;
+        p.in = sh.in;
+        p.out = sh.out;
+        LinearParams pf32 = p;
+        pf32.w = {nullptr, DType::F32, pf.get()};
+        pf32.y = yf.data();
+        Ops<Cpu>::linear(p);
+        Ops<Cpu>::linear(pf32);
+        refs.check(y, "linear on INT8 blocks");
+        // One batch holding the INT8 item and the F32 item: each equals its own single call bit for bit.
+        LinearBatchParams bp;
+        bp.n_items = 2;
+        bp.items[0] = p;
+        bp.items[0].y = yb.data();
+        bp.items[1] = pf32;
+        bp.items[1].y = yfb.data();
+        Ops<Cpu>::linear_batch(bp);
+        CHECK(bit_mismatches(yb, y) == 0);
+        CHECK(bit_mismatches(yfb, yf) == 0);
+    }
+}
+
+TEST_CASE("INT8 weights: non-finite weights and unsupported kernel sets are load errors naming the option") {
+    const HostWeights w = make_weights(3 * 4, DType::F32, 7700, 0.3f);
+    // A weight kind the packed conv kernels do not stream is never quantised (Parameter only asks for quantizable()).
+    CHECK_THROWS_WITH_AS(Ops<Cpu>::prepare_weight(Storage::SmallRowsMatrix, w.ref(), Shape{3, 4}, "test weight", WeightQuant::Int8),
+                         "flowedge: cpu: test weight: INT8 requested for a weight kind the packed conv kernels do not stream", Error);
+    if (!packs_conv()) {
+        const std::string set(cpu::isa_name(cpu::active_isa()));
+        CHECK_THROWS_WITH_AS(int8_weight(Storage::ConvWeight, w, Shape{3, 4, 1}),
+                             ("flowedge: cpu: test weight: LoadOptions::quantize = Int8 needs the AVX2 kernel set (the only one with INT8 "
+                              "kernels) (expected FLOWEDGE_CPU_ISA=avx2 on an AVX2 or AVX-512 CPU, or quantize = None, got kernel set " + set + ")")
+                                 .c_str(),
+                             Error);
+        return;
+    }
+    HostWeights bad = w;
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(bad.bytes.data() + 4 * 5, &inf, 4);  // row 1 of [3, 4]
+    CHECK_THROWS_WITH_AS(int8_weight(Storage::ConvWeight, bad, Shape{3, 4, 1}),
+                         "flowedge: cpu int8 weights: LoadOptions::quantize = Int8 needs finite weights (expected finite values, got a "
+                         "non-finite value in output row 1)",
+                         Error);
+    // An all-zero row quantises to zero with scale 0 (no division by zero): its outputs are the bias.
+    HostWeights zero = w;
+    std::fill(zero.bytes.begin(), zero.bytes.end(), std::uint8_t(0));
+    const auto pz = int8_weight(Storage::StreamedMatrix, zero, Shape{3, 4});
+    const auto x = random_vec(4, 7701);
+    const std::vector<float> bias{0.5f, -1.f, 2.f};
+    std::vector<float> y(3);
+    LinearParams p;
+    p.x = x.data();
+    p.w = {nullptr, DType::F32, pz.get()};
+    p.bias = bias.data();
+    p.y = y.data();
+    p.rows = 1;
+    p.in = 4;
+    p.out = 3;
+    Ops<Cpu>::linear(p);
+    CHECK(y == bias);
+}
