@@ -191,7 +191,8 @@ public:
     /// For models that run the head inside their own recorded graph (DiffusionPolicy): enqueues a whole sample on this
     /// head's stream and workspace from buffers on B, cond [batch, global_cond_dim] and noise [batch, horizon,
     /// action_dim] (normalised units), into out [batch, horizon, action_dim] (un-normalised when unnormalize_out); no
-    /// staging, graph or synchronisation. A DDPM seed must have been set with stage_seed() earlier on the stream.
+    /// staging, graph or synchronisation. DDPM seeds must have been set with stage_seed() or stage_row_seeds() earlier on
+    /// the stream.
     void enqueue_sample_on_device(const float* cond, const float* noise, float* out, const SampleOptions& opts, int batch,
                                   bool unnormalize_out) {
         check_live("enqueue_sample_on_device");
