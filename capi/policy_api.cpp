@@ -1,6 +1,7 @@
 // The fe_policy part of the C API (include/flowedge/c_api.h): a LeRobot DiffusionPolicy or ACT folder (chosen by
 // config.json's "type") behind reset() / select_action(), with the observation struct checked field by field before
 // the C++ class sees it.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -24,7 +25,7 @@ using namespace flowedge::capi;
 /// Shapes and keys cached at load so introspection needs neither the lock nor a visit.
 struct PolicyInfo {
     PolicyType type = PolicyType::Diffusion;
-    int action_dim = 0, state_dim = 0, env_dim = 0, horizon = 0, n_obs_steps = 0, n_action_steps = 0, steps = 0;
+    int action_dim = 0, state_dim = 0, env_dim = 0, horizon = 0, n_obs_steps = 0, n_action_steps = 0, steps = 0, batch = 1;
     std::string state_key, env_key;
     std::vector<io::PolicyCamera> cameras;
 };
@@ -34,7 +35,8 @@ struct fe_policy {
     PolicyInfo info;
     std::optional<Resident<DiffusionPolicy>> diffusion;
     std::optional<Resident<ActPolicy>> act;
-    std::vector<PolicyFrame> frames;  ///< per camera, reused by every select_action (no allocation per call)
+    std::vector<PolicyFrame> frames;  ///< [batch, camera], reused by every select_action (no allocation per call)
+    std::vector<PolicyObservation> observations;  ///< [batch], reused by every batched select_action
     std::mutex mutex;
 
     /// f(model) on whichever policy is held (four model types); every call must return the same type.
@@ -77,8 +79,8 @@ void check_feature(const float* p, std::size_t len, std::size_t need, const char
     if (len > need) raise(FE_ERR_SHAPE, what + " has more elements than the policy uses" + expected_got(need, len));
 }
 
-/// The observation as the C++ class takes it; frames are copied into the policy's own PolicyFrame array.
-PolicyObservation observation_of(fe_policy& p, const fe_observation* obs) {
+/// The observation as the C++ class takes it; frames are copied into row `env` of the policy's own PolicyFrame array.
+PolicyObservation observation_of(fe_policy& p, const fe_observation* obs, std::size_t env = 0) {
     need_ptr(obs, "obs");
     const PolicyInfo& info = p.info;
     check_feature(obs->state, obs->state_len, std::size_t(info.state_dim), "state", info.state_key);
@@ -99,12 +101,29 @@ PolicyObservation observation_of(fe_policy& p, const fe_observation* obs) {
         if (f.layout != FE_IMAGE_U8_HWC && f.layout != FE_IMAGE_F32_CHW)
             raise(FE_ERR_INVALID_ARGUMENT, "obs->frames[" + std::to_string(c) + "].layout ('" + cam.key + "') is unknown" +
                                                expected_got("FE_IMAGE_U8_HWC (0) or FE_IMAGE_F32_CHW (1)", f.layout));
-        p.frames[c] = PolicyFrame{f.data, f.layout == FE_IMAGE_U8_HWC ? ImageLayout::U8Hwc : ImageLayout::F32Chw, f.height,
+        p.frames[env * n_cam + c] = PolicyFrame{f.data, f.layout == FE_IMAGE_U8_HWC ? ImageLayout::U8Hwc : ImageLayout::F32Chw, f.height,
                                   f.width};  // the size is checked by the policy class, with the key
     }
     return PolicyObservation{std::span<const float>(obs->state, obs->state_len),
                              std::span<const float>(obs->env_state, info.env_dim > 0 ? obs->env_state_len : 0),
-                             std::span<const PolicyFrame>(p.frames.data(), n_cam)};
+                             std::span<const PolicyFrame>(p.frames.data() + env * n_cam, n_cam)};
+}
+
+/// Every environment's observation checked and converted into the policy's own tables; messages name the environment.
+std::span<const PolicyObservation> observations_of(fe_policy& p, const fe_observation* obs, std::size_t n_obs) {
+    const std::size_t n = std::size_t(p.info.batch);
+    if (n_obs != n) raise(FE_ERR_SHAPE, "n_obs: one observation per environment" + expected_got(n, n_obs));
+    need_ptr(obs, "obs");
+    for (std::size_t e = 0; e < n; ++e) {
+        try {
+            p.observations[e] = observation_of(p, obs + e, e);
+        } catch (const CapiError& err) {
+            constexpr std::string_view prefix = "flowedge: capi: ";
+            const std::string_view what = std::string_view(err.message).substr(err.message.rfind(prefix, 0) == 0 ? prefix.size() : 0);
+            raise(err.status, "environment " + std::to_string(e) + ": " + std::string(what));
+        }
+    }
+    return p.observations;
 }
 
 fe_status select(fe_policy* policy, const fe_observation* obs, const float* noise, std::size_t noise_len, bool with_noise,
@@ -186,6 +205,9 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
             }
         }
         opts.seed = options->seed;
+        if (options->batch < 0) raise(FE_ERR_INVALID_ARGUMENT, "options->batch must be >= 0 (0 = 1 environment)" +
+                                                                 expected_got(">= 0", options->batch));
+        opts.batch = std::max(options->batch, 1);
     }
     check_cuda_build(req, flags);
     auto p = std::make_unique<fe_policy>();
@@ -207,6 +229,7 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
         i.n_obs_steps = c.n_obs_steps;
         i.n_action_steps = c.n_action_steps;
         i.steps = m.steps();
+        i.batch = m.batch();
     });
     check_resident(req, *p);
     return p;
@@ -225,6 +248,9 @@ std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const Devi
         if (options->scheduler != nullptr)
             raise(FE_ERR_INVALID_ARGUMENT, "options->scheduler is a Diffusion Policy option and this is an ACT policy (expected NULL, got '" +
                                                std::string(options->scheduler) + "')");
+        if (options->batch > 1)
+            raise(FE_ERR_INVALID_ARGUMENT, "options->batch: an ACT policy serves one environment (expected 0 or 1, got " +
+                                               std::to_string(options->batch) + ")");
         if (const fe_act_selection* s = options->act_selection) {
             ActSelection sel;
             if (s->temporal_ensemble != 0) sel.temporal_ensemble_coeff = s->temporal_ensemble_coeff;
@@ -271,7 +297,8 @@ fe_status fe_policy_load_ex(const char* folder, const char* device, const fe_pol
         std::error_code ec;
         if (!std::filesystem::exists(dir, ec)) raise(FE_ERR_IO, dir.string() + ": no such folder");
         auto p = lerobot_policy_type(dir) == PolicyType::Act ? load_act(dir, req, flags, options) : load_diffusion(dir, req, flags, options);
-        p->frames.resize(p->info.cameras.size());
+        p->frames.resize(std::size_t(p->info.batch) * p->info.cameras.size());
+        p->observations.resize(std::size_t(p->info.batch));
         *out = p.release();
     });
 }
@@ -307,6 +334,39 @@ fe_status fe_policy_select_action_noise(fe_policy* policy, const fe_observation*
     return select(policy, obs, noise, noise_len, true, action, action_len);
 }
 
+fe_status fe_policy_select_action_batch(fe_policy* policy, const fe_observation* obs, size_t n_obs, const float* noise,
+                                        size_t noise_len, float* actions, size_t actions_len) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        if (p.act)
+            raise(FE_ERR_UNSUPPORTED, "fe_policy_select_action_batch: an ACT policy serves one environment (expected a Diffusion "
+                                      "Policy; use fe_policy_select_action)");
+        std::lock_guard lock(p.mutex);  // observations_of fills the policy's frame and observation tables
+        const std::span<const PolicyObservation> o = observations_of(p, obs, n_obs);
+        const std::size_t n = std::size_t(p.info.batch), A = std::size_t(p.info.action_dim);
+        std::span<const float> ns;
+        if (noise != nullptr) {
+            check_input(noise, noise_len, n * std::size_t(p.info.horizon) * A, "noise");
+            ns = std::span<const float>(noise, n * std::size_t(p.info.horizon) * A);
+        }
+        check_output(actions, actions_len, n * A, "actions");
+        p.diffusion->visit([&](auto& m) { m.select_action(o, std::span<float>(actions, n * A), ns); });
+    });
+}
+
+fe_status fe_policy_reset_env(fe_policy* policy, int32_t env, const uint64_t* seed) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        if (env < 0 || env >= p.info.batch)
+            raise(FE_ERR_INVALID_ARGUMENT, "environment index out of range" + expected_got("0.." + std::to_string(p.info.batch - 1), env));
+        std::optional<std::uint64_t> s;
+        if (seed != nullptr) s = *seed;
+        std::lock_guard lock(p.mutex);
+        if (p.act) p.act->visit([](auto& m) { m.reset(); });
+        else p.diffusion->visit([&](auto& m) { m.reset_env(env, s); });
+    });
+}
+
 fe_status fe_realtime_apply(const fe_realtime_options* options) {
     return guarded(Phase::Call, [&] { realtime::apply(realtime_options_of(options)); });
 }
@@ -338,6 +398,7 @@ FLOWEDGE_C_POLICY_INFO(fe_policy_horizon, horizon)
 FLOWEDGE_C_POLICY_INFO(fe_policy_n_obs_steps, n_obs_steps)
 FLOWEDGE_C_POLICY_INFO(fe_policy_n_action_steps, n_action_steps)
 FLOWEDGE_C_POLICY_INFO(fe_policy_steps, steps)
+FLOWEDGE_C_POLICY_INFO(fe_policy_batch, batch)
 #undef FLOWEDGE_C_POLICY_INFO
 
 int32_t fe_policy_chunks_generated(fe_policy* p) {
@@ -347,6 +408,17 @@ int32_t fe_policy_chunks_generated(fe_policy* p) {
     }
     std::lock_guard lock(p->mutex);
     return p->visit([](auto& m) { return int32_t(m.chunks_generated()); });
+}
+
+int32_t fe_policy_env_chunks_generated(fe_policy* p, int32_t env) {
+    if (p == nullptr || env < 0 || env >= p->info.batch) {
+        t_last_error = p == nullptr ? "flowedge: capi: fe_policy_env_chunks_generated: argument 'policy' is NULL"
+                                    : "flowedge: capi: fe_policy_env_chunks_generated: environment index out of range";
+        return -1;
+    }
+    std::lock_guard lock(p->mutex);
+    if (p->act) return p->act->visit([](auto& m) { return int32_t(m.chunks_generated()); });
+    return p->diffusion->visit([&](auto& m) { return int32_t(m.chunks_generated(env)); });
 }
 
 const char* fe_policy_state_key(const fe_policy* p) { return p == nullptr ? "" : p->info.state_key.c_str(); }

@@ -260,6 +260,7 @@ typedef struct fe_policy_options {
     const char* scheduler; /**< "ddim" | "ddpm"; NULL = the checkpoint's noise_scheduler_type */
     uint64_t seed;         /**< seed of the generated noise when select_action gets none */
     const fe_act_selection* act_selection; /**< ACT: NULL = the checkpoint's temporal_ensemble_coeff and n_action_steps */
+    int32_t batch;         /**< Diffusion Policy: environments served per fe_policy_select_action_batch (0 = 1); ACT: 0 or 1 */
 } fe_policy_options;
 
 /**
@@ -308,7 +309,30 @@ FLOWEDGE_C_EXPORT fe_status fe_policy_select_action_noise(fe_policy* policy, con
                                                           const float* noise, size_t noise_len, float* action,
                                                           size_t action_len);
 
+/**
+ * fe_policy_select_action for every environment of a policy loaded with fe_policy_options.batch = N (N >= 1): obs
+ * holds n_obs == N observations, one per environment; actions [N, action_dim] row-major (actions_len >= N *
+ * action_dim) receives each environment's next action. Each environment has its own queues and seed (environment e
+ * draws from seed + (e << 32)); those whose action queue is empty are sampled together in one call. noise: NULL
+ * for seeded noise, else [N, horizon, action_dim] of which row e is used only when environment e generates a chunk
+ * at this call (noise_len >= N * horizon * action_dim). The frames of one camera must share a layout across the
+ * environments. Errors as fe_policy_select_action, naming the environment ("policy env 2: ..."); n_obs other than
+ * N is FE_ERR_SHAPE. Diffusion Policy only (an ACT policy serves one environment: FE_ERR_UNSUPPORTED).
+ */
+FLOWEDGE_C_EXPORT fe_status fe_policy_select_action_batch(fe_policy* policy, const fe_observation* obs, size_t n_obs,
+                                                          const float* noise, size_t noise_len, float* actions,
+                                                          size_t actions_len);
+
+/** fe_policy_reset of environment `env` (0 <= env < batch) alone; seed: NULL keeps that environment's seed, otherwise
+ *  it gets *seed + (env << 32) (what fe_policy_reset(seed) gives it). ACT: env must be 0. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_reset_env(fe_policy* policy, int32_t env, const uint64_t* seed);
+
 /* ---- policy introspection: value, 0 when the policy has no such quantity, -1 (and fe_last_error) for NULL ---- */
+
+/** Environments served per call (fe_policy_options.batch; 1 for ACT). */
+FLOWEDGE_C_EXPORT int32_t fe_policy_batch(const fe_policy* policy);
+/** fe_policy_chunks_generated of environment `env`; -1 (and fe_last_error) for NULL or an index out of range. */
+FLOWEDGE_C_EXPORT int32_t fe_policy_env_chunks_generated(fe_policy* policy, int32_t env);
 
 FLOWEDGE_C_EXPORT int32_t fe_policy_action_dim(const fe_policy* policy);
 FLOWEDGE_C_EXPORT int32_t fe_policy_state_dim(const fe_policy* policy);
@@ -322,7 +346,8 @@ FLOWEDGE_C_EXPORT int32_t fe_policy_n_obs_steps(const fe_policy* policy);
 FLOWEDGE_C_EXPORT int32_t fe_policy_n_action_steps(const fe_policy* policy);
 /** Inference steps used per chunk (the options' or the checkpoint's); 0 for ACT. */
 FLOWEDGE_C_EXPORT int32_t fe_policy_steps(const fe_policy* policy);
-/** Chunks generated since the last reset (the last select_action generated one when this grew). */
+/** Chunks generated since the last reset (the last select_action generated one when this grew); environment 0's
+ *  with a batch. */
 FLOWEDGE_C_EXPORT int32_t fe_policy_chunks_generated(fe_policy* policy);
 /** Feature keys: "observation.state" and the environment-state key ("" when none). Never NULL. */
 FLOWEDGE_C_EXPORT const char* fe_policy_state_key(const fe_policy* policy);

@@ -238,6 +238,9 @@ struct DiffusionStepParams {
     /// When set, the seed is read from this backend pointer instead (a captured CUDA graph can then be
     /// replayed with a new seed without re-capture).
     const std::uint64_t* seed_ptr = nullptr;
+    /// With seed_ptr set: it holds [batch] seeds and element b's stream is seeded with seed_ptr[b] (not *seed_ptr + b),
+    /// so the rows of one call can be independent environments, each with its own noise stream (DiffusionPolicy).
+    bool seed_per_row = false;
     std::uint64_t draw_offset = 0;
     /// 0: each sample is in the sample layout [horizon, action_dim] and element i takes draw i. L > 0: each sample is
     /// channel-major [per_sample / L, L] (the U-Net's [action_dim, horizon], L = horizon), and element a*L + h takes

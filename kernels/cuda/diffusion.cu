@@ -2,7 +2,7 @@
 // device by global draw index so the sequence is identical to the CPU's (docs/models.md#seeded-noise).
 //
 // Noise: for batch element b the SplitMix64 stream is seeded with s = seed + b (seed read from seed_ptr
-// when set, so a captured graph can be replayed with a new seed); raw output n is
+// when set, so a captured graph can be replayed with a new seed; seed_ptr[b] itself with seed_per_row); raw output n is
 // mix(s + (n + 1) * 0x9e3779b97f4a7c15); uniform = ((u >> 40) + 1) / 16777217 in double; normal j uses raw
 // outputs 2*(j/2) and 2*(j/2)+1: r = sqrt(-2 ln u1), th = 2 pi u2, r*cos(th) for even j, r*sin(th) for odd
 // j, all in double, rounded once to float. Global draw index of element i is draw_offset + i.
@@ -39,7 +39,7 @@ __global__ void diffusion_step_kernel(DiffusionStepParams p) {
     detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
     detail::pdl_allow_next();
     const std::int64_t n = std::int64_t(p.batch) * p.per_sample;
-    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const std::uint64_t seed = p.seed_ptr && !p.seed_per_row ? *p.seed_ptr : p.seed;
     for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < n;
          idx += std::int64_t(gridDim.x) * blockDim.x) {
         const float x = p.x[idx];
@@ -56,7 +56,8 @@ __global__ void diffusion_step_kernel(DiffusionStepParams p) {
                 const std::int64_t i = idx - b * p.per_sample;
                 const std::int64_t L = p.channel_major_length;  // > 0: [A, L] per sample; draw by the [L, A] index
                 const std::int64_t j = L > 0 ? (i % L) * (p.per_sample / L) + i / L : i;
-                const float z = seeded_normal(seed + std::uint64_t(b), p.draw_offset + std::uint64_t(j));
+                const std::uint64_t row_seed = p.seed_ptr && p.seed_per_row ? p.seed_ptr[b] : seed + std::uint64_t(b);
+                const float z = seeded_normal(row_seed, p.draw_offset + std::uint64_t(j));
                 out = __fadd_rn(out, __fmul_rn(p.noise_std, z));
             }
         }

@@ -44,7 +44,16 @@ def load_policy(folder: Union[str, os.PathLike], device: str = "cpu", **options)
 
 
 _OPTIONS = {ActPolicy: {"dtype", "temporal_ensemble_coeff", "n_action_steps"},
-            DiffusionPolicy: {"dtype", "steps", "scheduler", "seed"}}
+            DiffusionPolicy: {"dtype", "steps", "scheduler", "seed", "batch"}}
+
+
+def _load_diffusion_policy(folder: Union[str, os.PathLike], device: str = "cpu", **options) -> DiffusionPolicy:
+    """``DiffusionPolicy(folder, device=device, **options)``: dtype, steps, scheduler, seed and ``batch`` (the number of
+    environments :meth:`DiffusionPolicy.select_action_batch` serves)."""
+    return DiffusionPolicy(folder, device=device, **options)
+
+
+DiffusionPolicy.load = staticmethod(_load_diffusion_policy)
 
 __all__ = [
     "ActPolicy",

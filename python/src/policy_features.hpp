@@ -100,14 +100,15 @@ inline F32 feature_vector(nb::handle obj, const std::string& key, int dim) {
 }
 
 /// One camera frame viewed in place (uint8 HWC or float32 CHW, C-contiguous), or converted once: other integer
-/// types are refused, other float types become float32.
+/// types are refused, other float types become float32. With `batch` > 0: that many frames, [batch, H, W, C] uint8 or
+/// [batch, C, H, W] float32 (one per environment, DiffusionPolicy.select_action_batch); frame.data is the first.
 struct FrameArg {
     U8 u8;
     F32 f32;
     PolicyFrame frame;
 };
 
-inline void frame_arg(nb::handle obj, const PolicyFeatures& s, std::size_t cam, FrameArg& out) {
+inline void frame_arg(nb::handle obj, const PolicyFeatures& s, std::size_t cam, FrameArg& out, std::size_t batch = 0) {
     const io::PolicyCamera& c = s.cameras[cam];
     const std::string& key = c.key;
     if (!nb::try_cast<U8>(obj, out.u8, false) && !nb::try_cast<F32>(obj, out.f32, false)) {
@@ -127,8 +128,8 @@ inline void frame_arg(nb::handle obj, const PolicyFeatures& s, std::size_t cam, 
     const bool is_u8 = out.u8.is_valid();
     const std::size_t nd = is_u8 ? out.u8.ndim() : out.f32.ndim();
     auto dim = [&](std::size_t i) { return is_u8 ? out.u8.shape(i) : out.f32.shape(i); };
-    const std::size_t lead = nd == 4 ? 1 : 0;  // an optional batch of 1
-    bool ok = (nd == 3 || (nd == 4 && dim(0) == 1));
+    const std::size_t lead = nd == 4 ? 1 : 0;  // an optional batch of 1, or the environments
+    bool ok = batch == 0 ? (nd == 3 || (nd == 4 && dim(0) == 1)) : (nd == 4 && dim(0) == batch);
     std::size_t h = 0, w = 0, ch = 0;
     if (ok) {
         if (is_u8) h = dim(lead), w = dim(lead + 1), ch = dim(lead + 2);
@@ -138,7 +139,8 @@ inline void frame_arg(nb::handle obj, const PolicyFeatures& s, std::size_t cam, 
     if (!ok) {
         std::string got = "(";
         for (std::size_t i = 0; i < nd; ++i) got += (i ? ", " : "") + std::to_string(dim(i));
-        bad_arg("'" + key + "' has the wrong shape (expected " + s.camera_shapes_text(cam) + ", optionally with a leading batch of 1; got " +
+        const std::string lead_text = batch == 0 ? "optionally with a leading batch of 1" : "with a leading batch of " + std::to_string(batch);
+        bad_arg("'" + key + "' has the wrong shape (expected " + s.camera_shapes_text(cam) + ", " + lead_text + "; got " +
                 (is_u8 ? "uint8 " : "float32 ") + got + (nd == 1 ? ",)" : ")") + ")");
     }
     out.frame = PolicyFrame{is_u8 ? static_cast<const void*>(out.u8.data()) : static_cast<const void*>(out.f32.data()),

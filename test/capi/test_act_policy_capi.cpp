@@ -146,6 +146,10 @@ TEST_CASE("fe_policy: on ACT, Diffusion Policy options, caller noise and bad sel
     o.dtype = "f8";
     CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown weight dtype 'f8'"));
+    o = fe_policy_options{};
+    o.batch = 4;
+    CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("options->batch: an ACT policy serves one environment (expected 0 or 1, got 4)"));
 
     fe_act_selection sel{0, 0.0, 13};  // chunk_size is 12
     o = fe_policy_options{};

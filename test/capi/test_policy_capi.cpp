@@ -218,3 +218,60 @@ TEST_CASE("fe_policy: load errors") {
     CHECK(p == nullptr);
     fe_policy_free(nullptr);
 }
+
+TEST_CASE("fe_policy: a batch of environments equals DiffusionPolicy<Cpu> with the same batch, reset per environment") {
+    fe_policy_options opts{nullptr, 10, "ddpm", 7, nullptr};
+    opts.batch = 3;
+    Loaded l(&opts);
+    CHECK(fe_policy_batch(l.p) == 3);
+    PolicyOptions po;
+    po.steps = 10;
+    po.scheduler = Scheduler::Ddpm;
+    po.seed = 7;
+    po.batch = 3;
+    auto ref = DiffusionPolicy<Cpu>::load(kFolder, po);
+    REQUIRE(fe_policy_reset(l.p, nullptr) == FE_OK);
+    ref.reset();
+    for (int t = 0; t < 20; ++t) {
+        CAPTURE(t);
+        if (t == 5) {
+            const std::uint64_t seed = 9;
+            REQUIRE(fe_policy_reset_env(l.p, 1, &seed) == FE_OK);
+            ref.reset_env(1, 9);
+        }
+        const std::vector<Obs> o = {Obs(t), Obs(t + 7), Obs(2 * t)};
+        const fe_observation c[3] = {o[0].c(), o[1].c(), o[2].c()};
+        const PolicyObservation cpp[3] = {o[0].cpp(), o[1].cpp(), o[2].cpp()};
+        float got[6], want[6];
+        REQUIRE(fe_policy_select_action_batch(l.p, c, 3, nullptr, 0, got, 6) == FE_OK);
+        ref.select_action(cpp, want);
+        for (int i = 0; i < 6; ++i) CHECK(got[i] == want[i]);
+        for (int e = 0; e < 3; ++e) CHECK(fe_policy_env_chunks_generated(l.p, e) == ref.chunks_generated(e));
+    }
+    CHECK(fe_policy_env_chunks_generated(l.p, 1) == 2);  // reset at tick 5: chunks at ticks 5 and 13
+    const Obs o(0);
+    const fe_observation c[3] = {o.c(), o.c(), o.c()};
+    float a[6];
+    CHECK(fe_policy_select_action_batch(l.p, c, 2, nullptr, 0, a, 6) == FE_ERR_SHAPE);
+    CHECK(mentions("one observation per environment (expected 3, got 2)"));
+    CHECK(fe_policy_select_action_batch(l.p, c, 3, nullptr, 0, a, 5) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("actions"));
+    std::vector<float> noise(3 * 16 * 2, 0.f);
+    CHECK(fe_policy_select_action_batch(l.p, c, 3, noise.data(), noise.size() - 1, a, 6) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("noise"));
+    fe_observation bad[3] = {o.c(), o.c(), o.c()};
+    bad[2].state_len = 1;
+    CHECK(fe_policy_select_action_batch(l.p, bad, 3, nullptr, 0, a, 6) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("environment 2: obs->state"));
+    CHECK(fe_policy_reset_env(l.p, 3, nullptr) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("environment index out of range (expected 0..2, got 3)"));
+    CHECK(fe_policy_env_chunks_generated(l.p, -1) == -1);
+    float one[2];
+    CHECK(fe_policy_select_action(l.p, &c[0], one, 2) != FE_OK);
+    CHECK(mentions("serves a batch"));
+    fe_policy* p = nullptr;
+    opts.batch = -1;
+    CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &opts, &p) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("options->batch must be >= 0"));
+    CHECK(p == nullptr);
+}

@@ -64,6 +64,7 @@ inline void diffusion_step(const DiffusionStepParams& p) {
     for (int b = 0; b < p.batch; ++b) {
         float* x = p.x + std::size_t(b) * p.per_sample;
         const float* e = p.eps + std::size_t(b) * p.per_sample;
+        const std::uint64_t row_seed = p.seed_ptr && p.seed_per_row ? p.seed_ptr[b] : seed0 + std::uint64_t(b);
         for (int i = 0; i < p.per_sample; ++i) {
             float x0 = (x[i] - p.sqrt_one_minus_abar * e[i]) / p.sqrt_abar;
             if (p.clip) x0 = std::min(std::max(x0, -p.clip_range), p.clip_range);
@@ -71,7 +72,7 @@ inline void diffusion_step(const DiffusionStepParams& p) {
                 x[i] = p.c_x0 * x0 + p.c_other * e[i];
             } else {
                 float v = p.c_x0 * x0 + p.c_other * x[i];
-                if (noise) v += p.noise_std * normal_at(seed0 + std::uint64_t(b), p.draw_offset + std::uint64_t(draw_index(p, i)));
+                if (noise) v += p.noise_std * normal_at(row_seed, p.draw_offset + std::uint64_t(draw_index(p, i)));
                 x[i] = v;
             }
         }

@@ -63,7 +63,8 @@ public:
         m_cond_in = Buffer<float, B>(std::size_t(max_batch) * cfg.global_cond_dim);
         m_x_in = Buffer<float, B>(bha);
         m_out = Buffer<float, B>(bha);
-        m_seed = Buffer<std::uint64_t, B>(1);
+        m_seed = Buffer<std::uint64_t, B>(std::size_t(max_batch));
+        m_seed_host.resize(std::size_t(max_batch));
         m_action_min = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_action_max = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_exec = Execution("diffusion", workspace_bytes(max_batch));
@@ -190,7 +191,8 @@ public:
     /// For models that run the head inside their own recorded graph (DiffusionPolicy): enqueues a whole sample on this
     /// head's stream and workspace from buffers on B, cond [batch, global_cond_dim] and noise [batch, horizon,
     /// action_dim] (normalised units), into out [batch, horizon, action_dim] (un-normalised when unnormalize_out); no
-    /// staging, graph or synchronisation. A DDPM seed must have been set with stage_seed() earlier on the stream.
+    /// staging, graph or synchronisation. DDPM seeds must have been set with stage_seed() or stage_row_seeds() earlier on
+    /// the stream.
     void enqueue_sample_on_device(const float* cond, const float* noise, float* out, const SampleOptions& opts, int batch,
                                   bool unnormalize_out) {
         check_live("enqueue_sample_on_device");
@@ -200,10 +202,19 @@ public:
               "unknown scheduler" + expected_got("ddim or ddpm", int(opts.scheduler)));
         enqueue_sample(cond, noise, out, opts, batch, unnormalize_out, NoStepHook{});
     }
-    /// Enqueues the copy of a DDPM seed into the device-side seed the recorded samplers read (see DiffusionStepParams).
+    /// Enqueues the copy of a DDPM seed into the device-side seeds the recorded samplers read (see DiffusionStepParams):
+    /// batch element b draws from stream seed + b.
     void stage_seed(std::uint64_t seed) {
-        m_seed_host = seed;
-        Memory<B>::copy_from_host(m_seed.data(), &m_seed_host, sizeof(std::uint64_t), m_exec.stream());
+        for (std::size_t b = 0; b < m_seed_host.size(); ++b) m_seed_host[b] = seed + b;
+        Memory<B>::copy_from_host(m_seed.data(), m_seed_host.data(), m_seed_host.size() * sizeof(std::uint64_t), m_exec.stream());
+    }
+    /// Per-row DDPM seeds: batch element b of the next enqueued sample draws from stream seeds[b] (independent
+    /// environments sampled in one call, DiffusionPolicy). At most max_batch seeds.
+    void stage_row_seeds(std::span<const std::uint64_t> seeds) {
+        if (!(seeds.size() >= 1 && seeds.size() <= m_seed_host.size())) [[unlikely]]
+            fail("diffusion", "row seeds out of range" + expected_got("1.." + std::to_string(m_max_batch), seeds.size()));
+        std::copy(seeds.begin(), seeds.end(), m_seed_host.begin());
+        Memory<B>::copy_from_host(m_seed.data(), m_seed_host.data(), seeds.size_bytes(), m_exec.stream());
     }
 
 private:
@@ -293,6 +304,7 @@ private:
             p.clip_range = m_cfg.clip_sample_range;
             p.seed = opts.seed;
             p.seed_ptr = m_seed.data();
+            p.seed_per_row = true;
             p.draw_offset = draws;
             p.channel_major_length = m_cfg.horizon;
             if (m_schedule.step_coefficients(opts.scheduler, i, opts.steps, p)) draws += per;
@@ -360,7 +372,7 @@ private:
     NoiseSchedule m_schedule;
     Buffer<float, B> m_cond_in, m_x_in, m_out;
     Buffer<std::uint64_t, B> m_seed;
-    std::uint64_t m_seed_host = 0;  ///< source of the seed's asynchronous upload (must outlive the copy)
+    std::vector<std::uint64_t> m_seed_host;  ///< [max_batch] source of the seeds' asynchronous upload (must outlive the copy)
     Buffer<float, B> m_action_min, m_action_max;
     std::vector<float> m_min_host, m_max_host;
     Execution m_exec;
