@@ -267,8 +267,7 @@ typedef struct fe_policy_options {
  * Loads a LeRobot DiffusionPolicy or ACT pretrained_model folder (config.json, model.safetensors and the
  * policy_preprocessor/postprocessor files, or the legacy normalize_* buffers), choosing the class by config.json's
  * "type". device: as fe_engine_load ("cpu", "cuda" which fails with FE_ERR_DEVICE unless resident, "auto" with the
- * CPU fallback reported by fe_policy_fallback_reason; NULL = "cpu"). ACT runs on the CPU only for now: "cuda" is
- * FE_ERR_DEVICE saying so, "auto" runs on the CPU with that reason. Scheduler and steps default to the
+ * CPU fallback reported by fe_policy_fallback_reason; NULL = "cpu"), for either policy type. Scheduler and steps default to the
  * checkpoint's, seed 0, F32 weights. The policy must be reset before its first select_action. On failure *out is
  * set to NULL.
  */
