@@ -37,6 +37,9 @@
 #             the PushT-size image policy (F32, BF16), Python select_action overhead (needs BUILD_PYTHON=1 and target
 #             _flowedge), LeRobot's select_action from carried wheels on the GPU and both on this CPU -> $OUT/policy.txt,
 #             policy_bench_cuda_{f32,bf16}.json, python_overhead_{cuda,cpu}.json, lerobot_policy_cuda.json, policy_cpu.*
+#   batch     issue 21: the batched policy's CUDA tests (diffusion_policy_batch) and policy_bench --batch N for N in
+#             BATCH_SIZES (default 1 8 50 256) on the PushT-size image policy: time per call and device bytes per batch
+#             -> $OUT/batch.txt, policy_batch_cuda_b<N>.json
 #   soak      issue 19: flowedge-lerobot-rollout --backend flowedge-policy --env pusht, 10,000 ticks at 10 ms on the GPU
 #             and SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (gym-pusht wheels in .whl/gym; BUILD_PYTHON=1)
 #             -> $OUT/soak_{cuda,cpu}.{json,png}
@@ -389,6 +392,23 @@ stage_policy() {
     return "$rc"
 }
 
+# Issue 21 items 2 and 4 on the GPU: the batched policy's CUDA test instances (batch 3 vs three batch-1 policies, no
+# allocation after load, a batch the card cannot hold refused at load before allocating), then policy_bench on the
+# PushT-size image policy at each of BATCH_SIZES (select_action and the U-Net sample per call, device bytes per batch)
+# -> $OUT/batch.txt, policy_batch_cuda_b<N>.json.
+stage_batch() {
+    local rc=0
+    BUILD_TARGETS="diffusion_policy_batch policy_bench" stage_build || return $?
+    "$BUILD/test/diffusion/diffusion_policy_batch" > "$LOGS/diffusion_policy_batch.log" 2>&1 || rc=$?
+    grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|needs" "$LOGS/diffusion_policy_batch.log" | tee -a "$OUT/batch.txt"
+    policy_folder || return $?
+    for b in ${BATCH_SIZES:-1 8 50 256}; do
+        "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --batch "$b" --ticks "${BATCH_TICKS:-64}" \
+            --json "$OUT/policy_batch_cuda_b$b.json" 2>&1 | tee -a "$OUT/batch.txt" || rc=$?
+    done
+    return "$rc"
+}
+
 # Issue 19 item 7: the closed loop with no torch. flowedge-lerobot-rollout --backend flowedge-policy --env pusht
 # (gym-pusht from the wheels in .whl/gym) on the PushT-size image policy: SOAK_TICKS ticks at a 10 ms period on the
 # GPU, then SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (SOAK_CPU_THREADS threads); JSON with RSS / device memory
@@ -493,8 +513,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|soak|rt|act|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy soak rt act asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

@@ -93,3 +93,11 @@ def test_batch_api_errors(image_folder, tmp_path):
         f32[cam] = np.ascontiguousarray(obs[cam].transpose(0, 3, 1, 2)).astype(np.float32) / np.float32(255)
     b.reset(seed=4)
     np.testing.assert_allclose(b.select_action_batch(f32), u8, rtol=0, atol=1e-4)
+
+
+def test_batch_too_large_for_memory_is_a_load_error(image_folder):
+    # 2**30 environments need far more than any host's memory (each has at least [channels, horizon] U-Net
+    # activations): the load is refused before anything batch-sized is allocated, naming the batch that fits.
+    with pytest.raises(flowedge.FlowEdgeError, match=r"batch 1073741824 needs \d+ MiB of host memory at load but only "
+                                                     r"\d+ MiB is available \(the largest batch that fits now is \d+\)"):
+        flowedge.DiffusionPolicy.load(image_folder, batch=1 << 30)

@@ -217,3 +217,25 @@ TEST_CASE_TEMPLATE("the batched tick allocates nothing after load, with queues o
     CHECK(second == first);
     CHECK(warm == first);
 }
+
+TEST_CASE_TEMPLATE("a batch the memory cannot hold is a load error naming the largest batch that fits, before allocating it", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!optest::ready<B>()) return;
+    const std::size_t avail = Memory<B>::available_bytes();
+    // Every environment needs more than 1 KiB (its U-Net activations alone are [channels, horizon] floats), so this
+    // batch needs more than all of it; a host with over a TiB free is not tested.
+    if (avail == 0 || avail / 1024 >= std::size_t(INT32_MAX / 2)) return;
+    const int batch = int(avail / 1024 + 1);
+    const auto folder = testsupport::rebuilt_fixture("dp_image_bn");
+    const ErrorKind kind = std::is_same_v<B, Cpu> ? ErrorKind::OutOfMemory : ErrorKind::DeviceOutOfMemory;
+    try {
+        (void)DiffusionPolicy<B>::load(folder, options<B>(batch, Scheduler::Ddim));
+        FAIL("a batch of " << batch << " loaded with " << avail << " bytes available");
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        CHECK(e.kind() == kind);
+        CHECK(what.find("batch " + std::to_string(batch) + " needs ") != std::string::npos);
+        CHECK(what.find("the largest batch that fits now is ") != std::string::npos);
+        MESSAGE(what);  // the fit check's message, not a failed allocation's ("cudaMalloc of N bytes failed" / "an allocation needs")
+    }
+}

@@ -73,6 +73,10 @@ struct Memory<Cpu> {
         return p;
     }
     static void deallocate(void* p) noexcept { std::free(p); }
+    /// Bytes a new allocation can take (0 = unknown): physical_bytes(), since host memory is not reserved ahead.
+    static std::size_t available_bytes() { return physical_bytes(); }
+    static constexpr const char* memory_name = "host memory";
+    static constexpr ErrorKind out_of_memory = ErrorKind::OutOfMemory;
     static void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memcpy(dst, src, bytes); }
     static void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memcpy(dst, src, bytes); }
     static void copy(void* dst, const void* src, std::size_t bytes, Stream = {}) { std::memmove(dst, src, bytes); }

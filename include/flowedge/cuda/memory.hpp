@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "flowedge/cuda/device.hpp"
+#include "flowedge/error.hpp"
 #include "flowedge/tensor.hpp"
 
 namespace flowedge {
@@ -21,6 +22,10 @@ struct Memory<Cuda> {
     /// when the device is out of memory, Device otherwise) on failure.
     static void* allocate(std::size_t bytes) { return cuda::device_allocate(bytes); }
     static void deallocate(void* p) noexcept { cuda::device_free(p); }
+    /// Bytes a new allocation can take now: the device's free memory (cudaMemGetInfo).
+    static std::size_t available_bytes() { return cuda::device_memory_info().free_bytes; }
+    static constexpr const char* memory_name = "device memory";
+    static constexpr ErrorKind out_of_memory = ErrorKind::DeviceOutOfMemory;
     /// Host -> device, stream-ordered; the host buffer may be reused as soon as this returns.
     static void copy_from_host(void* dst, const void* src, std::size_t bytes, Stream s = {}) {
         cuda::copy_from_host(dst, src, bytes, s);

@@ -14,6 +14,7 @@
 #include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
 #include "flowedge/models/diffusion/sample_layout.hpp"
 #include "flowedge/models/diffusion/schedulers.hpp"
+#include "flowedge/models/batch_fit.hpp"
 #include "flowedge/models/diffusion/unet.hpp"
 #include "flowedge/models/model_execution.hpp"
 #include "flowedge/ops.hpp"
@@ -46,7 +47,7 @@ public:
     /// Loads from an already opened checkpoint (e.g. io::lerobot_diffusion_from_parts or one opened once and
     /// shared: with zero-copy CPU weights, every head loaded from the same checkpoint shares its mapping).
     static DiffusionHead load(const io::DiffusionCheckpoint& ck, const LoadOptions& opts = {}, int max_batch = 1) {
-        DiffusionHead h(ck.config, max_batch);
+        DiffusionHead h(ck.config, max_batch, Memory<B>::host_accessible ? 0 : uploaded_weight_bytes(ck, opts));
         h.m_unet.visit_parameters([&](const std::string& name, Parameter<B>& p, const Shape& shape, Storage st) {
             p.load(ck.tensor(name), shape, st, opts, ck.weights, "diffusion");
         });
@@ -55,10 +56,12 @@ public:
     }
 
     /// Builds the structure and all buffers for `cfg` without weights (bind them through visit_parameters,
-    /// then call set_action_range). Used by load() and by tests.
-    DiffusionHead(const Config& cfg, int max_batch)
+    /// then call set_action_range). Used by load() and by tests. `weight_bytes`: what the weights will take in Memory<B> once uploaded (counted
+    /// with the batch-sized buffers by the fit check, which runs before anything is allocated).
+    DiffusionHead(const Config& cfg, int max_batch, std::size_t weight_bytes = 0)
         : m_cfg(cfg), m_max_batch(max_batch), m_unet(cfg), m_layout(cfg.action_dim, cfg.horizon), m_schedule(cfg.num_train_timesteps) {
         check(max_batch >= 1, "diffusion", "max_batch must be positive" + expected_got(">= 1", max_batch));
+        check_batch_fits<B>("diffusion", max_batch, [&](int b) { return weight_bytes + batch_bytes(b); });
         const std::size_t bha = std::size_t(max_batch) * cfg.horizon * cfg.action_dim;
         m_cond_in = Buffer<float, B>(std::size_t(max_batch) * cfg.global_cond_dim);
         m_x_in = Buffer<float, B>(bha);
@@ -80,6 +83,21 @@ public:
         take_sampler_buffers(meter, batch);
         meter.reserve(m_unet.workspace_bytes(batch));
         return meter.peak();
+    }
+
+    /// Bytes allocated at load for calls of up to `batch` samples: the workspace and the batch-sized buffers.
+    std::size_t batch_bytes(int batch) const {
+        const std::size_t b = std::size_t(batch), bha = b * m_cfg.horizon * m_cfg.action_dim;
+        return workspace_bytes(batch) + (b * m_cfg.global_cond_dim + 2 * bha) * sizeof(float) + b * sizeof(std::uint64_t);
+    }
+
+    /// The U-Net weights' bytes once uploaded in the dtype `opts` asks for (the checkpoint's own dtype by default).
+    static std::size_t uploaded_weight_bytes(const io::DiffusionCheckpoint& ck, const LoadOptions& opts) {
+        std::size_t n = 0;
+        for (const io::TensorInfo& t : ck.weights->tensors())
+            if (ck.compact || t.name.starts_with("diffusion.unet."))
+                n += std::size_t(t.shape.numel()) * dtype_size(opts.weight_dtype.value_or(t.dtype));
+        return n;
     }
 
     /// Sets the MIN_MAX action range ([action_dim] each, min < max).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "flowedge/error.hpp"
+#include "flowedge/models/batch_fit.hpp"
 #include "flowedge/models/diffusion/head.hpp"
 #include "flowedge/models/diffusion/lerobot_policy_folder.hpp"
 #include "flowedge/models/diffusion/rgb_encoder.hpp"
@@ -82,11 +83,8 @@ public:
                                                    expected_got(m_per_step * c.n_obs_steps, c.global_cond_dim));
         const std::size_t N = std::size_t(m_batch);
         plan_encoder_groups();
-        std::size_t ws = 256;
-        for (const EncoderGroup& g : m_groups) {
-            ws = std::max(ws, m_encoders[g.first_cam].workspace_bytes(int(g.n_cams * N)));
-            m_frames.emplace_back(g.n_cams * N * frame_bytes(g.first_cam, ImageLayout::F32Chw));
-        }
+        check_batch_fits<B>("policy", m_batch, [this](int b) { return batch_bytes(b); });
+        for (const EncoderGroup& g : m_groups) m_frames.emplace_back(g.n_cams * N * frame_bytes(g.first_cam, ImageLayout::F32Chw));
         const std::size_t G = std::size_t(c.global_cond_dim), ha = std::size_t(c.horizon) * c.action_dim;
         m_cond = Buffer<float, B>(N * G);
         m_cond_rows = Buffer<float, B>(m_batch > 1 ? N * G : 1);
@@ -105,7 +103,7 @@ public:
         m_encode_envs.resize(N);
         m_sample_envs.resize(N);
         m_row_seeds.resize(N);
-        m_exec = Execution("policy", ws);
+        m_exec = Execution("policy", encoder_workspace_bytes(m_batch));
         Memory<B>::synchronize();
         if (opts.warm_up) warm_up();
     }
@@ -280,6 +278,25 @@ private:
         if (m_batch > 1 && !m_meta.separate_encoders && alike && !cams.empty()) m_groups.push_back({0, cams.size()});
         else
             for (std::size_t cam = 0; cam < cams.size(); ++cam) m_groups.push_back({cam, 1});
+    }
+
+    /// The encoders' shared workspace for `batch` environments (each group encodes its cameras' frames at once).
+    std::size_t encoder_workspace_bytes(int batch) const {
+        std::size_t ws = 256;
+        for (const EncoderGroup& g : m_groups) ws = std::max(ws, m_encoders[g.first_cam].workspace_bytes(int(g.n_cams * batch)));
+        return ws;
+    }
+    /// Bytes the constructor allocates for `batch` environments beyond the head's (which checks its own): the
+    /// encoder workspace, the frame buffers and the condition/noise/chunk buffers.
+    std::size_t batch_bytes(int batch) const {
+        const DiffusionConfig& c = m_head.config();
+        const std::size_t N = std::size_t(batch), f = sizeof(float), G = std::size_t(c.global_cond_dim),
+                          ha = std::size_t(c.horizon) * c.action_dim;
+        std::size_t n = encoder_workspace_bytes(batch);
+        for (const EncoderGroup& g : m_groups) n += g.n_cams * N * frame_bytes(g.first_cam, ImageLayout::F32Chw);
+        n += (2 * N * G + N * m_meta.cameras.size() * std::size_t(m_feature_dim)) * f;
+        n += N * std::size_t(std::max(m_meta.state_dim, 1) + std::max(m_meta.env_dim, 1)) * f + 2 * N * ha * f;
+        return n;
     }
 
     std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
