@@ -231,10 +231,10 @@ int main(int argc, char** argv) {
     try {
         if (!rebuild.empty()) testsupport::rebuild_lerobot_fixture(rebuild, folder);
         LoadOptions lo;
-        if (dtype == "f32") lo.weight_dtype = DType::F32;
-        else if (dtype == "bf16") lo.weight_dtype = DType::BF16;
-        else if (dtype == "f16") lo.weight_dtype = DType::F16;
-        else if (dtype != "file") throw Error("flowedge: policy_bench: unknown --dtype '" + dtype + "' (expected f32, bf16 or f16)");
+        if (dtype != "file") {
+            lo.weight_dtype = weight_dtype_from_name(dtype);
+            if (!lo.weight_dtype) throw Error("flowedge: policy_bench: unknown --dtype '" + dtype + "' (expected " + kWeightDTypeNames + ")");
+        }
         if (device == "cuda") {
 #ifdef FLOWEDGE_WITH_CUDA
             return encoder_only ? run_encoder_only<Cuda>(folder, lo, encoder_only, cuda::device_description())

@@ -54,11 +54,8 @@ namespace {
 
 std::optional<DType> dtype_arg(const char* s) {
     if (s == nullptr) return std::nullopt;
-    const std::string_view d = s;
-    if (d == "f32" || d == "float32") return DType::F32;
-    if (d == "bf16" || d == "bfloat16") return DType::BF16;
-    if (d == "f16" || d == "float16") return DType::F16;
-    raise(FE_ERR_INVALID_ARGUMENT, "unknown weight dtype '" + std::string(d) + "' (expected f32, bf16 or f16)");
+    if (const std::optional<DType> d = weight_dtype_from_name(s)) return d;
+    raise(FE_ERR_INVALID_ARGUMENT, "unknown weight dtype '" + std::string(s) + "' (expected " + kWeightDTypeNames + ")");
 }
 
 fe_policy& policy_of(fe_policy* p) {

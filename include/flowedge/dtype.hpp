@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace flowedge {
@@ -23,6 +24,16 @@ constexpr std::string_view dtype_name(DType t) {
     }
     return "?";
 }
+
+/// A weight dtype as users name it in options and flags: "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16";
+/// nullopt for anything else (the caller's error then lists kWeightDTypeNames).
+constexpr std::optional<DType> weight_dtype_from_name(std::string_view s) {
+    if (s == "f32" || s == "float32") return DType::F32;
+    if (s == "bf16" || s == "bfloat16") return DType::BF16;
+    if (s == "f16" || s == "float16") return DType::F16;
+    return std::nullopt;
+}
+inline constexpr const char* kWeightDTypeNames = "f32, bf16 or f16";
 
 /// bfloat16 bit pattern (upper half of an IEEE float32).
 struct bf16 { std::uint16_t bits; };

@@ -132,9 +132,7 @@ inline std::optional<DType> dtype_arg(nb::handle dtype) {
             throw nb::type_error("flowedge: dtype must be None, a string or a numpy dtype");
         }
     }
-    if (s == "f32" || s == "float32") return DType::F32;
-    if (s == "bf16" || s == "bfloat16") return DType::BF16;
-    if (s == "f16" || s == "float16") return DType::F16;
+    if (const std::optional<DType> d = weight_dtype_from_name(s)) return d;
     bad_arg("unknown weight dtype '" + s + "' (expected float32, bfloat16 or float16)");
 }
 

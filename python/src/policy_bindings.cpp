@@ -44,6 +44,8 @@ struct ParsedBatch {
     std::array<FrameArg, kMaxCameras> frames;
     std::vector<PolicyFrame> views;           ///< [batch, camera]
     std::vector<PolicyObservation> observations;  ///< [batch]
+
+    std::span<const float> noise_span() const { return noise.is_valid() ? span_of(noise) : std::span<const float>{}; }
 };
 
 /// obs: {state key: [N, state_dim], env key: [N, env_dim] when the policy has one, camera key: [N, H, W, C] uint8 or
@@ -171,9 +173,9 @@ void bind_diffusion_policy(nb::module_& m) {
                 parse_batch(s, batch, obs, noise_obj, in);
                 OutArray out = new_array({batch, std::size_t(s.action_dim)});
                 float* a = out.data();
-                const std::span<const float> noise = in.noise.is_valid() ? span_of(in.noise) : std::span<const float>{};
                 s.run([&](auto& p) {
-                    p.select_action(std::span<const PolicyObservation>(in.observations), std::span<float>(a, batch * std::size_t(s.action_dim)), noise);
+                    p.select_action(std::span<const PolicyObservation>(in.observations), std::span<float>(a, batch * std::size_t(s.action_dim)),
+                                    in.noise_span());
                 });
                 return out;
             },
