@@ -52,8 +52,8 @@ inline void check_conv1d(const Conv1dParams& p, std::string_view comp) {
           comp, "sizes must be positive (pad non-negative)");
     check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
     const int want = (p.in_length + 2 * p.pad - p.kernel) / p.stride + 1;
-    check(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want, comp,
-          "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
+    if (!(p.in_length + 2 * p.pad >= p.kernel && p.out_length == want)) [[unlikely]]
+        fail(comp, "out_length inconsistent with in_length/kernel/stride/pad" + expected_got(want, p.out_length));
 }
 
 }  // namespace flowedge::cuda::detail

@@ -307,19 +307,19 @@ void conv2d(const Conv2dParams& p, Stream s) {
     check(p.x && p.w.data && p.y, comp, "null x, w or y pointer (a prepared-only weight is not supported here)");
     const long long want_h = ((long long)p.in_h + 2LL * p.pad_h - p.kernel_h) / p.stride_h + 1;
     const long long want_w = ((long long)p.in_w + 2LL * p.pad_w - p.kernel_w) / p.stride_w + 1;
-    check((long long)p.in_h + 2LL * p.pad_h >= p.kernel_h && (long long)p.in_w + 2LL * p.pad_w >= p.kernel_w &&
-              p.out_h == want_h && p.out_w == want_w,
-          comp,
-          "output size inconsistent with input, kernel, stride and pad" +
-              expected_got(std::to_string(want_h) + " x " + std::to_string(want_w),
-                           std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
+    if (!((long long)p.in_h + 2LL * p.pad_h >= p.kernel_h && (long long)p.in_w + 2LL * p.pad_w >= p.kernel_w &&
+              p.out_h == want_h && p.out_w == want_w)) [[unlikely]]
+        fail(comp, "output size inconsistent with input, kernel, stride and pad" +
+             expected_got(std::to_string(want_h) + " x " + std::to_string(want_w),
+             std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
     const long long khw = (long long)p.kernel_h * p.kernel_w, k = khw * p.in_channels;
     const long long pix = (long long)p.out_h * p.out_w, n = pix * p.batch;
     const long long x_elems = (long long)p.batch * p.in_channels * p.in_h * p.in_w;
-    check(k + 2LL * kStageChunks * kBK < 0x7fffffffLL && n + 64 < 0x7fffffffLL && x_elems < (1LL << 62), comp,
-          "tensor too large for 32-bit indexing" + expected_got("K and batch * out_h * out_w < 2^31",
-                                                                 "K " + std::to_string(k) + ", N " + std::to_string(n)));
-    check(p.out_channels <= 65535LL * 16, comp, "too many output channels" + expected_got("<= 1048560", p.out_channels));
+    if (!(k + 2LL * kStageChunks * kBK < 0x7fffffffLL && n + 64 < 0x7fffffffLL && x_elems < (1LL << 62))) [[unlikely]]
+        fail(comp, "tensor too large for 32-bit indexing" + expected_got("K and batch * out_h * out_w < 2^31",
+             "K " + std::to_string(k) + ", N " + std::to_string(n)));
+    if (!(p.out_channels <= 65535LL * 16)) [[unlikely]]
+        fail(comp, "too many output channels" + expected_got("<= 1048560", p.out_channels));
     const cudaStream_t st = detail::resolve(s);
     if (detail::try_conv2d_kstream(p, st)) return;  // small output maps: conv2d_kstream.cu
     Conv2dGeom g;

@@ -466,17 +466,22 @@ bool conv1d_mma_selected(const Conv1dParams& p) {
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile) {
     constexpr std::string_view comp = "cuda conv1d_mma";
     detail::check_conv1d(p, comp);
-    check(p.math == MathMode::TF32 || p.math == MathMode::BF16, comp,
-          "math mode must be TF32 or BF16" + expected_got("1 or 2", int(p.math)));
+    if (!(p.math == MathMode::TF32 || p.math == MathMode::BF16)) [[unlikely]]
+        fail(comp, "math mode must be TF32 or BF16" + expected_got("1 or 2", int(p.math)));
     const std::int64_t n = std::int64_t(p.batch) * p.out_length;
     const std::int64_t kg = std::int64_t(p.in_channels) * p.kernel;
-    check(n < (std::int64_t(1) << 31) / 2 && (kg + kBK) * p.kernel < (std::int64_t(1) << 32), comp,
-          "problem too large for 32-bit tile indexing" + expected_got("batch*out_length < 2^30, (Kg+32)*kernel < 2^32",
-                                                                       std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
-    check(std::int64_t(p.out_channels + 63) / 64 <= 65535, comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
-    check(tile >= 0 && tile <= 5, comp, "unknown tile choice" + expected_got("0..5", tile));
-    check(tile < 4 || detail::compute_major() >= 9, ErrorKind::Unsupported, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", detail::compute_major()));
-    check(detail::compute_major() >= 8, ErrorKind::Unsupported, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", detail::compute_major()));
+    if (!(n < (std::int64_t(1) << 31) / 2 && (kg + kBK) * p.kernel < (std::int64_t(1) << 32))) [[unlikely]]
+        fail(comp,
+             "problem too large for 32-bit tile indexing" + expected_got("batch*out_length < 2^30, (Kg+32)*kernel < 2^32",
+             std::to_string(n) + ", " + std::to_string((kg + kBK) * p.kernel)));
+    if (!(std::int64_t(p.out_channels + 63) / 64 <= 65535)) [[unlikely]]
+        fail(comp, "too many output channels" + expected_got("<= 4194240", p.out_channels));
+    if (!(tile >= 0 && tile <= 5)) [[unlikely]]
+        fail(comp, "unknown tile choice" + expected_got("0..5", tile));
+    if (!(tile < 4 || detail::compute_major() >= 9)) [[unlikely]]
+        fail(ErrorKind::Unsupported, comp, "cluster tiles (4, 5) need an sm_90 device" + expected_got(">= 9", detail::compute_major()));
+    if (!(detail::compute_major() >= 8)) [[unlikely]]
+        fail(ErrorKind::Unsupported, comp, "tensor-core math needs an sm_80+ device" + expected_got(">= 8", detail::compute_major()));
     MmaArgs a;
     a.m = p.out_channels;
     a.n = int(n);

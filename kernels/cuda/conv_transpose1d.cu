@@ -147,9 +147,9 @@ void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {
           comp, "sizes must be positive (pad non-negative)");
     check(p.x && p.w.data && p.y, comp, "null x, w or y pointer");
     const int base = (p.in_length - 1) * p.stride - 2 * p.pad + p.kernel;
-    check(p.out_length >= base && p.out_length < base + p.stride && p.out_length > 0, comp,
-          "out_length inconsistent with in_length/kernel/stride/pad" +
-              expected_got(std::to_string(base) + ".." + std::to_string(base + p.stride - 1), p.out_length));
+    if (!(p.out_length >= base && p.out_length < base + p.stride && p.out_length > 0)) [[unlikely]]
+        fail(comp, "out_length inconsistent with in_length/kernel/stride/pad" +
+             expected_got(std::to_string(base) + ".." + std::to_string(base + p.stride - 1), p.out_length));
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv_transpose1d_up2<T>(p, st)) return;

@@ -88,7 +88,8 @@ __global__ void unnormalize_kernel(UnnormalizeParams p) {
 }  // namespace
 
 void activation(const ActivationParams& p, Stream s) {
-    check(p.n >= 0, "cuda activation", "negative element count" + expected_got(">= 0", p.n));
+    if (!(p.n >= 0)) [[unlikely]]
+        fail("cuda activation", "negative element count" + expected_got(">= 0", p.n));
     if (p.n == 0) return;
     check(p.x && p.y, "cuda activation", "null x or y pointer");
     detail::launch_pdl(activation_kernel, dim3(grid_for(p.n)), dim3(kThreads), 0, detail::resolve(s), p);
@@ -96,7 +97,8 @@ void activation(const ActivationParams& p, Stream s) {
 }
 
 void axpby(const AxpbyParams& p, Stream s) {
-    check(p.n >= 0, "cuda axpby", "negative element count" + expected_got(">= 0", p.n));
+    if (!(p.n >= 0)) [[unlikely]]
+        fail("cuda axpby", "negative element count" + expected_got(">= 0", p.n));
     if (p.n == 0) return;
     check(p.x && p.out, "cuda axpby", "null x or out pointer");
     check(p.y || p.b == 0.f, "cuda axpby", "y is null but b is not zero");
@@ -114,7 +116,8 @@ void concat_channels(const ConcatParams& p, Stream s) {
 }
 
 void sinusoid(const SinusoidParams& p, Stream s) {
-    check(p.rows >= 0 && p.half > 0, "cuda sinusoid", "sizes must be positive" + expected_got("half > 0", p.half));
+    if (!(p.rows >= 0 && p.half > 0)) [[unlikely]]
+        fail("cuda sinusoid", "sizes must be positive" + expected_got("half > 0", p.half));
     check(p.out != nullptr, "cuda sinusoid", "null output pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.half;
     if (n == 0) return;
@@ -123,7 +126,8 @@ void sinusoid(const SinusoidParams& p, Stream s) {
 }
 
 void embedding(const EmbeddingParams& p, Stream s) {
-    check(p.rows >= 0 && p.dim > 0, "cuda embedding", "sizes must be positive" + expected_got("dim > 0", p.dim));
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail("cuda embedding", "sizes must be positive" + expected_got("dim > 0", p.dim));
     if (p.rows == 0) return;
     check(p.ids && p.table.data && p.y, "cuda embedding", "null ids, table or y pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
@@ -133,7 +137,8 @@ void embedding(const EmbeddingParams& p, Stream s) {
 }
 
 void unnormalize(const UnnormalizeParams& p, Stream s) {
-    check(p.rows >= 0 && p.dim > 0, "cuda unnormalize", "sizes must be positive" + expected_got("dim > 0", p.dim));
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail("cuda unnormalize", "sizes must be positive" + expected_got("dim > 0", p.dim));
     if (p.rows == 0) return;
     check(p.x && p.y && p.min && p.max, "cuda unnormalize", "null x, y, min or max pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.dim;

@@ -195,8 +195,10 @@ bool known_kind(NormKind k) { return k == NormKind::Identity || k == NormKind::M
 
 void normalize(const NormalizeParams& p, Stream s) {
     constexpr std::string_view comp = "cuda normalize";
-    check(p.rows >= 0 && p.dim > 0, comp, "sizes must be positive" + expected_got("rows >= 0, dim > 0", p.dim));
-    check(known_kind(p.kind), comp, "unknown normalisation kind" + expected_got("0, 1 or 2", int(p.kind)));
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail(comp, "sizes must be positive" + expected_got("rows >= 0, dim > 0", p.dim));
+    if (!(known_kind(p.kind))) [[unlikely]]
+        fail(comp, "unknown normalisation kind" + expected_got("0, 1 or 2", int(p.kind)));
     if (p.rows == 0) return;
     check(p.x && p.y && (p.kind == NormKind::Identity || (p.offset && p.denom)), comp, "null x, y, offset or denom pointer");
     const std::int64_t n = std::int64_t(p.rows) * p.dim;
@@ -208,9 +210,10 @@ void image_to_tensor(const ImageToTensorParams& p, Stream s) {
     constexpr std::string_view comp = "cuda image_to_tensor";
     check(p.batch > 0 && p.channels > 0 && p.height > 0 && p.width > 0 && p.out_h > 0 && p.out_w > 0, comp,
           "sizes must be positive");
-    check(p.layout == ImageLayout::U8Hwc || p.layout == ImageLayout::F32Chw, comp,
-          "unknown image layout" + expected_got("0 or 1", int(p.layout)));
-    check(known_kind(p.kind), comp, "unknown normalisation kind" + expected_got("0, 1 or 2", int(p.kind)));
+    if (!(p.layout == ImageLayout::U8Hwc || p.layout == ImageLayout::F32Chw)) [[unlikely]]
+        fail(comp, "unknown image layout" + expected_got("0 or 1", int(p.layout)));
+    if (!(known_kind(p.kind))) [[unlikely]]
+        fail(comp, "unknown normalisation kind" + expected_got("0, 1 or 2", int(p.kind)));
     check(p.top >= 0 && p.left >= 0 && (long long)p.top + p.out_h <= p.height && (long long)p.left + p.out_w <= p.width,
           comp, "window outside the frame");
     check(p.x && p.y && (p.kind == NormKind::Identity || (p.offset && p.denom)), comp, "null x, y, offset or denom pointer");
@@ -237,7 +240,8 @@ void resize(const ResizeParams& p, Stream s) {
 
 void spatial_softmax(const SpatialSoftmaxParams& p, Stream s) {
     constexpr std::string_view comp = "cuda spatial_softmax";
-    check(p.rows >= 0 && p.positions > 0, comp, "sizes must be positive" + expected_got("positions > 0", p.positions));
+    if (!(p.rows >= 0 && p.positions > 0)) [[unlikely]]
+        fail(comp, "sizes must be positive" + expected_got("positions > 0", p.positions));
     if (p.rows == 0) return;
     check(p.x && p.pos_grid && p.y, comp, "null x, pos_grid or y pointer");
     const std::int64_t blocks = (std::int64_t(p.rows) + kRowsPerBlock - 1) / kRowsPerBlock;

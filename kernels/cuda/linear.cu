@@ -147,13 +147,15 @@ bool use_vec(const LinearParams& p) {
 }  // namespace
 
 void linear(const LinearParams& p, Stream s) {
-    check(p.rows >= 0 && p.in > 0 && p.out > 0, "cuda linear", "sizes must be positive" +
-          expected_got("rows >= 0, in > 0, out > 0", std::to_string(p.rows) + "x" + std::to_string(p.in) + "->" + std::to_string(p.out)));
+    if (!(p.rows >= 0 && p.in > 0 && p.out > 0)) [[unlikely]]
+        fail("cuda linear", "sizes must be positive" +
+             expected_got("rows >= 0, in > 0, out > 0", std::to_string(p.rows) + "x" + std::to_string(p.in) + "->" + std::to_string(p.out)));
     check(p.x && p.w.data && p.y, "cuda linear", "null x, w or y pointer");
     const int ld_x = p.ld_x ? p.ld_x : p.in;
     const int ld_y = p.ld_y ? p.ld_y : p.out;
-    check(ld_x >= p.in && ld_y >= p.out, "cuda linear", "row stride smaller than the row" +
-          expected_got(">= " + std::to_string(p.in) + "/" + std::to_string(p.out), std::to_string(ld_x) + "/" + std::to_string(ld_y)));
+    if (!(ld_x >= p.in && ld_y >= p.out)) [[unlikely]]
+        fail("cuda linear", "row stride smaller than the row" +
+             expected_got(">= " + std::to_string(p.in) + "/" + std::to_string(p.out), std::to_string(ld_x) + "/" + std::to_string(ld_y)));
     if (p.rows == 0) return;
     if (p.math != MathMode::F32 && linear_gemm(p, s)) return;  // opt-in tensor-core GEMM for many rows (gemm_lt.cu)
     const cudaStream_t st = detail::resolve(s);

@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(128) selective_scan_kernel(SelectiveScanParams
 void causal_conv(const CausalConvParams& p, Stream s) {
     constexpr std::string_view comp = "cuda causal_conv";
     check(p.length >= 0 && p.channels > 0 && p.kernel >= 1, comp, "sizes must be positive");
-    check(p.ld_x == 0 || p.ld_x >= p.channels, comp, "x row stride smaller than channels" + expected_got(p.channels, p.ld_x));
+    if (!(p.ld_x == 0 || p.ld_x >= p.channels)) [[unlikely]]
+        fail(comp, "x row stride smaller than channels" + expected_got(p.channels, p.ld_x));
     if (p.length == 0) return;
     check(p.x && p.w.data && p.u && (p.state || p.kernel == 1), comp, "null x, w, u or state pointer");
     const cudaStream_t st = detail::resolve(s);
@@ -96,8 +97,10 @@ void causal_conv(const CausalConvParams& p, Stream s) {
 void selective_scan(const SelectiveScanParams& p, Stream s) {
     constexpr std::string_view comp = "cuda selective_scan";
     check(p.length >= 0 && p.channels > 0 && p.d_state > 0, comp, "sizes must be positive");
-    check(p.d_state <= 128, comp, "d_state too large for the CUDA scan" + expected_got("<= 128", p.d_state));
-    check(p.ld_bc == 0 || p.ld_bc >= p.d_state, comp, "B/C row stride smaller than d_state" + expected_got(p.d_state, p.ld_bc));
+    if (!(p.d_state <= 128)) [[unlikely]]
+        fail(comp, "d_state too large for the CUDA scan" + expected_got("<= 128", p.d_state));
+    if (!(p.ld_bc == 0 || p.ld_bc >= p.d_state)) [[unlikely]]
+        fail(comp, "B/C row stride smaller than d_state" + expected_got(p.d_state, p.ld_bc));
     if (p.length == 0) return;
     check(p.u && p.dt && p.A && p.B && p.C && p.state && p.y, comp, "null u, dt, A, B, C, state or y pointer");
     const cudaStream_t st = detail::resolve(s);

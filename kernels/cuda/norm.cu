@@ -273,11 +273,12 @@ int group_cluster_split(long long n, int groups) {
 void group_norm(const GroupNormParams& p, Stream s) {
     constexpr std::string_view comp = "cuda group_norm";
     check(p.batch > 0 && p.channels > 0 && p.length > 0 && p.groups > 0, comp, "sizes must be positive");
-    check(p.channels % p.groups == 0, comp,
-          "channels must be divisible by groups" + expected_got("a multiple of " + std::to_string(p.groups), p.channels));
+    if (!(p.channels % p.groups == 0)) [[unlikely]]
+        fail(comp,
+             "channels must be divisible by groups" + expected_got("a multiple of " + std::to_string(p.groups), p.channels));
     check(p.x && p.y, comp, "null x or y pointer");
-    check(p.film_stride == 0 || p.film_stride >= 2 * p.channels, comp,
-          "FiLM row stride too small" + expected_got(">= " + std::to_string(2 * p.channels), p.film_stride));
+    if (!(p.film_stride == 0 || p.film_stride >= 2 * p.channels)) [[unlikely]]
+        fail(comp, "FiLM row stride too small" + expected_got(">= " + std::to_string(2 * p.channels), p.film_stride));
     const long long n_blocks = (long long)p.batch * p.groups;
     check(n_blocks <= 0x7fffffffLL, comp, "too many (batch, group) pairs");
     const cudaStream_t st = detail::resolve(s);
@@ -298,7 +299,8 @@ void group_norm(const GroupNormParams& p, Stream s) {
 
 void rms_norm(const RmsNormParams& p, Stream s) {
     constexpr std::string_view comp = "cuda rms_norm";
-    check(p.rows >= 0 && p.dim > 0, comp, "sizes must be positive" + expected_got("dim > 0", p.dim));
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail(comp, "sizes must be positive" + expected_got("dim > 0", p.dim));
     check(p.x && p.y, comp, "null x or y pointer");
     if (p.rows == 0) return;
     detail::launch_pdl(rms_norm_kernel, dim3(unsigned(p.rows)), dim3(kThreads), 0, detail::resolve(s), p);

@@ -47,10 +47,10 @@ void max_pool2d(const MaxPool2dParams& p, Stream s) {
           comp, "sizes must be positive (0 <= pad <= kernel / 2)");
     const long long want_h = ((long long)p.in_h + 2LL * p.pad - p.kernel) / p.stride + 1;
     const long long want_w = ((long long)p.in_w + 2LL * p.pad - p.kernel) / p.stride + 1;
-    check(want_h >= 1 && want_w >= 1 && p.out_h == want_h && p.out_w == want_w, comp,
-          "output size inconsistent with input, kernel, stride and pad" +
-              expected_got(std::to_string(want_h) + " x " + std::to_string(want_w),
-                           std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
+    if (!(want_h >= 1 && want_w >= 1 && p.out_h == want_h && p.out_w == want_w)) [[unlikely]]
+        fail(comp, "output size inconsistent with input, kernel, stride and pad" +
+             expected_got(std::to_string(want_h) + " x " + std::to_string(want_w),
+             std::to_string(p.out_h) + " x " + std::to_string(p.out_w)));
     check(p.x && p.y, comp, "null x or y pointer");
     const std::int64_t n = std::int64_t(p.batch) * p.channels * p.out_h * p.out_w;
     detail::launch_pdl(max_pool2d_kernel, dim3(detail::blocks_for(n, kThreads, 8LL * detail::sm_count())),

@@ -219,7 +219,8 @@ unsigned pointwise_blocks(std::int64_t n) {
 
 void layer_norm(const LayerNormParams& p, Stream s) {
     constexpr std::string_view comp = "cuda layer_norm";
-    check(p.rows >= 0 && p.dim > 0, comp, "sizes must be positive" + expected_got("rows >= 0, dim > 0", p.dim));
+    if (!(p.rows >= 0 && p.dim > 0)) [[unlikely]]
+        fail(comp, "sizes must be positive" + expected_got("rows >= 0, dim > 0", p.dim));
     check(p.rows == 0 || (p.x && p.y), comp, "null x or y pointer");
     if (p.rows == 0) return;
     detail::launch_pdl(layer_norm_kernel, dim3(unsigned(p.rows)), dim3(kNormThreads), 0, detail::resolve(s), p);
@@ -229,8 +230,9 @@ void layer_norm(const LayerNormParams& p, Stream s) {
 void attention(const AttentionParams& p, Stream s) {
     constexpr std::string_view comp = "cuda attention";
     check(p.n_q >= 0 && p.n_kv > 0 && p.n_heads > 0 && p.head_dim > 0, comp, "sizes must be positive");
-    check(p.head_dim <= kAttnMaxHeadDim, comp,
-          "head_dim too large for the per-thread accumulators" + expected_got("<= " + std::to_string(kAttnMaxHeadDim), p.head_dim));
+    if (!(p.head_dim <= kAttnMaxHeadDim)) [[unlikely]]
+        fail(comp,
+             "head_dim too large for the per-thread accumulators" + expected_got("<= " + std::to_string(kAttnMaxHeadDim), p.head_dim));
     if (p.n_q == 0) return;
     check(p.q && p.k && p.v && p.out, comp, "null q, k, v or out pointer");
     const std::size_t smem = attention_smem_bytes(p.n_kv, p.head_dim);
@@ -252,7 +254,8 @@ void attention(const AttentionParams& p, Stream s) {
 
 void gelu(const GeluParams& p, Stream s) {
     constexpr std::string_view comp = "cuda gelu";
-    check(p.n >= 0, comp, "negative size" + expected_got(">= 0", p.n));
+    if (!(p.n >= 0)) [[unlikely]]
+        fail(comp, "negative size" + expected_got(">= 0", p.n));
     if (p.n == 0) return;
     check(p.x && p.y, comp, "null x or y pointer");
     detail::launch_pdl(gelu_kernel, dim3(pointwise_blocks(p.n)), dim3(kPointwiseThreads), 0, detail::resolve(s), p);
@@ -264,7 +267,8 @@ void transpose(const TransposeParams& p, Stream s) {
     check(p.rows > 0 && p.cols > 0, comp, "sizes must be positive");
     check(p.x && p.y, comp, "null x or y pointer");
     const long long row_tiles = (p.rows + kTile - 1) / kTile;
-    check(row_tiles <= 65535, comp, "too many rows for the grid" + expected_got("<= " + std::to_string(65535 * kTile), p.rows));
+    if (!(row_tiles <= 65535)) [[unlikely]]
+        fail(comp, "too many rows for the grid" + expected_got("<= " + std::to_string(65535 * kTile), p.rows));
     const dim3 grid(unsigned((p.cols + kTile - 1) / kTile), unsigned(row_tiles));
     detail::launch_pdl(transpose_kernel, grid, dim3(kTile, kTileRows), 0, detail::resolve(s), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("transpose_kernel");
