@@ -10,7 +10,11 @@
 //
 // Usage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
 //          [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]
-//          [--high-priority-stream] [--pinned-staging] [--label NAME] [--json FILE] [--samples FILE]
+//          [--high-priority-stream] [--pinned-staging] [--occupants] [--isolate-system] [--label NAME] [--json FILE]
+//          [--samples FILE]
+//   --occupants: sample which other tasks run on the --cpus over the run (their CPU time there, by name);
+//   --isolate-system: move every other process's threads off the --cpus for the run (restored after). Diagnostics
+//   for a tail made of preemptions (bench/cpu_occupancy.hpp); the per-state time of the loop CPUs is always reported.
 //   --ticks: timed ticks (default 2000); --seconds: as many ticks as fit (ends at the first of the two when both are
 //   given). --period-ms: sleep until the next period boundary between ticks (0, the default: back to back).
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +41,7 @@
 #endif
 
 #include "../test/support/lerobot_fixture_folder.hpp"
+#include "cpu_occupancy.hpp"
 #include "flowedge/models/diffusion/policy.hpp"
 #include "flowedge/realtime.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
@@ -51,6 +58,7 @@ struct Args {
     long ticks = -1;
     double seconds = 0, period_ms = 0;
     bool lock_memory = false, prefault = false, isolate_cpus = false, high_priority_stream = false, pinned_staging = false;
+    bool occupants = false, isolate_system = false;  // diagnostics (cpu_occupancy.hpp); need --cpus
 };
 
 /// Nearest-rank percentile of sorted `v`.
@@ -92,24 +100,6 @@ ThreadUsage thread_usage() {
     return {1e3 * double(ts.tv_sec) + 1e-6 * double(ts.tv_nsec), u.ru_nivcsw};
 }
 
-/// Steal time (ms) summed over the given CPUs (every CPU when empty) from /proc/stat; -1 when unreadable.
-double steal_ms(const std::vector<int>& cpus) {
-    std::ifstream f("/proc/stat");
-    if (!f) return -1;
-    const double ms_per_tick = 1e3 / double(::sysconf(_SC_CLK_TCK));
-    double total = 0;
-    std::string name;
-    while (f >> name) {
-        long long v[8] = {};
-        for (long long& x : v) f >> x;  // user nice system idle iowait irq softirq steal
-        f.ignore(1 << 12, '\n');
-        if (name.rfind("cpu", 0) != 0 || name == "cpu") continue;
-        const int id = std::atoi(name.c_str() + 3);
-        if (cpus.empty() || std::find(cpus.begin(), cpus.end(), id) != cpus.end()) total += double(v[7]) * ms_per_tick;
-    }
-    return total;
-}
-
 nlohmann::json histogram(const std::vector<double>& sorted, int bins) {
     if (sorted.empty()) return nlohmann::json::object();
     const double lo = std::max(sorted.front(), 1e-6), hi = std::max(sorted.back(), lo * 1.0001);
@@ -136,6 +126,8 @@ int run(const Args& a, const std::string& device_name) {
     o.high_priority_stream = a.high_priority_stream;
     o.pinned_staging = a.pinned_staging;
     const RealtimeReport rep = p.set_realtime(o);
+    if ((a.occupants || a.isolate_system) && o.cpus.empty())
+        throw Error("flowedge: rt_stress_bench: --occupants and --isolate-system need --cpus (the loop's CPUs to watch or clear)");
 
     std::vector<std::vector<std::uint8_t>> frames;
     for (const auto& cam : p.cameras()) frames.emplace_back(std::size_t(cam.height) * cam.width * 3);
@@ -172,8 +164,15 @@ int run(const Args& a, const std::string& device_name) {
                                         : clock::time_point::max();
     const auto period = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(a.period_ms));
     auto next_tick = start;
+    // Diagnostics: other processes moved off the loop CPUs, then a sampler of who still runs there. The sampler
+    // thread's own page faults count in the process-wide counters, so it runs only when asked for.
+    std::optional<benchsupport::SystemIsolation> isolation;
+    if (a.isolate_system) isolation.emplace(o.cpus);
+    const int system_moved = isolation ? isolation->moved() : 0, system_failed = isolation ? isolation->failed() : 0;
+    std::optional<benchsupport::OccupantSampler> sampler;
+    if (a.occupants) sampler.emplace(o.cpus, int(::syscall(SYS_gettid)));
     const realtime::Counters c0 = realtime::counters();
-    const double steal0 = steal_ms(o.cpus);
+    const benchsupport::CpuTimes times0 = benchsupport::cpu_times(o.cpus);
     realtime::Counters in_ticks{};
     for (long t = 0; t < max_ticks && clock::now() < deadline; ++t) {
         const PolicyObservation obs = make_observation(warm + t);
@@ -198,7 +197,11 @@ int run(const Args& a, const std::string& device_name) {
     }
     const double wall_s = std::chrono::duration<double>(clock::now() - start).count();
     const realtime::Counters whole = realtime::counters() - c0;
-    const double steal1 = steal_ms(o.cpus), steal_run_ms = steal0 < 0 || steal1 < 0 ? -1 : steal1 - steal0;
+    const benchsupport::CpuTimes loop_cpu = benchsupport::cpu_times(o.cpus) - times0;
+    const double steal_run_ms = loop_cpu.valid ? loop_cpu.steal : -1;
+    if (sampler) sampler->stop();
+    if (isolation) isolation->restore();
+    const auto occupants = sampler ? sampler->top(12) : std::vector<std::pair<std::string, double>>{};
 
     if (!a.samples_path.empty()) {
         std::ofstream f(a.samples_path);
@@ -240,6 +243,14 @@ int run(const Args& a, const std::string& device_name) {
     std::printf("  loop thread: involuntary switches %ld; slow ticks (> p50 + 1 ms) %ld, %ld of them preempted, mean off-CPU "
                 "%.3f ms; steal on the loop CPUs %.1f ms\n", loop_involuntary, slow, slow_preempted,
                 slow ? slow_off_cpu_ms / double(slow) : 0.0, steal_run_ms);
+    std::printf("  the loop CPUs%s over the run: user %.1f  system %.1f  irq %.1f  softirq %.1f  steal %.1f ms\n",
+                o.cpus.empty() ? " (all CPUs)" : "", loop_cpu.user + loop_cpu.nice, loop_cpu.system, loop_cpu.irq, loop_cpu.softirq, loop_cpu.steal);
+    if (a.isolate_system) std::printf("  other processes' threads moved off the loop CPUs: %d (%d could not be)\n", system_moved, system_failed);
+    if (sampler) {
+        std::printf("  other tasks' CPU time on the loop CPUs (%d samples):", sampler->samples());
+        for (const auto& [name, t] : occupants) std::printf("  %s %.1f ms", name.c_str(), t);
+        std::printf("%s\n", occupants.empty() ? "  none" : "");
+    }
     std::printf("  options: lock %d prefault %d cpus [%s] other threads moved %d rt_priority %d high_priority_stream %d "
                 "pinned_staging %d\n", rep.memory_locked, rep.prefaulted, a.cpus.c_str(), rep.threads_moved, a.rt_priority, rep.high_priority_stream, rep.pinned_staging);
     if (!a.json_path.empty()) {
@@ -267,6 +278,14 @@ int run(const Args& a, const std::string& device_name) {
                              {"slow_ticks_mean_off_cpu_ms", slow ? slow_off_cpu_ms / double(slow) : 0.0},
                              {"steal_ms_on_loop_cpus", steal_run_ms},
                              {"steal_cpus", o.cpus.empty() ? nlohmann::json("all") : nlohmann::json(o.cpus)}}},
+            {"loop_cpu_ms", {{"user", loop_cpu.user + loop_cpu.nice}, {"system", loop_cpu.system}, {"irq", loop_cpu.irq},
+                             {"softirq", loop_cpu.softirq}, {"steal", loop_cpu.steal}}},
+            {"isolate_system", {{"requested", a.isolate_system}, {"threads_moved", system_moved}, {"threads_not_moved", system_failed}}},
+            {"occupants_ms", [&] {
+                 nlohmann::json j = nlohmann::json::array();
+                 for (const auto& [name, t] : occupants) j.push_back({{"task", name}, {"ms", t}});
+                 return j;
+             }()},
             {"histogram", histogram(sorted, 60)}, {"load_average_1m", load[0]}};
         std::ofstream(a.json_path) << j.dump(1) << "\n";
     }
@@ -298,6 +317,8 @@ int main(int argc, char** argv) {
             else if (s == "--rt-priority") a.rt_priority = std::stoi(next());
             else if (s == "--high-priority-stream") a.high_priority_stream = true;
             else if (s == "--pinned-staging") a.pinned_staging = true;
+            else if (s == "--occupants") a.occupants = true;
+            else if (s == "--isolate-system") a.isolate_system = true;
             else if (s == "--label") a.label = next();
             else if (s == "--json") a.json_path = next();
             else if (s == "--samples") a.samples_path = next();
@@ -307,7 +328,8 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "%s\nusage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]\n"
                          "         [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]\n"
-                         "         [--high-priority-stream] [--pinned-staging] [--label NAME] [--json FILE] [--samples FILE]\n",
+                         "         [--high-priority-stream] [--pinned-staging] [--occupants] [--isolate-system] [--label NAME]\n"
+                         "         [--json FILE] [--samples FILE]\n",
                          e.what());
             return 2;
         }

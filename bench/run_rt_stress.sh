@@ -6,6 +6,7 @@
 #
 # Usage: bench/run_rt_stress.sh FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
 #                              [--bench PATH] [--out DIR] [--tag NAME] [--cases "quiet_off quiet_on stress_off stress_on"]
+#                              (also stress_diag: options on + --occupants; stress_sys: + --isolate-system)
 #   --tag NAME: files are rt_stress_<device>_NAME.* (a machine or a smoke run kept apart from the GPU box's numbers).
 # Env: RT_CPUS (CPUs of the loop: default 2,3 / 2 (cuda) when the host has >= 4 cores, else its last N cores),
 #      RT_PRIORITY (SCHED_FIFO priority with the options on; default 80, 0 = none), STRESS_VM_BYTES (per vm worker,
@@ -99,7 +100,12 @@ prefix="$out/rt_stress_$device$tag"
 commands=()
 for c in $cases; do
     args=("${common[@]}" --label "$c" --json "${prefix}_$c.json" --samples "${prefix}_$c.samples.txt")
-    case $c in *_on) args+=("${on[@]}") ;; esac
+    # *_diag: the options plus the occupant sampler; *_sys: also every other process moved off the loop CPUs.
+    case $c in
+        *_on) args+=("${on[@]}") ;;
+        *_diag) args+=("${on[@]}" --occupants) ;;
+        *_sys) args+=("${on[@]}" --isolate-system --occupants) ;;
+    esac
     case $c in stress_*) start_stress ;; esac
     commands+=("$bench ${args[*]}")
     echo "== $c: $bench ${args[*]}"
@@ -164,8 +170,22 @@ for r in cases:
                 f"{lt.get('slow_ticks', '-')} / {lt.get('slow_ticks_preempted', '-')} / {lt.get('slow_ticks_mean_off_cpu_ms', 0):.3f} | "
                 f"{lt.get('steal_ms_on_loop_cpus', '-')} | {a['memory_locked']} | {','.join(map(str, o['cpus'])) or '-'}{' (others moved off)' if o.get('isolate_cpus') else ''} | "
                 f"{o['rt_priority'] or '-'} |")
+loop = []
+for r in cases:
+    t = r.get("loop_cpu_ms")
+    if not t:
+        continue
+    line = (f"- {r['label']}: loop CPUs user {t['user']:.0f} / system {t['system']:.0f} / irq {t['irq']:.0f} / softirq "
+            f"{t['softirq']:.0f} / steal {t['steal']:.0f} ms")
+    iso = r.get("isolate_system", {})
+    if iso.get("requested"):
+        line += f"; other processes' threads moved off: {iso['threads_moved']} ({iso['threads_not_moved']} could not be)"
+    if r.get("occupants_ms"):
+        line += "; other tasks there: " + ", ".join(f"{o['task']} {o['ms']:.0f} ms" for o in r["occupants_ms"])
+    loop.append(line)
 md = [f"# rt_stress on {device} ({cases[0]['device']})", "",
       f"Host: {kernel}, {ncpu} CPUs. Load in the stress cases: {stressor}.", "", *rows, "",
+      *(["Who else ran on the loop CPUs:", "", *loop, ""] if loop else []),
       "Commands:", "", *[f"    {c}" for c in commands], ""]
 with open(f"{prefix}.md", "w") as f:
     f.write("\n".join(md))

@@ -48,7 +48,8 @@
 #             the PushT-size image policy (.bench-fixtures/dp_pusht_image) quiet vs under stress-ng (or the script's
 #             built-in load when stress-ng is absent), options off vs on: CUDA RT_CUDA_TICKS ticks per case (default
 #             20000), CPU at 2 threads RT_CPU_SECONDS per case (default 40) -> $OUT/rt_stress_{cuda,cpu}.{json,md},
-#             one PNG histogram per case. About 6 minutes after the build stage.
+#             one PNG histogram per case. About 6 minutes after the build stage. RT_CASES picks the cases (e.g.
+#             "stress_on stress_diag stress_sys": who else runs on the loop CPU, and every other process moved off it).
 #   act       issue 23: builds act_policy + act_bench; the ACT tests' Cuda instances (transformer op bodies, ActPolicy
 #             parity with LeRobot and no allocation after load on the act_cam1 / act_cam2 fixtures) -> $OUT/act.txt;
 #             compute-sanitizer memcheck on all of them, racecheck + synccheck on the op tests; then, with LeRobot
@@ -446,9 +447,10 @@ stage_rt() {
     for dev in ${RT_DEVICES:-cuda cpu}; do
         local size=(--seconds "${RT_CPU_SECONDS:-40}" --threads 2)
         [ "$dev" = cuda ] && size=(--ticks "${RT_CUDA_TICKS:-20000}")
+        local cases=${RT_CASES:-quiet_off quiet_on stress_off stress_on}
         bench/run_rt_stress.sh "$folder" --rebuild-from "$fix" --device "$dev" "${size[@]}" --bench "$BUILD/rt_stress_bench" \
-            --out "$OUT" || rc=$?
-        for c in quiet_off quiet_on stress_off stress_on; do  # kept in rt_stress_$dev.json and the PNGs
+            --out "$OUT" --cases "$cases" || rc=$?
+        for c in $cases; do  # kept in rt_stress_$dev.json and the PNGs
             rm -f "$OUT/rt_stress_${dev}_$c.json" "$OUT/rt_stress_${dev}_$c.samples.txt"
         done
     done

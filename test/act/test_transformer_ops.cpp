@@ -126,9 +126,10 @@ TEST_CASE_TEMPLATE("attention matches a double reference: odd head widths, strid
         host.k = k.data();
         host.v = v.data();
         INFO("n_q ", c.n_q, " n_kv ", c.n_kv, " heads ", c.heads, " head_dim ", c.dim);
-        // F32 rounding of each q.k score grows like sqrt(head_dim) and exp() carries it into the weights:
-        // 2e-6 at head_dim 64, 3e-6 at 256 (the GPU's reordered sums reached 2.2e-6 there).
-        const double bound = 1e-6 * (1.0 + std::sqrt(double(c.dim)) / 8.0);
+        // F32 rounding of each q.k score grows like sqrt(head_dim) and exp() carries it into the weights; the softmax
+        // denominator and the p.v sums over n_kv keys add rounding growing like sqrt(n_kv) (the GPU's reordered sums
+        // reached 2.2e-6 at head_dim 256, and 1.83e-6 at 301 keys x head_dim 13 on the H200).
+        const double bound = 1e-6 * (1.0 + std::sqrt(double(c.dim)) / 8.0 + std::sqrt(double(c.n_kv)) / 16.0);
         CHECK(max_rel(dout.host(std::size_t(c.n_q) * W), attention_reference(host)) < bound);
     }
 }
