@@ -151,7 +151,8 @@ private:
                 auto [it, fresh] = m_last.try_emplace(tid, s);
                 const long long gained = s.cpu_ticks - it->second.cpu_ticks;
                 const bool on_loop = std::find(m_cpus.begin(), m_cpus.end(), s.processor) != m_cpus.end();
-                if (!fresh && gained > 0 && on_loop) m_ms[s.comm + " [" + std::to_string(pid) + "]"] += double(gained) * ms_per_tick;
+                if (!fresh && gained > 0 && on_loop)
+                    m_ms[s.comm + " [" + std::to_string(pid) + (pid == m_self ? ", this process" : "") + "]"] += double(gained) * ms_per_tick;
                 it->second = s;
             }
         ++m_samples;
@@ -160,6 +161,7 @@ private:
     std::vector<int> m_cpus;
     int m_loop_tid;
     int m_period_ms;
+    int m_self = int(::getpid());
     std::atomic<bool> m_stop{false};
     std::map<int, TaskStat> m_last;
     std::map<std::string, double> m_ms;

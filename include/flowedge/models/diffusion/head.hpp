@@ -10,11 +10,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "flowedge/models/batch_fit.hpp"
 #include "flowedge/models/diffusion/config.hpp"
 #include "flowedge/models/diffusion/lerobot_checkpoint.hpp"
 #include "flowedge/models/diffusion/sample_layout.hpp"
 #include "flowedge/models/diffusion/schedulers.hpp"
-#include "flowedge/models/batch_fit.hpp"
 #include "flowedge/models/diffusion/unet.hpp"
 #include "flowedge/models/model_execution.hpp"
 #include "flowedge/ops.hpp"
@@ -56,8 +56,8 @@ public:
     }
 
     /// Builds the structure and all buffers for `cfg` without weights (bind them through visit_parameters,
-    /// then call set_action_range). Used by load() and by tests. `weight_bytes`: what the weights will take in Memory<B> once uploaded (counted
-    /// with the batch-sized buffers by the fit check, which runs before anything is allocated).
+    /// then call set_action_range). Used by load() and by tests. `weight_bytes`: what the weights will take in
+    /// Memory<B> once uploaded, counted with the batch-sized buffers by the fit check before anything is allocated.
     DiffusionHead(const Config& cfg, int max_batch, std::size_t weight_bytes = 0)
         : m_cfg(cfg), m_max_batch(max_batch), m_unet(cfg), m_layout(cfg.action_dim, cfg.horizon), m_schedule(cfg.num_train_timesteps) {
         check(max_batch >= 1, "diffusion", "max_batch must be positive" + expected_got(">= 1", max_batch));
