@@ -5,7 +5,7 @@
 //   - a double loop on the original weights: the quantisation bound |dy| <= s_r / 2 * sum |x| over the row's terms
 //     (each weight is off by at most half a step), plus the same accumulation term;
 // bit-identical results for 1 and 2 threads, and the load-time errors (non-finite weights, INT8 asked where the
-// process's kernel set has no INT8 kernel: every set but AVX2).
+// process's kernel set has no INT8 kernel: the scalar and Eigen sets).
 #include <limits>
 #include <string>
 
@@ -244,8 +244,9 @@ TEST_CASE("INT8 weights: non-finite weights and unsupported kernel sets are load
     if (!packs_conv()) {
         const std::string set(cpu::isa_name(cpu::active_isa()));
         CHECK_THROWS_WITH_AS(int8_weight(Storage::ConvWeight, w, Shape{3, 4, 1}),
-                             ("flowedge: cpu: test weight: LoadOptions::quantize = Int8 needs the AVX2 kernel set (the only one with INT8 "
-                              "kernels) (expected FLOWEDGE_CPU_ISA=avx2 on an AVX2 or AVX-512 CPU, or quantize = None, got kernel set " + set + ")")
+                             ("flowedge: cpu: test weight: LoadOptions::quantize = Int8 needs the AVX2 or AVX-512 kernel set (the only ones with "
+                              "INT8 kernels) (expected an x86-64 CPU with AVX2 and FLOWEDGE_CPU_ISA unset, avx2 or avx512, or quantize = None, "
+                              "got kernel set " + set + ")")
                                  .c_str(),
                              Error);
         return;

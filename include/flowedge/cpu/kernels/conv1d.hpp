@@ -1,5 +1,6 @@
 // torch.nn.Conv1d on the CPU: implicit im2col + the row-major kernels (every set), the packed-block kernels (AVX2
-// set, Storage::ConvWeight prepared by cpu/weights.hpp) and the vdpbf16ps kernels (AVX-512 set, MathMode::BF16).
+// set, also run by the AVX-512 set; Storage::ConvWeight prepared by cpu/weights.hpp) and the vdpbf16ps kernels
+// (AVX-512 set, MathMode::BF16).
 // Kernel-set body: included once per instruction set by cpu/kernels.hpp; the argument checks are in Ops<Cpu>.
 
 /// Implicit im2col, shared by the Conv1d kernels: panel column n (b = n / out_length, t = n % out_length) over input
@@ -200,8 +201,9 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 }
 #endif
 
-/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 set; int8: the INT8 blocks),
-/// or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on vdpbf16ps (AVX-512 set with AVX512_BF16).
+/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 and AVX-512 sets; int8: the
+/// INT8 blocks), or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on vdpbf16ps (AVX-512 set with
+/// AVX512_BF16).
 inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf16) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
@@ -209,15 +211,18 @@ inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf
         with_blocks(blocks, p.w.dtype, int8, [&](auto w) { conv1d_packed_impl(p, w); });
         return;
     }
-#endif
-    (void)int8;  // only the AVX2 set prepares INT8 blocks (cpu/weights.hpp)
-#if FLOWEDGE_ISA_AVX512
+#elif FLOWEDGE_ISA_AVX512
+    if (blocks) {
+        ::flowedge::cpu::avx2::conv1d(p, blocks, int8, false);  // the AVX2 set's layout and kernels
+        return;
+    }
     if (bf16 && p.math == MathMode::BF16) {
         with_weights(p.w, [&](auto w) { conv1d_bf16_impl(p, w); });
         return;
     }
 #endif
     (void)blocks;
+    (void)int8;
     (void)bf16;
     with_weights(p.w, [&](auto w) { conv1d_impl(p, w); });
 }
