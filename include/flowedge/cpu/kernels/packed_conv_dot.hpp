@@ -10,9 +10,11 @@
 //     row sums sum_j q[o][j]. Per call each im2col column c is quantised symmetrically to u = round(x / s_c) + 128
 //     (s_c = max |x| of the column / 127), and vpdpbusd sums u * q in int32 (exact); the result is
 //     (sum - 128 * rowsum[o]) * s_w[o] * s_c, the 128 offset making the activations unsigned as vpdpbusd wants.
-// Both keep one whole im2col column of the reduction (in_channels * kernel) on the stack per pass, so every output is
-// one sum over its whole row: the column scale of W8A8 spans the row, and the BF16 sums are added to a running total
-// in pieces of kPackChunk steps like the exact kernels. The two modes are deterministic for any thread count.
+// Both keep whole im2col columns of the reduction (in_channels * kernel) on the calling thread's stack per pass, so
+// every output is one sum over its whole row: the column scale of W8A8 spans the row, and the BF16 sums are added to
+// a running total in pieces of kPackChunk steps like the exact kernels. The threads build that panel together
+// (columns split, one barrier), since rounding or quantising it costs about a fifth of a batch-1 sample at one
+// thread, then each streams its own output blocks. Deterministic for any thread count.
 #if FLOWEDGE_ISA_AVX512
 
 namespace packed_dot {
@@ -106,16 +108,19 @@ inline void conv1d_bh(const Conv1dParams& p, const bf16* wp) {
     const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kPanelWords / P}));
     constexpr int kSlicePairs = avx2::kPackChunk / 2;
     [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [pair][column], BF16(x[2i]) | BF16(x[2i + 1]) << 16
 #pragma omp parallel if (par)
     {
-        alignas(64) std::uint32_t panel[kPanelWords];  // [pair][column]: BF16(x[2i]) | BF16(x[2i + 1]) << 16
         alignas(64) float tot[64 * W];
         const __m512i idx = bh_pair_index();
         const int tid = thread_index(), nth = thread_count();
         const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; b0 < b1 && n0 < N; n0 += ns) {
+        for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
-            for (int c = 0; c < nn; ++c) {
+            if (n0 > 0) {
+#pragma omp barrier
+            }
+            for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
                 // An even step sets its slot (an odd R's last pair keeps a zero second half), an odd one adds its half.
                 im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
                     std::uint32_t& slot = panel[std::size_t(j / 2) * nn + std::size_t(c)];
@@ -123,6 +128,7 @@ inline void conv1d_bh(const Conv1dParams& p, const bf16* wp) {
                     slot = j % 2 ? (slot & 0xFFFFu) | (h << 16) : h;
                 });
             }
+#pragma omp barrier
             for (int ob = b0; ob < b1; ++ob) {
                 std::fill(tot, tot + std::size_t(nn) * W, 0.f);
                 const bf16* wb = wp + std::size_t(ob) * block_elems;
@@ -221,16 +227,19 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
     const int blocks = (Cout + W - 1) / W;
     const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kPanelWords / Q}));
     [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [quad][column], 4 unsigned bytes round(x / s_c) + 128
+    alignas(64) float xscale[64];
 #pragma omp parallel if (par)
     {
-        alignas(64) std::uint32_t panel[kPanelWords];  // [quad][column]: 4 unsigned bytes round(x / s_c) + 128
-        alignas(64) float xscale[64];
         const int tid = thread_index(), nth = thread_count();
         const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; b0 < b1 && n0 < N; n0 += ns) {
+        for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
             auto* bytes = reinterpret_cast<std::uint8_t*>(panel);
-            for (int c = 0; c < nn; ++c) {
+            if (n0 > 0) {
+#pragma omp barrier
+            }
+            for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
                 float amax = 0.f;
                 im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) { amax = std::max(amax, std::fabs(v)); });
                 // A non-finite column gives NaN outputs (as the exact kernels would give non-finite ones).
@@ -243,6 +252,7 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
                 });
                 for (std::size_t j = R; j < R4; ++j) put(j, 128);
             }
+#pragma omp barrier
             for (int ob = b0; ob < b1; ++ob) {
                 const std::int8_t* wb = wp + std::size_t(ob) * w8a8_block_bytes(R);
                 const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
