@@ -281,8 +281,9 @@ namespace {
 
 /// conv1d on W8A8 blocks (WeightQuant::W8A8) against
 ///   - a double loop on the dequantised weights and the activations quantised here as the kernel does (per output
-///     position t of batch row b: s_x = max |x| of the im2col column / 127 in float, u = round(x * (127 / max |x|))
-///     clamped to [-127, 127]): the int32 sum is exact, then three float roundings, 2e-6 of sum |w_q x_q|;
+///     position t of batch row b, over the im2col column's range [lo, hi]: s_x = (hi - lo) / 255 in float,
+///     u = round((x - lo) * (255 / (hi - lo))) in [0, 255], x_q = lo + s_x u): the int32 sum is exact, then four
+///     float roundings of values up to sum |w_q| (|s_x u| + |lo|), 2e-6 of that;
 ///   - a double loop on the original weights and activations: |dy| <= sum (s_w / 2 |x| + s_x / 2 |w_q|) plus the same
 ///     rounding term;
 /// and bit-identical results for 1 and 2 threads.
@@ -299,16 +300,18 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
     std::vector<float> col(R), col_q(R);
     for (int b = 0; b < k.batch; ++b)
         for (int t = 0; t < lout; ++t) {
-            float amax = 0.f;
+            float lo = INFINITY, hi = -INFINITY;
             for (int c = 0; c < k.cin; ++c)
                 for (int kk = 0; kk < k.kernel; ++kk) {
                     const int src = t * k.stride + kk - k.pad;
                     const float v = src < 0 || src >= k.lin ? 0.f : x[(std::size_t(b) * k.cin + c) * k.lin + src];
                     col[std::size_t(c) * k.kernel + kk] = v;
-                    amax = std::max(amax, std::fabs(v));
+                    lo = std::min(lo, v);
+                    hi = std::max(hi, v);
                 }
-            const float sx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-            for (std::size_t j = 0; j < R; ++j) col_q[j] = sx * std::clamp(std::nearbyint(col[j] * inv), -127.f, 127.f);
+            const float sx = (hi - lo) / 255.f, inv = hi > lo ? 255.f / (hi - lo) : 0.f;
+            for (std::size_t j = 0; j < R; ++j)
+                col_q[j] = float(double(lo) + double(sx) * std::clamp(std::nearbyint((col[j] - lo) * inv), 0.f, 255.f));
             for (int o = 0; o < k.cout; ++o) {
                 const std::size_t i = (std::size_t(b) * k.cout + o) * lout + t;
                 ref[i] = ref_q[i] = bias[std::size_t(o)];
@@ -318,7 +321,7 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
                     ref[i] += w.value[wi] * col[j];
                     mag[i] += std::fabs(w.value[wi] * col[j]);
                     ref_q[i] += q.deq[wi] * double(col_q[j]);
-                    mag_q[i] += std::fabs(q.deq[wi] * double(col_q[j]));
+                    mag_q[i] += std::fabs(q.deq[wi]) * (std::fabs(double(col_q[j]) - double(lo)) + std::fabs(double(lo)));
                     bound[i] += 0.5 * q.step[std::size_t(o)] * std::fabs(col[j]) + 0.5 * double(sx) * std::fabs(q.deq[wi]);
                 }
             }
@@ -374,7 +377,8 @@ TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised
     std::uint32_t seed = 7900;
     for (const auto& k : cases)
         for (DType dt : {DType::F32, DType::BF16}) run_conv1d_w8a8(k, dt, seed += 10);
-    // A non-finite input column gives NaN outputs at its position (the exact kernels give non-finite ones there).
+    // A non-finite input column (inf, then NaN) gives NaN outputs at its position (the exact kernels give non-finite
+    // ones there).
     const HostWeights w = make_weights(4 * 3, DType::F32, 7990, 0.3f);
     const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{4, 3, 1}, "test weight", WeightQuant::W8A8);
     std::vector<float> x{1.f, 2.f, 3.f, std::numeric_limits<float>::infinity(), 5.f, 6.f}, y(8);  // [1, 3, 2]
@@ -391,5 +395,20 @@ TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised
     for (int o = 0; o < 4; ++o) {
         CHECK(std::isfinite(y[std::size_t(o) * 2]));
         CHECK(std::isnan(y[std::size_t(o) * 2 + 1]));
+    }
+    x[3] = 4.f;
+    x[0] = std::numeric_limits<float>::quiet_NaN();  // now column 0 holds a NaN
+    Ops<Cpu>::conv1d(p);
+    for (int o = 0; o < 4; ++o) {
+        CHECK(std::isnan(y[std::size_t(o) * 2]));
+        CHECK(std::isfinite(y[std::size_t(o) * 2 + 1]));
+    }
+    // A constant column is exact in the weights' quantisation: x = 2 everywhere gives 2 * sum_j w_q.
+    std::fill(x.begin(), x.end(), 2.f);
+    Ops<Cpu>::conv1d(p);
+    const Quantised q = quantise(w.value, 4, 3, [](std::size_t r, std::size_t j) { return r * 3 + j; });
+    for (int o = 0; o < 4; ++o) {
+        const double want = 2.0 * (q.deq[std::size_t(o) * 3] + q.deq[std::size_t(o) * 3 + 1] + q.deq[std::size_t(o) * 3 + 2]);
+        CHECK(std::fabs(y[std::size_t(o) * 2] - want) <= 1e-6 * std::fabs(want) + 1e-7);
     }
 }

@@ -125,7 +125,12 @@ public:
     /// values.
     bool int8() const { return m_int8; }
     /// What the kernels take: the blocks, or for int8() the avx2::Int8Blocks naming them and their kind.
-    const void* data() const { return m_int8 ? static_cast<const void*>(&m_int8_blocks) : m_buf.data(); }
+    const void* data() const {
+#if defined(FLOWEDGE_CPU_X86)
+        if (m_int8) return &m_int8_blocks;
+#endif
+        return m_buf.data();
+    }
     int in() const { return m_in; }
     int out() const { return m_out; }
     PackedLayout layout() const { return m_layout; }

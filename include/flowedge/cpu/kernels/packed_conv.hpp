@@ -23,7 +23,7 @@
 // Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, and with 4-cycle FMA
 // latency at 2 FMAs per cycle a core needs ~12 independent chains: three vectors x 4 columns keep 12 in flight and
 // share each broadcast over 3 FMAs, where two vectors x 4 columns (8 chains) stay well below the FMA peak.
-#if FLOWEDGE_ISA_AVX2  // the packed layout is the AVX2 set's (the AVX-512 set's row-major kernels use 32 registers)
+#if FLOWEDGE_ISA_AVX2  // the AVX2 set's layout and kernels; the AVX-512 set calls them (conv1d.hpp, conv_transpose1d.hpp)
 
 /// Output vectors per packed block (see the layouts above) and outputs per block.
 template <class T>

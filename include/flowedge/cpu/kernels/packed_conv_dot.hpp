@@ -7,9 +7,11 @@
 //     activation pair (x[j], x[j+1]), F32 accumulation.
 //   WeightQuant::W8A8 (AVX512_VNNI): blocks of 32 outputs x steps in quads, made at load ([block][quad][output][4]
 //     signed bytes, R padded with zero steps to a multiple of 4), then the block's 32 F32 weight scales and 32 int32
-//     row sums sum_j q[o][j]. Per call each im2col column c is quantised symmetrically to u = round(x / s_c) + 128
-//     (s_c = max |x| of the column / 127), and vpdpbusd sums u * q in int32 (exact); the result is
-//     (sum - 128 * rowsum[o]) * s_w[o] * s_c, the 128 offset making the activations unsigned as vpdpbusd wants.
+//     row sums sum_j q[o][j]. Per call each im2col column c is quantised over its own range [m_c, M_c] to unsigned
+//     bytes (what vpdpbusd takes), u = round((x - m_c) / s_c) with s_c = (M_c - m_c) / 255, so x ~ m_c + s_c u;
+//     vpdpbusd sums u * q in int32 (exact), and the output is s_w[o] * (s_c * sum + m_c * rowsum[o]). The full 8 bits
+//     over the column's range: twice the resolution of a symmetric scale for one-signed columns (after Mish), the
+//     same for symmetric ones, and a constant column is exact.
 // Both keep whole im2col columns of the reduction (in_channels * kernel) on the calling thread's stack per pass, so
 // every output is one sum over its whole row: the column scale of W8A8 spans the row, and the BF16 sums are added to
 // a running total in pieces of kPackChunk steps like the exact kernels. The threads build that panel together
@@ -71,7 +73,7 @@ inline __m512i bh_pair_index() {
 
 /// out0[c] (outputs 0..15) and out1[c] (outputs 16..23) = the block's weights x column c's activation pairs over
 /// `pairs` step pairs. wp: the block at an even step; x: the pair panel at that pair, [pair][column], nn columns.
-/// (Sums start at zero; acc0 / acc1 are written, not added to.)
+/// (Sums start at zero: out0 / out1 are written, not added to.)
 template <int NC>
 inline void bh_pairs(const bf16* wp, const std::uint32_t* x, int nn, int pairs, __m512i idx, __m512 (&out0)[NC],
                      __m256 (&out1)[NC]) {
@@ -227,8 +229,8 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
     const int blocks = (Cout + W - 1) / W;
     const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kPanelWords / Q}));
     [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
-    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [quad][column], 4 unsigned bytes round(x / s_c) + 128
-    alignas(64) float xscale[64];
+    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [quad][column], 4 unsigned bytes round((x - m_c) / s_c)
+    alignas(64) float xscale[64], xmin[64];
 #pragma omp parallel if (par)
     {
         const int tid = thread_index(), nth = thread_count();
@@ -240,17 +242,22 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
 #pragma omp barrier
             }
             for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-                float amax = 0.f;
-                im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) { amax = std::max(amax, std::fabs(v)); });
+                float lo = INFINITY, hi = -INFINITY;
+                bool finite = true;
+                im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) {
+                    finite = finite && std::isfinite(v);
+                    lo = std::min(lo, v);
+                    hi = std::max(hi, v);
+                });
                 // A non-finite column gives NaN outputs (as the exact kernels would give non-finite ones).
-                const bool finite = std::isfinite(amax);
-                xscale[c] = finite ? amax / 127.f : __builtin_nanf("");
-                const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+                xscale[c] = finite ? (hi - lo) / 255.f : __builtin_nanf("");
+                xmin[c] = finite ? lo : __builtin_nanf("");
+                const float inv = finite && hi > lo ? 255.f / (hi - lo) : 0.f;
                 auto put = [&](std::size_t j, std::uint8_t u) { bytes[((j / 4) * std::size_t(nn) + std::size_t(c)) * 4 + j % 4] = u; };
                 im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
-                    put(std::size_t(j), std::uint8_t(128 + int(std::clamp(std::nearbyint(v * inv), -127.f, 127.f))));
+                    put(std::size_t(j), std::uint8_t(std::clamp(std::nearbyint((v - lo) * inv), 0.f, 255.f)));
                 });
-                for (std::size_t j = R; j < R4; ++j) put(j, 128);
+                for (std::size_t j = R; j < R4; ++j) put(j, 0);  // zero weights there
             }
 #pragma omp barrier
             for (int ob = b0; ob < b1; ++ob) {
@@ -266,9 +273,11 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
                         for (int c = 0; c < NC; ++c) {
                             alignas(64) float out[W];
                             for (int v = 0; v < 2; ++v) {
-                                const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(rowsum + 16 * v), 7);  // 128 * rowsum
-                                const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(wscale + 16 * v), _mm512_set1_ps(xscale[c0 + c]));
-                                _mm512_store_ps(out + 16 * v, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[v][c], offset)), s));
+                                const __m512 dot = _mm512_cvtepi32_ps(acc[v][c]);
+                                const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(rowsum + 16 * v));
+                                const __m512 x = _mm512_fmadd_ps(dot, _mm512_set1_ps(xscale[c0 + c]),
+                                                                 _mm512_mul_ps(sums, _mm512_set1_ps(xmin[c0 + c])));
+                                _mm512_store_ps(out + 16 * v, _mm512_mul_ps(x, _mm512_loadu_ps(wscale + 16 * v)));
                             }
                             for (int o = o0; o < o1; ++o) conv_out(p, n0 + c0 + c, o, out[o - o0], true);
                         }
