@@ -94,8 +94,10 @@ int main(int argc, char** argv) {
     app.add_option("--runs", runs, "timed samples per (dtype, threads)")->check(CLI::Range(1, 100000));
     app.add_option("--warmup", warmup, "untimed samples first")->check(CLI::Range(0, 1000));
     app.add_option("--steps", steps, "DDIM steps")->check(CLI::Range(1, 1000));
-    app.add_option("--dtype", dtypes, "weight storage: f32 and/or bf16 (f16 allowed; int8: LoadOptions::quantize = Int8, AVX2 kernel set)")
-        ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
+    app.add_option("--dtype", dtypes,
+                   "weight storage: f32 and/or bf16 (f16 allowed; int8: LoadOptions::quantize = Int8, AVX2 / AVX-512 sets; w8a8: "
+                   "quantize = W8A8, AVX-512 set on an AVX512_VNNI CPU)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "int8", "w8a8"}));
     app.add_option("--math", maths, "arithmetic (DiffusionHead::set_math): f32 (exact) and/or bf16 (tf32 allowed)")
         ->check(CLI::IsMember({"f32", "bf16", "tf32"}));
     app.add_option("--threads", threads, "OpenMP thread counts to measure")->check(CLI::Range(1, 1024));
@@ -136,9 +138,13 @@ int main(int argc, char** argv) {
             if (dt == "bf16") opts.weight_dtype = DType::BF16;
             if (dt == "f16") opts.weight_dtype = DType::F16;
             if (dt == "int8") opts.quantize = WeightQuant::Int8;
+            if (dt == "w8a8") opts.quantize = WeightQuant::W8A8;
             auto head = DiffusionHead<Cpu>::load(model, opts, 1);
             std::size_t wbytes = 0;
-            head.visit_parameters([&](const std::string&, Parameter<Cpu>& p, const Shape&, Storage) { wbytes += p.bytes(); });
+            // Quantised weights: one byte per value (the F32 scales and W8A8 row sums, 0.2% more, not counted).
+            head.visit_parameters([&](const std::string&, Parameter<Cpu>& p, const Shape&, Storage) {
+                wbytes += p.quant() != WeightQuant::None ? std::size_t(p.numel()) : p.bytes();
+            });
             std::vector<float> act(noise.size());
             for (const std::string& math : maths) {
                 head.set_math(parse_math_mode(math));

@@ -29,9 +29,15 @@ enum class WeightQuant : std::uint8_t {
     /// INT8 weight-only, for the weights streamed by the packed conv kernels (Storage::ConvWeight, ConvTransposeWeight,
     /// StreamedMatrix): int8 values with one F32 scale per output row (symmetric, scale = max |w| of the row / 127;
     /// a row is a Conv1d output channel's [in, kernel] slice, a Linear output, or a ConvTranspose1d (output channel,
-    /// tap) pair), F32 activations and accumulation. Only the CPU's AVX2 kernel set has the kernels; elsewhere loading
-    /// fails (ErrorKind::Unsupported) rather than ignore the request.
+    /// tap) pair), F32 activations and accumulation. The CPU's AVX2 and AVX-512 kernel sets have the kernels;
+    /// elsewhere loading fails (ErrorKind::Unsupported) rather than ignore the request.
     Int8,
+    /// W8A8: the weights as Int8, and the Conv1d activations quantised too, per call: each im2col column (one output
+    /// position's [in, kernel] input window) to unsigned 8 bits over its own range [min, max] (step (max - min) / 255),
+    /// the products summed in int32 (AVX512_VNNI vpdpbusd, four multiply-adds per byte lane) and scaled back to F32. ConvTranspose1d and
+    /// streamed Linear weights run weight-only as Int8. CPU AVX-512 kernel set on an AVX512_VNNI CPU only (Zen 4,
+    /// Ice Lake and later); elsewhere loading fails (ErrorKind::Unsupported). Error bound: docs/numerics.md.
+    W8A8,
 };
 
 /// Whether LoadOptions::quantize applies to a tensor of this storage kind (the weights the packed conv kernels stream).

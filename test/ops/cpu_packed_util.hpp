@@ -12,9 +12,9 @@
 
 namespace optest {
 
-/// Whether this process's kernel set packs Conv1d / ConvTranspose1d / streamed Linear weights (the AVX2 set; run the
-/// op tests with FLOWEDGE_CPU_ISA=avx2 to cover it on an AVX-512 machine).
-inline bool packs_conv() { return cpu::active_isa() == cpu::Isa::Avx2; }
+/// Whether this process's kernel set packs Conv1d / ConvTranspose1d / streamed Linear weights (the AVX2 and AVX-512
+/// sets, both on the AVX2 set's layout and kernels).
+inline bool packs_conv() { return cpu::active_isa() == cpu::Isa::Avx2 || cpu::active_isa() == cpu::Isa::Avx512; }
 
 /// w ([out, R] row-major, any dtype) prepared by Ops<Cpu> as a Conv1d / streamed Linear weight.
 inline std::unique_ptr<PreparedWeight> packed_conv_bytes(const HostWeights& w, int out) {

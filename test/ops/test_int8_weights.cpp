@@ -5,7 +5,7 @@
 //   - a double loop on the original weights: the quantisation bound |dy| <= s_r / 2 * sum |x| over the row's terms
 //     (each weight is off by at most half a step), plus the same accumulation term;
 // bit-identical results for 1 and 2 threads, and the load-time errors (non-finite weights, INT8 asked where the
-// process's kernel set has no INT8 kernel: every set but AVX2).
+// process's kernel set has no INT8 kernel: the scalar and Eigen sets).
 #include <limits>
 #include <string>
 
@@ -244,8 +244,9 @@ TEST_CASE("INT8 weights: non-finite weights and unsupported kernel sets are load
     if (!packs_conv()) {
         const std::string set(cpu::isa_name(cpu::active_isa()));
         CHECK_THROWS_WITH_AS(int8_weight(Storage::ConvWeight, w, Shape{3, 4, 1}),
-                             ("flowedge: cpu: test weight: LoadOptions::quantize = Int8 needs the AVX2 kernel set (the only one with INT8 "
-                              "kernels) (expected FLOWEDGE_CPU_ISA=avx2 on an AVX2 or AVX-512 CPU, or quantize = None, got kernel set " + set + ")")
+                             ("flowedge: cpu: test weight: LoadOptions::quantize = Int8 needs the AVX2 or AVX-512 kernel set (the only ones with "
+                              "INT8 kernels) (expected an x86-64 CPU with AVX2 and FLOWEDGE_CPU_ISA unset, avx2 or avx512, or quantize = None, "
+                              "got kernel set " + set + ")")
                                  .c_str(),
                              Error);
         return;
@@ -274,4 +275,140 @@ TEST_CASE("INT8 weights: non-finite weights and unsupported kernel sets are load
     p.out = 3;
     Ops<Cpu>::linear(p);
     CHECK(y == bias);
+}
+
+namespace {
+
+/// conv1d on W8A8 blocks (WeightQuant::W8A8) against
+///   - a double loop on the dequantised weights and the activations quantised here as the kernel does (per output
+///     position t of batch row b, over the im2col column's range [lo, hi]: s_x = (hi - lo) / 255 in float,
+///     u = round((x - lo) * (255 / (hi - lo))) in [0, 255], x_q = lo + s_x u): the int32 sum is exact, then four
+///     float roundings of values up to sum |w_q| (|s_x u| + |lo|), 2e-6 of that;
+///   - a double loop on the original weights and activations: |dy| <= sum (s_w / 2 |x| + s_x / 2 |w_q|) plus the same
+///     rounding term;
+/// and bit-identical results for 1 and 2 threads.
+void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
+    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const std::size_t R = std::size_t(k.cin) * k.kernel;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
+    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    const std::size_t n = std::size_t(k.batch) * k.cout * lout;
+    std::vector<double> ref(n), mag(n), ref_q(n), mag_q(n), bound(n);
+    std::vector<float> col(R), col_q(R);
+    for (int b = 0; b < k.batch; ++b)
+        for (int t = 0; t < lout; ++t) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (int c = 0; c < k.cin; ++c)
+                for (int kk = 0; kk < k.kernel; ++kk) {
+                    const int src = t * k.stride + kk - k.pad;
+                    const float v = src < 0 || src >= k.lin ? 0.f : x[(std::size_t(b) * k.cin + c) * k.lin + src];
+                    col[std::size_t(c) * k.kernel + kk] = v;
+                    lo = std::min(lo, v);
+                    hi = std::max(hi, v);
+                }
+            const float sx = (hi - lo) / 255.f, inv = hi > lo ? 255.f / (hi - lo) : 0.f;
+            for (std::size_t j = 0; j < R; ++j)
+                col_q[j] = float(double(lo) + double(sx) * std::clamp(std::nearbyint((col[j] - lo) * inv), 0.f, 255.f));
+            for (int o = 0; o < k.cout; ++o) {
+                const std::size_t i = (std::size_t(b) * k.cout + o) * lout + t;
+                ref[i] = ref_q[i] = bias[std::size_t(o)];
+                mag[i] = mag_q[i] = std::fabs(bias[std::size_t(o)]);
+                for (std::size_t j = 0; j < R; ++j) {
+                    const std::size_t wi = std::size_t(o) * R + j;
+                    ref[i] += w.value[wi] * col[j];
+                    mag[i] += std::fabs(w.value[wi] * col[j]);
+                    ref_q[i] += q.deq[wi] * double(col_q[j]);
+                    mag_q[i] += std::fabs(q.deq[wi]) * (std::fabs(double(col_q[j]) - double(lo)) + std::fabs(double(lo)));
+                    bound[i] += 0.5 * q.step[std::size_t(o)] * std::fabs(col[j]) + 0.5 * double(sx) * std::fabs(q.deq[wi]);
+                }
+            }
+        }
+    const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
+    Conv1dParams p;
+    p.x = x.data();
+    p.w = {nullptr, dt, pw.get()};
+    p.bias = bias.data();
+    p.batch = k.batch;
+    p.in_channels = k.cin;
+    p.out_channels = k.cout;
+    p.in_length = k.lin;
+    p.out_length = lout;
+    p.kernel = k.kernel;
+    p.stride = k.stride;
+    p.pad = k.pad;
+    std::vector<float> y1(n, -3.f), y2(n, -4.f);
+    p.y = y1.data();
+    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
+    p.y = y2.data();
+    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
+    check_all(y1, ref_q, mag_q, kTolRef, "conv1d on W8A8 blocks vs the quantised weights and activations");
+    double worst = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const double d = std::fabs(double(y1[i]) - ref[i]);
+        REQUIRE_MESSAGE(d <= bound[i] + kTolRef * mag[i], "output " << i << ": |dy| = " << d << " > bound " << bound[i] + kTolRef * mag[i]);
+        if (bound[i] > 0) worst = std::max(worst, d / bound[i]);
+    }
+    MESSAGE("conv1d on W8A8 blocks: largest |y - y_f32| / quantisation bound = " << worst);
+    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
+}
+
+}  // namespace
+
+TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised operands and the quantisation bound") {
+    if (!cpu::w8a8_available()) {
+        const HostWeights w = make_weights(3 * 4, DType::F32, 7800, 0.3f);
+        CHECK_THROWS_WITH_AS(Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{3, 4, 1}, "test weight", WeightQuant::W8A8),
+                             ("flowedge: cpu: test weight: LoadOptions::quantize = W8A8 needs the AVX-512 kernel set on a CPU with "
+                              "AVX512_VNNI (vpdpbusd) (expected an AVX512_VNNI CPU with FLOWEDGE_CPU_ISA unset or avx512, or quantize = "
+                              "Int8 / None, got kernel set " + cpu::kernel_set_name() + ")").c_str(),
+                             Error);
+        MESSAGE("kernel set " << cpu::kernel_set_name() << ": W8A8 refused at load, as it must be");
+        return;
+    }
+    // Column counts 1..80 (every micro-kernel width, passes of 64 columns and of fewer for long rows), output counts
+    // that are not a multiple of 32, reductions that are not a multiple of 4, the PushT shapes.
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 5, 3, 1, 1}, {1, 37, 129, 16, 5, 1, 2}, {3, 7, 37, 7, 3, 2, 1},
+        {5, 6, 9, 16, 5, 1, 2}, {1, 2048, 40, 4, 5, 1, 2}, {2, 4096, 33, 8, 5, 1, 2}, {1, 512, 2, 16, 1, 1, 0},
+    };
+    std::uint32_t seed = 7900;
+    for (const auto& k : cases)
+        for (DType dt : {DType::F32, DType::BF16}) run_conv1d_w8a8(k, dt, seed += 10);
+    // A non-finite input column (inf, then NaN) gives NaN outputs at its position (the exact kernels give non-finite
+    // ones there).
+    const HostWeights w = make_weights(4 * 3, DType::F32, 7990, 0.3f);
+    const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{4, 3, 1}, "test weight", WeightQuant::W8A8);
+    std::vector<float> x{1.f, 2.f, 3.f, std::numeric_limits<float>::infinity(), 5.f, 6.f}, y(8);  // [1, 3, 2]
+    Conv1dParams p;
+    p.x = x.data();
+    p.w = {nullptr, DType::F32, pw.get()};
+    p.y = y.data();
+    p.batch = 1;
+    p.in_channels = 3;
+    p.out_channels = 4;
+    p.in_length = p.out_length = 2;
+    p.kernel = 1;
+    Ops<Cpu>::conv1d(p);
+    for (int o = 0; o < 4; ++o) {
+        CHECK(std::isfinite(y[std::size_t(o) * 2]));
+        CHECK(std::isnan(y[std::size_t(o) * 2 + 1]));
+    }
+    x[3] = 4.f;
+    x[0] = std::numeric_limits<float>::quiet_NaN();  // now column 0 holds a NaN
+    Ops<Cpu>::conv1d(p);
+    for (int o = 0; o < 4; ++o) {
+        CHECK(std::isnan(y[std::size_t(o) * 2]));
+        CHECK(std::isfinite(y[std::size_t(o) * 2 + 1]));
+    }
+    // A constant column is exact in the weights' quantisation: x = 2 everywhere gives 2 * sum_j w_q.
+    std::fill(x.begin(), x.end(), 2.f);
+    Ops<Cpu>::conv1d(p);
+    const Quantised q = quantise(w.value, 4, 3, [](std::size_t r, std::size_t j) { return r * 3 + j; });
+    for (int o = 0; o < 4; ++o) {
+        const double want = 2.0 * (q.deq[std::size_t(o) * 3] + q.deq[std::size_t(o) * 3 + 1] + q.deq[std::size_t(o) * 3 + 2]);
+        CHECK(std::fabs(y[std::size_t(o) * 2] - want) <= 1e-6 * std::fabs(want) + 1e-7);
+    }
 }

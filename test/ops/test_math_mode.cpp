@@ -45,6 +45,12 @@ double gamma_acc(std::size_t n) {
     const double d = 3.0 * double((n + 31) / 32) + 6.0;
     return d * kU32 / (1 - d * kU32);
 }
+/// The packed BF16-block kernel's depth (kernels/packed_conv_dot.hpp): per slice of up to 128 steps one chain of two
+/// roundings per vdpbf16ps pair, the slices added to a running total, then the bias: min(n, 128) + ceil(n / 128) + 2.
+double gamma_packed(std::size_t n) {
+    const double d = double(std::min<std::size_t>(n, 128) + (n + 127) / 128 + 2);
+    return d * kU32 / (1 - d * kU32);
+}
 
 /// One output's references: exact value, value with the operands rounded as the kernel rounds them (BF16
 /// activations; BF16 weights for F32/F16 storage), and the magnitudes the bound scales with.
@@ -58,20 +64,23 @@ struct Ref {
         mag_rounded += std::fabs(wr * xr);
         tiny += kTiny * (std::fabs(w) + std::fabs(x) + 1);
     }
-    /// The MathMode doc's bound on |got - exact| for a reduction of n terms plus bias b.
-    double bound(std::size_t n, bool round_w, double b) const {
+    /// The MathMode doc's bound on |got - exact| for a reduction of n terms plus bias b (g: gamma of the depth).
+    double bound(std::size_t n, bool round_w, double b) const { return bound_g(gamma_acc(n), round_w, b); }
+    double bound_g(double g, bool round_w, double b) const {
         const double cw = round_w ? (1 + kU) * (1 + kU) - 1 : kU;
-        const double g = gamma_acc(n);
         return (cw + g * (1 + cw)) * mag + g * std::fabs(b) + tiny + 16 * kTiny;
     }
     /// Bound on |got - rounded|: accumulation only (the operand rounding is reproduced exactly).
-    double bound_rounded(std::size_t n, double b) const { return gamma_acc(n) * (mag_rounded + std::fabs(b)) + tiny + 16 * kTiny; }
+    double bound_rounded(std::size_t n, double b) const { return bound_rounded_g(gamma_acc(n), b); }
+    double bound_rounded_g(double g, double b) const { return g * (mag_rounded + std::fabs(b)) + tiny + 16 * kTiny; }
 };
 
 struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
 
 /// Runs conv1d with F32, TF32 and BF16 requests; TF32 must equal F32 bit for bit, BF16 must be within the bounds.
-void check_conv(const ConvCase& k, DType dt, std::uint32_t seed) {
+/// packed: on the weights as Ops<Cpu> prepares a Conv1d weight (packed blocks in the x86 sets): BF16 blocks run
+/// MathMode::BF16 on vdpbf16ps at the packed kernel's depth, F32 and F16 blocks stay exact.
+void check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(int(dt));
     const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
@@ -82,6 +91,8 @@ void check_conv(const ConvCase& k, DType dt, std::uint32_t seed) {
     Conv1dParams p;
     p.x = x.data();
     p.w = WeightRef{w.bytes.data(), dt};
+    const auto pw = packed ? Ops<Cpu>::prepare_weight(Storage::ConvWeight, p.w, Shape{k.cout, k.cin, k.kernel}, "test weight") : nullptr;
+    if (pw) p.w = WeightRef{nullptr, dt, pw.get()};
     p.bias = bias.data();
     p.batch = k.batch; p.in_channels = k.cin; p.out_channels = k.cout; p.in_length = k.lin; p.out_length = lout;
     p.kernel = k.kernel; p.stride = k.stride; p.pad = k.pad;
@@ -94,12 +105,13 @@ void check_conv(const ConvCase& k, DType dt, std::uint32_t seed) {
     p.math = MathMode::BF16;
     p.y = y_bf16.data();
     Ops<Cpu>::conv1d(p);
-    if (!kBf16Kernels) {
+    if (!kBf16Kernels || (pw && dt != DType::BF16)) {
         CHECK(std::memcmp(y_f32.data(), y_bf16.data(), ny * sizeof(float)) == 0);
         return;
     }
     const bool round_w = dt != DType::BF16;
     const std::size_t n = std::size_t(k.cin) * k.kernel;
+    const double g = pw ? gamma_packed(n) : gamma_acc(n);
     std::size_t bad = 0, bad_rounded = 0, differ = 0;
     double worst = 0;  // largest |err| / bound seen
     for (int b = 0; b < k.batch; ++b)
@@ -114,10 +126,10 @@ void check_conv(const ConvCase& k, DType dt, std::uint32_t seed) {
                     }
                 const std::size_t idx = (std::size_t(b) * k.cout + o) * lout + t;
                 const double got = y_bf16[idx], bo = bias[std::size_t(o)];
-                const double err = std::fabs(got - (r.exact + bo)), bnd = r.bound(n, round_w, bo);
+                const double err = std::fabs(got - (r.exact + bo)), bnd = r.bound_g(g, round_w, bo);
                 worst = std::max(worst, err / bnd);
                 bad += !(err <= bnd);
-                bad_rounded += !(std::fabs(got - (r.rounded + bo)) <= r.bound_rounded(n, bo));
+                bad_rounded += !(std::fabs(got - (r.rounded + bo)) <= r.bound_rounded_g(g, bo));
                 differ += y_bf16[idx] != y_f32[idx];
             }
     INFO("worst |err| / bound " << worst << ", " << differ << " of " << ny << " outputs differ from F32");
@@ -204,6 +216,10 @@ TEST_CASE("Ops<Cpu>::conv1d: TF32 is exact (bit-identical to F32); BF16 is withi
     std::uint32_t seed = 40;
     for (const ConvCase& k : cases)
         for (DType dt : kAllDtypes) check_conv(k, dt, seed += 3);
+    // The same on the weights as the process's kernel set prepares them (packed blocks on x86: BF16 blocks on the
+    // vdpbf16ps kernel of kernels/packed_conv_dot.hpp, whole-row panels of up to 64 columns, 24-output blocks).
+    for (const ConvCase& k : cases)
+        for (DType dt : kAllDtypes) check_conv(k, dt, seed += 3, /*packed=*/true);
 }
 
 TEST_CASE("Ops<Cpu>::linear: TF32 is exact (bit-identical to F32); BF16 is within the MathMode bound") {

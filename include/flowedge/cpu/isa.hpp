@@ -43,6 +43,7 @@ struct CpuFeatures {
     bool avx2 = false;
     bool avx512 = false;
     bool avx512_bf16 = false;  ///< vdpbf16ps / vcvtne2ps2bf16: the opt-in MathMode::BF16 kernels
+    bool avx512_vnni = false;  ///< vpdpbusd: the opt-in WeightQuant::W8A8 kernels
 };
 
 inline CpuFeatures detect_cpu_features() {
@@ -55,6 +56,7 @@ inline CpuFeatures detect_cpu_features() {
 #if defined(__clang__) || __GNUC__ >= 12
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
+    f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
     return f;
 }
@@ -116,10 +118,15 @@ inline Isa active_isa() { return detail::isa_state().isa; }
 inline bool bf16_math_available() {
     return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_bf16;
 }
-/// One line for logs and benchmark records, e.g. "avx512 (+bf16)".
+/// Whether WeightQuant::W8A8 has its vpdpbusd kernels here (the AVX-512 set on a CPU with AVX512_VNNI).
+inline bool w8a8_available() {
+    return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_vnni;
+}
+/// One line for logs and benchmark records, e.g. "avx512 (+bf16 +vnni)".
 inline std::string kernel_set_name() {
     std::string s(isa_name(active_isa()));
     if (bf16_math_available()) s += " (+bf16)";
+    if (w8a8_available()) s += " (+vnni)";
     return s;
 }
 

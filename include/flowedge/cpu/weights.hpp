@@ -1,10 +1,11 @@
 // The CPU's weight preparation, in one place: which stored tensors the process's kernel set wants re-laid out at
 // load (Ops<Cpu>::prepare_weight), and the packed copies that result.
-//   AVX2 set:    Conv1d, ConvTranspose1d and streamed Linear weights -> packed conv blocks (kernels/packed_conv.hpp),
-//                replacing the stored tensor (INT8 blocks with per-output scales under LoadOptions::quantize = Int8); small-row Linear weights -> k-major packed copy (kernels/packed_linear.hpp)
-//                beside it.
-//   AVX-512 set: small-row Linear weights -> k-major packed copy; everything else stays row-major (its row-major
-//                kernels use 32 registers and stream at the memory floor).
+//   AVX2 and AVX-512 sets: Conv1d, ConvTranspose1d and streamed Linear weights -> packed conv blocks
+//                (kernels/packed_conv.hpp, the AVX2 set's layout and kernels, which the AVX-512 set calls: on Zen 4 they
+//                beat its row-major 512-bit kernels), replacing the stored tensor (INT8 blocks with per-output scales
+//                under LoadOptions::quantize = Int8; under W8A8, AVX-512 set only, Conv1d weights become W8A8 blocks,
+//                kernels/packed_conv_dot.hpp); small-row Linear weights -> k-major packed copy
+//                (kernels/packed_linear.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
 //                stored tensor.
 //   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
@@ -38,36 +39,46 @@ namespace flowedge::cpu {
 class PackedWeight final : public PreparedWeight {
 public:
     enum class Kind : std::uint8_t {
-        ConvBlocks,  ///< packed conv blocks (AVX2 set) of a Conv1d [out, in*K], ConvTranspose1d [out*K, in] or Linear
+        ConvBlocks,  ///< packed conv blocks (AVX2 layout, AVX2 and AVX-512 sets) of a Conv1d [out, in*K], ConvTranspose1d [out*K, in] or Linear
         SmallRows,   ///< k-major copy of a Linear [out, in] for few rows (AVX2/AVX-512 sets), beside the stored tensor
         Conv2dBlocks,  ///< output blocks of one vector of a Conv2d [out, in, kh, kw] (AVX2/AVX-512 sets), replacing it
     };
 
     /// Conv blocks of a stored [out, R] matrix w (transposed: a ConvTranspose1d weight [in, out, K], packed as the
-    /// [out*K, in] kernel-1 Conv1d it is per input column), in w's dtype or, int8, quantised to INT8 blocks with
-    /// per-output scales (LoadOptions::quantize). `what` names the tensor in errors.
-    static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, bool int8,
-                                                     std::string_view what) {
+    /// [out*K, in] kernel-1 Conv1d it is per input column), in w's dtype or quantised (LoadOptions::quantize): Int8,
+    /// INT8 blocks with per-output scales; W8A8 (a Conv1d weight on the AVX-512 set only), the W8A8 blocks of
+    /// kernels/packed_conv_dot.hpp. isa: the kernel set that runs them (AVX2 or AVX-512; the layout of the others is
+    /// the AVX2 set's in both). `what` names the tensor in errors.
+    static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, WeightQuant q,
+                                                     Isa isa, std::string_view what) {
 #if defined(FLOWEDGE_CPU_X86)
-        auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::ConvBlocks, Isa::Avx2, w.dtype));
-        pw->m_int8 = int8;
+        auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::ConvBlocks, isa, w.dtype));
+        const bool w8a8 = q == WeightQuant::W8A8;
+        pw->m_int8 = q != WeightQuant::None;
         const int out = transposed ? int(shape.dims[1] * shape.dims[2]) : int(shape.dims[0]);
         const std::size_t R = std::size_t(shape.numel()) / std::size_t(out);
-        const std::size_t bytes = int8 ? avx2::packed_conv_elements<std::int8_t>(out, R)
-                                       : avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
+        if (w8a8 && R > avx512::packed_dot::kW8A8MaxSteps) [[unlikely]]
+            fail(ErrorKind::Unsupported, "cpu", std::string(what) + ": LoadOptions::quantize = W8A8 takes Conv1d rows of at most " +
+                                                    std::to_string(avx512::packed_dot::kW8A8MaxSteps) + " in_channels * kernel" +
+                                                    expected_got("<= " + std::to_string(avx512::packed_dot::kW8A8MaxSteps), R));
+        const std::size_t bytes = w8a8 ? avx512::packed_dot::w8a8_bytes(out, R)
+                                  : pw->m_int8 ? avx2::packed_conv_elements<std::int8_t>(out, R)
+                                               : avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
         Memory<Cpu>::check_fits(bytes, std::string(what));
         pw->m_buf = Buffer<std::byte, Cpu>(bytes);
+        pw->m_int8_blocks = {reinterpret_cast<const std::int8_t*>(pw->m_buf.data()), w8a8};
         avx2::with_weights(w, [&](auto src) {
             auto pack = [&](auto* dst) {
                 if (transposed) avx2::pack_conv_transpose_weights(src, int(shape.dims[0]), int(shape.dims[1]), int(shape.dims[2]), dst);
                 else avx2::pack_conv_weights(src, out, R, dst);
             };
-            if (int8) pack(reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
+            if (w8a8) avx512::packed_dot::pack_w8a8(src, out, R, reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
+            else if (pw->m_int8) pack(reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
             else pack(reinterpret_cast<std::remove_cvref_t<decltype(*src)>*>(pw->m_buf.data()));
         });
         return pw;
 #else
-        (void)w, (void)shape, (void)transposed, (void)int8, (void)what;
+        (void)w, (void)shape, (void)transposed, (void)q, (void)isa, (void)what;
         return nullptr;
 #endif
     }
@@ -110,9 +121,16 @@ public:
     Kind kind() const { return m_kind; }
     Isa isa() const { return m_isa; }
     DType dtype() const { return m_dtype; }
-    /// ConvBlocks: whether the blocks hold int8 weights and scales (LoadOptions::quantize = Int8), not m_dtype values.
+    /// ConvBlocks: whether the blocks hold int8 weights and scales (LoadOptions::quantize = Int8 or W8A8), not m_dtype
+    /// values.
     bool int8() const { return m_int8; }
-    const void* data() const { return m_buf.data(); }
+    /// What the kernels take: the blocks, or for int8() the avx2::Int8Blocks naming them and their kind.
+    const void* data() const {
+#if defined(FLOWEDGE_CPU_X86)
+        if (m_int8) return &m_int8_blocks;
+#endif
+        return m_buf.data();
+    }
     int in() const { return m_in; }
     int out() const { return m_out; }
     PackedLayout layout() const { return m_layout; }
@@ -163,6 +181,9 @@ private:
     DType m_dtype;
     Buffer<std::byte, Cpu> m_buf;
     bool m_int8 = false;
+#if defined(FLOWEDGE_CPU_X86)
+    avx2::Int8Blocks m_int8_blocks{};
+#endif
     int m_in = 0, m_out = 0;  ///< SmallRows: in, out; Conv2dBlocks: reduction length in * kh * kw, out
     // SmallRows only
     WeightRef m_src{};
@@ -172,36 +193,47 @@ private:
 
 /// The CPU's prepared form of a weight (see the file comment), or null when the process's kernel set reads the stored
 /// tensor as it is. w: the bound tensor of `shape`; `what` names it in errors; q: LoadOptions::quantize for the
-/// storage kinds it applies to (quantizable()). INT8 blocks exist in the AVX2 set only: another set fails rather than
-/// ignore the request.
+/// storage kinds it applies to (quantizable()). INT8 blocks exist in the AVX2 and AVX-512 sets only: the scalar and
+/// Eigen sets fail rather than ignore the request.
 inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const WeightRef& w, const Shape& shape, std::string_view what,
                                                       WeightQuant q = WeightQuant::None) {
     const Isa isa = active_isa();
-    const bool int8 = q == WeightQuant::Int8;
+    const bool int8 = q != WeightQuant::None;
     if (int8 && !quantizable(storage)) [[unlikely]]
         fail(ErrorKind::Internal, "cpu", std::string(what) + ": INT8 requested for a weight kind the packed conv kernels do not stream");
-    if (int8 && isa != Isa::Avx2) [[unlikely]]
+    const bool simd = isa == Isa::Avx2 || isa == Isa::Avx512;
+    if (q == WeightQuant::W8A8 && !w8a8_available()) [[unlikely]]
         fail(ErrorKind::Unsupported, "cpu",
-             std::string(what) + ": LoadOptions::quantize = Int8 needs the AVX2 kernel set (the only one with INT8 kernels)" +
-                 expected_got("FLOWEDGE_CPU_ISA=avx2 on an AVX2 or AVX-512 CPU, or quantize = None", "kernel set " + std::string(isa_name(isa))));
+             std::string(what) + ": LoadOptions::quantize = W8A8 needs the AVX-512 kernel set on a CPU with AVX512_VNNI (vpdpbusd)" +
+                 expected_got("an AVX512_VNNI CPU with FLOWEDGE_CPU_ISA unset or avx512, or quantize = Int8 / None",
+                              "kernel set " + kernel_set_name()));
+    if (int8 && !simd) [[unlikely]]
+        fail(ErrorKind::Unsupported, "cpu",
+             std::string(what) + ": LoadOptions::quantize = Int8 needs the AVX2 or AVX-512 kernel set (the only ones with INT8 kernels)" +
+                 expected_got("an x86-64 CPU with AVX2 and FLOWEDGE_CPU_ISA unset, avx2 or avx512, or quantize = None",
+                              "kernel set " + std::string(isa_name(isa))));
+    // W8A8 applies to Conv1d weights; ConvTranspose1d and streamed Linear weights run weight-only (Int8).
+    const WeightQuant weight_only = int8 ? WeightQuant::Int8 : WeightQuant::None;
     switch (storage) {
         case Storage::ConvWeight:
+            if (simd) return PackedWeight::conv_blocks(w, shape, false, q, isa, what);
+            return nullptr;
         case Storage::StreamedMatrix:
-            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, false, int8, what);
+            if (simd) return PackedWeight::conv_blocks(w, shape, false, weight_only, isa, what);
             return nullptr;
         case Storage::ConvTransposeWeight:
-            if (isa == Isa::Avx2) return PackedWeight::conv_blocks(w, shape, true, int8, what);
+            if (simd) return PackedWeight::conv_blocks(w, shape, true, weight_only, isa, what);
             return nullptr;
         case Storage::Conv2dWeight: {
             // FLOWEDGE_CPU_CONV2D_NO_PACK=1 keeps the stored layout (the im2col paths): the old path of an A/B run in
             // one process image, as FLOWEDGE_CUDA_CONV2D_NO_KSTREAM does on the GPU.
             const char* no_pack = std::getenv("FLOWEDGE_CPU_CONV2D_NO_PACK");
-            if ((isa == Isa::Avx2 || isa == Isa::Avx512) && !(no_pack && std::string_view(no_pack) == "1"))
+            if (simd && !(no_pack && std::string_view(no_pack) == "1"))
                 return PackedWeight::conv2d_blocks(w, shape, isa, what);
             return nullptr;
         }
         case Storage::SmallRowsMatrix:
-            if (isa == Isa::Avx2 || isa == Isa::Avx512)
+            if (simd)
                 return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32);
             return nullptr;
         case Storage::Matrix:

@@ -1,5 +1,6 @@
 // torch.nn.Conv1d on the CPU: implicit im2col + the row-major kernels (every set), the packed-block kernels (AVX2
-// set, Storage::ConvWeight prepared by cpu/weights.hpp) and the vdpbf16ps kernels (AVX-512 set, MathMode::BF16).
+// set, also run by the AVX-512 set; Storage::ConvWeight prepared by cpu/weights.hpp) and the vdpbf16ps kernels
+// (AVX-512 set, MathMode::BF16).
 // Kernel-set body: included once per instruction set by cpu/kernels.hpp; the argument checks are in Ops<Cpu>.
 
 /// Implicit im2col, shared by the Conv1d kernels: panel column n (b = n / out_length, t = n % out_length) over input
@@ -200,8 +201,12 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 }
 #endif
 
-/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 set; int8: the INT8 blocks),
-/// or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on vdpbf16ps (AVX-512 set with AVX512_BF16).
+// The dot-product kernels on packed blocks (AVX-512 set), which use im2col_column and conv_out above.
+#include "flowedge/cpu/kernels/packed_conv_dot.hpp"
+
+/// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 and AVX-512 sets; int8: the
+/// avx2::Int8Blocks of INT8 or W8A8 blocks), or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on
+/// vdpbf16ps (AVX-512 set with AVX512_BF16: row-major weights, and BF16 blocks; F32, F16 and INT8 blocks stay exact).
 inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf16) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
@@ -209,15 +214,26 @@ inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf
         with_blocks(blocks, p.w.dtype, int8, [&](auto w) { conv1d_packed_impl(p, w); });
         return;
     }
-#endif
-    (void)int8;  // only the AVX2 set prepares INT8 blocks (cpu/weights.hpp)
-#if FLOWEDGE_ISA_AVX512
+#elif FLOWEDGE_ISA_AVX512
+    if (blocks) {
+        if (int8 && static_cast<const ::flowedge::cpu::avx2::Int8Blocks*>(blocks)->w8a8) {
+            packed_dot::conv1d_w8a8(p, static_cast<const ::flowedge::cpu::avx2::Int8Blocks*>(blocks)->data);
+            return;
+        }
+        if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0) {
+            packed_dot::conv1d_bh(p, static_cast<const ::flowedge::bf16*>(blocks));
+            return;
+        }
+        ::flowedge::cpu::avx2::conv1d(p, blocks, int8, false);  // the AVX2 set's layout and exact kernels
+        return;
+    }
     if (bf16 && p.math == MathMode::BF16) {
         with_weights(p.w, [&](auto w) { conv1d_bf16_impl(p, w); });
         return;
     }
 #endif
     (void)blocks;
+    (void)int8;
     (void)bf16;
     with_weights(p.w, [&](auto w) { conv1d_impl(p, w); });
 }

@@ -1,5 +1,5 @@
 // torch.nn.ConvTranspose1d on the CPU: the axpy + col2im form (every set) and the packed kernel-1 Conv1d + col2im form
-// (AVX2 set, Storage::ConvTransposeWeight prepared by cpu/weights.hpp). Kernel-set body: included once per
+// (AVX2 set, also run by the AVX-512 set; Storage::ConvTransposeWeight prepared by cpu/weights.hpp). Kernel-set body: included once per
 // instruction set by cpu/kernels.hpp; the argument checks are in Ops<Cpu>.
 
 #if FLOWEDGE_ISA_AVX2
@@ -145,7 +145,7 @@ inline void conv_transpose1d_impl(const ConvTranspose1dParams& p, const WT* w) {
     }
 }
 
-/// Ops<Cpu>::conv_transpose1d after its checks. blocks: the weight packed as [out*K, in] conv blocks (AVX2 set; int8:
+/// Ops<Cpu>::conv_transpose1d after its checks. blocks: the weight packed as [out*K, in] conv blocks (AVX2 and AVX-512 sets; int8:
 /// the INT8 blocks), or null for the [in, out, K] weight p.w.data.
 inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks, bool int8) {
 #if FLOWEDGE_ISA_AVX2
@@ -159,8 +159,13 @@ inline void conv_transpose1d(const ConvTranspose1dParams& p, const void* blocks,
         });
         return;
     }
+#elif FLOWEDGE_ISA_AVX512
+    if (blocks) {
+        ::flowedge::cpu::avx2::conv_transpose1d(p, blocks, int8);  // the AVX2 set's layout and kernels
+        return;
+    }
 #endif
     (void)blocks;
-    (void)int8;  // only the AVX2 set prepares INT8 blocks (cpu/weights.hpp)
+    (void)int8;  // only the x86 sets prepare blocks (cpu/weights.hpp)
     with_weights(p.w, [&](auto w) { conv_transpose1d_impl(p, w); });
 }

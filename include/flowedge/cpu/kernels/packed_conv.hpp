@@ -23,7 +23,7 @@
 // Why three vectors for BF16: a BF16 step costs a load and two widening ops besides the FMAs, and with 4-cycle FMA
 // latency at 2 FMAs per cycle a core needs ~12 independent chains: three vectors x 4 columns keep 12 in flight and
 // share each broadcast over 3 FMAs, where two vectors x 4 columns (8 chains) stay well below the FMA peak.
-#if FLOWEDGE_ISA_AVX2  // the packed layout is the AVX2 set's (the AVX-512 set's row-major kernels use 32 registers)
+#if FLOWEDGE_ISA_AVX2  // the AVX2 set's layout and kernels; the AVX-512 set calls them (conv1d.hpp, conv_transpose1d.hpp)
 
 /// Output vectors per packed block (see the layouts above) and outputs per block.
 template <class T>
@@ -63,10 +63,32 @@ template <class T>
 inline void pack_conv_weights(const T* w, int out, std::size_t R, T* dst) {
     pack_output_blocks(w, out, R, kConvBlockWidth<T>, dst);
 }
-/// INT8: each row o of w ([out, R] row-major, any stored dtype) quantised symmetrically with scale s_o = max_j |w[o][j]|
-/// / 127 (q = round(w / s_o), in [-127, 127]; an all-zero row gets s_o = 0, q = 0), then laid out as F32 blocks are,
-/// followed by the block's scales (the INT8 layout above). dst: packed_conv_elements<std::int8_t>(out, R) bytes.
-/// Load time only. Non-finite weights are an Error (no finite scale represents them).
+/// INT8 quantisation of one weight row (R values of any stored dtype; `index` names it in errors): symmetric, scale
+/// s = max_j |row[j]| / 127, q[j] = round(row[j] / s) in [-127, 127] (an all-zero row gets s = 0, q = 0). Returns s.
+/// Non-finite weights are an Error (no finite scale represents them). Load time only.
+template <class T>
+inline float quantise_row(const T* row, std::size_t R, int index, std::int8_t* q) {
+    float amax = 0.f;
+    bool finite = true;
+    for (std::size_t j = 0; j < R; ++j) {
+        const float a = std::fabs(widen(row[j]));
+        finite = finite && std::isfinite(a);
+        amax = std::max(amax, a);
+    }
+    if (!finite) [[unlikely]]
+        fail(ErrorKind::NonFinite, "cpu int8 weights",
+             "LoadOptions::quantize = Int8 needs finite weights" + expected_got("finite values", "a non-finite value in output row " + std::to_string(index)));
+    std::fill(q, q + R, std::int8_t(0));
+    if (amax == 0.f) return 0.f;
+    const float s = amax / 127.f;
+    const double inv = 1.0 / double(s);
+    for (std::size_t j = 0; j < R; ++j) q[j] = std::int8_t(std::clamp(std::nearbyint(double(widen(row[j])) * inv), -127.0, 127.0));
+    return s;
+}
+
+/// INT8: each row o of w ([out, R] row-major, any stored dtype) quantised by quantise_row, then laid out as F32 blocks
+/// are, followed by the block's scales (the INT8 layout above). dst: packed_conv_elements<std::int8_t>(out, R) bytes.
+/// Load time only.
 template <class T>
 inline void pack_conv_weights(const T* w, int out, std::size_t R, std::int8_t* dst) {
     constexpr int W = kConvBlockWidth<std::int8_t>;
@@ -77,24 +99,8 @@ inline void pack_conv_weights(const T* w, int out, std::size_t R, std::int8_t* d
         std::int8_t* db = dst + std::size_t(b) * stride;
         float scales[W] = {};
         std::fill(rows.begin(), rows.end(), std::int8_t(0));
-        for (int l = 0; l < W && b * W + l < out; ++l) {
-            const T* row = w + std::size_t(b * W + l) * R;
-            float amax = 0.f;
-            bool finite = true;
-            for (std::size_t j = 0; j < R; ++j) {
-                const float a = std::fabs(widen(row[j]));
-                finite = finite && std::isfinite(a);
-                amax = std::max(amax, a);
-            }
-            if (!finite) [[unlikely]]
-                fail(ErrorKind::NonFinite, "cpu int8 weights",
-                     "LoadOptions::quantize = Int8 needs finite weights" + expected_got("finite values", "a non-finite value in output row " + std::to_string(b * W + l)));
-            if (amax == 0.f) continue;
-            scales[l] = amax / 127.f;
-            const double inv = 1.0 / double(scales[l]);
-            for (std::size_t j = 0; j < R; ++j)
-                rows[std::size_t(l) * R + j] = std::int8_t(std::clamp(std::nearbyint(double(widen(row[j])) * inv), -127.0, 127.0));
-        }
+        for (int l = 0; l < W && b * W + l < out; ++l)
+            scales[l] = quantise_row(w + std::size_t(b * W + l) * R, R, b * W + l, rows.data() + std::size_t(l) * R);
         for (std::size_t j = 0; j < R; ++j)
             for (int l = 0; l < W; ++l) db[j * W + std::size_t(l)] = rows[std::size_t(l) * R + j];
         std::memcpy(db + R * W, scales, sizeof(scales));
@@ -324,12 +330,23 @@ inline void packed_chunk(const WT* wp, const float* x, std::size_t ldx, int n, i
         }
 }
 
-/// Calls f(typed pointer) with packed conv blocks: int8 blocks (LoadOptions::quantize = Int8) or blocks of the
-/// stored dtype.
+/// An INT8 weight as Ops<Cpu> hands it to the kernels (PackedWeight::data() when int8()): the blocks, and whether they
+/// are the weight-only INT8 blocks above (LoadOptions::quantize = Int8) or W8A8 blocks (WeightQuant::W8A8, AVX-512 set:
+/// kernels/packed_conv_dot.hpp), which only that set's conv1d runs.
+struct Int8Blocks {
+    const std::int8_t* data;
+    bool w8a8;
+};
+
+/// Calls f(typed pointer) with packed conv blocks: the weight-only INT8 blocks (int8: `blocks` is an Int8Blocks) or
+/// blocks of the stored dtype.
 template <class F>
 inline void with_blocks(const void* blocks, DType dtype, bool int8, F&& f) {
-    if (int8) f(static_cast<const std::int8_t*>(blocks));
-    else with_weights(blocks, dtype, static_cast<F&&>(f));
+    if (!int8) return with_weights(blocks, dtype, static_cast<F&&>(f));
+    const auto* q = static_cast<const Int8Blocks*>(blocks);
+    if (q->w8a8) [[unlikely]]
+        fail(ErrorKind::Internal, "cpu", "W8A8 blocks reached a weight-only INT8 kernel (only Conv1d weights are W8A8)");
+    f(q->data);
 }
 
 /// Runtime-NC front end of packed_chunk (1 <= nc <= kConvMaxCols<WT>).
