@@ -25,7 +25,8 @@ struct LoadOptions {
     std::optional<DType> weight_dtype{};
     /// WeightQuant::Int8: Conv1d, ConvTranspose1d and streamed Linear weights (the U-Net's convolutions and FiLM
     /// projections) stored as int8 with one scale per output row, quantised from the weight_dtype values; the other
-    /// weights as weight_dtype says. CPU AVX2 kernel set only (an Error elsewhere). Error bound: docs/numerics.md.
+    /// weights as weight_dtype says; WeightQuant::W8A8 also quantises the Conv1d activations (see WeightQuant). CPU
+    /// AVX2 / AVX-512 kernel sets for Int8, AVX-512 with VNNI for W8A8 (an Error elsewhere). Bounds: docs/numerics.md.
     WeightQuant quantize = WeightQuant::None;
 };
 
@@ -38,7 +39,7 @@ public:
     std::int64_t numel() const { return m_shape.numel(); }
     /// Bytes of the weight values as stored: one per element when quantised to int8 (the scales not counted).
     std::size_t bytes() const {
-        return static_cast<std::size_t>(numel()) * (m_quant == WeightQuant::Int8 ? 1 : dtype_size(m_dtype));
+        return static_cast<std::size_t>(numel()) * (m_quant != WeightQuant::None ? 1 : dtype_size(m_dtype));  // Int8, W8A8: a byte each
     }
     /// The quantisation applied at load (WeightQuant::None unless LoadOptions::quantize asked and the kind allows).
     WeightQuant quant() const { return m_quant; }

@@ -29,9 +29,11 @@ struct Ops<Cuda> {
     /// reads int8 weights: a quantisation request is an error, not ignored.
     static std::unique_ptr<PreparedWeight> prepare_weight(Storage, const WeightRef&, const Shape&, std::string_view what,
                                                           WeightQuant q = WeightQuant::None) {
-        if (q != WeightQuant::None)
-            fail(ErrorKind::Unsupported, "cuda", std::string(what) + ": LoadOptions::quantize = Int8 has no CUDA kernels" +
-                                                     expected_got("quantize = None on the CUDA backend", "Int8"));
+        if (q != WeightQuant::None) {
+            const char* name = q == WeightQuant::W8A8 ? "W8A8" : "Int8";
+            fail(ErrorKind::Unsupported, "cuda", std::string(what) + ": LoadOptions::quantize = " + name + " has no CUDA kernels" +
+                                                     expected_got("quantize = None on the CUDA backend", name));
+        }
         return nullptr;
     }
 
