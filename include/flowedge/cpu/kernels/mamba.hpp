@@ -1,8 +1,7 @@
 // Mamba-1's causal depthwise conv + SiLU and selective scan. Kernel-set body: included once per instruction set by
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
 #if FLOWEDGE_ISA_AVX512
-/// 2^f for 16 floats f in [-1/2, 1/2]: a degree-6 polynomial fitted for minimal relative error (2e-9; 1.4 ulp
-/// evaluated in float).
+/// 2^f for 16 floats f in [-1/2, 1/2]: a degree-6 polynomial fitted for minimal relative error (2e-9).
 inline __m512 mamba_exp2_reduced(__m512 f) {
     __m512 p = _mm512_set1_ps(1.5353350318e-4f);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398875017e-3f));
@@ -14,11 +13,10 @@ inline __m512 mamba_exp2_reduced(__m512 f) {
 }
 
 /// 2^x for 16 floats x <= 0 (the scan's decays exp(dt A) = 2^(dt log2(e) A), dt >= 0, A < 0): n = round(x), 2^(x - n)
-/// by a degree-5 polynomial on [-1/2, 1/2] (fitted for minimal relative error, 9e-8; 2.7 2^-24 evaluated in float),
-/// scaled by 2^n with vscalefps (0 below 2^-149, so no clamp is needed for x <= 0). Against exp(dt A) in double the
-/// rounding of dt log2(e) adds |dt A| 2^-24 relative, at most 0.37 2^-24 absolute on a decay; measured over dt in
-/// [0.001, 2], -A in [0.08, 12]: 2.2 2^-24 absolute, 2.7e-6 relative, where std::exp of the float product dt A is
-/// already 1.0e-6 off. 8 vector operations against vexp's 15 (no range clamps, one subtraction for the reduction).
+/// by a degree-5 polynomial on [-1/2, 1/2] (fitted for minimal relative error, 9e-8), scaled by 2^n with vscalefps
+/// (0 below 2^-149, so x <= 0 needs no clamp). The rounding of dt log2(e) adds |dt A| 2^-24 relative, at most
+/// 0.37 2^-24 absolute on a decay; bounds measured against double: docs/numerics.md#vector-math-functions. 8 vector
+/// operations where vexp takes 15: the scan is bound on its FP pipes.
 inline __m512 scan_exp2_nonpositive(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
@@ -31,8 +29,7 @@ inline __m512 scan_exp2_nonpositive(__m512 x) {
 }
 
 /// exp(x) for 16 floats: x clamped to [-104, 88.7] (a NaN stays NaN), reduced by ln 2 in two parts (as vexp), 2^f of
-/// the remainder by mamba_exp2_reduced, scaled by vscalefps. In SiLU: at most 2.7 2^-24 relative against x / (1 +
-/// exp(-x)) in double over [-80, 80], as vsilu, and 0.27 against vsilu's 0.34 us per 1024 values (Zen 4).
+/// the remainder by mamba_exp2_reduced, scaled by vscalefps; vexp's accuracy in fewer operations.
 inline __m512 mamba_exp(__m512 x) {
     const __m512 m = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(m, _mm512_set1_ps(1.44269504088896341f)),
@@ -49,8 +46,8 @@ inline __m512 mamba_silu(__m512 x) {
 
 /// Softplus (beta 1, threshold 20) of 16 dt values: max(x, 0) + log1p(e), e = mamba_exp(-|x|) in (0, 1], with
 /// log1p(e) = 2 atanh(s), s = e / (2 + e) in (0, 1/3], by its odd series to s^15 (truncated below 2e-9 relative);
-/// x itself above 20. Against log1p(exp(x)) in double over [-30, 30]: at most 2.8e-7 relative (4.6 2^-24). NaN stays
-/// NaN, softplus(-inf) = 0, softplus(+inf) = inf. About 25 vector operations against vsoftplus's 40.
+/// x itself above 20. A few 2^-24 relative (docs/numerics.md#vector-math-functions); NaN stays NaN,
+/// softplus(-inf) = 0, softplus(+inf) = inf. About 25 vector operations where vsoftplus takes 40.
 inline __m512 scan_softplus(__m512 x) {
     const __m512 e = mamba_exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
     const __m512 s = _mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(2.f)));
