@@ -26,9 +26,36 @@ struct Part {
     double macs = 0;          ///< multiply-adds per call (matrix products, conv taps, scan updates)
     double exps = 0;          ///< exp evaluations per call (SiLU, softplus, scan decays)
     double weight_bytes = 0;  ///< bytes of weights read per call
+    bool bf16_dot = false;    ///< runs on vdpbf16ps (MathMode::BF16, in > 8, AVX512_BF16): its MAC floor is that rate's
     std::function<void()> call;
     double min_us = 0, p50_us = 0;
 };
+
+/// vdpbf16ps throughput of one core in G multiply-adds/s (32 per zmm instruction): 12 independent chains in
+/// assembly, best of many short runs, as cpu_floor.hpp's FMA probe; 0 without AVX512_BF16.
+inline double bf16_dot_peak_gmacs() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    double best = 0;
+    for (int rep = 0; rep < 60; ++rep) {
+        constexpr long kIters = 400'000;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < kIters; ++i)
+            asm volatile("vdpbf16ps %%zmm14, %%zmm15, %%zmm0\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm1\n\t"
+                         "vdpbf16ps %%zmm14, %%zmm15, %%zmm2\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm3\n\t"
+                         "vdpbf16ps %%zmm14, %%zmm15, %%zmm4\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm5\n\t"
+                         "vdpbf16ps %%zmm14, %%zmm15, %%zmm6\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm7\n\t"
+                         "vdpbf16ps %%zmm14, %%zmm15, %%zmm8\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm9\n\t"
+                         "vdpbf16ps %%zmm14, %%zmm15, %%zmm10\n\tvdpbf16ps %%zmm14, %%zmm15, %%zmm11\n\t" ::
+                             : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, double(kIters) * 12 * 32 / sec / 1e9);
+    }
+    return best;
+#else
+    return 0;
+#endif
+}
 
 /// Min and p50 per call of `f` over `batches` batches of `per_batch` calls (after a warm batch).
 inline void time_part(Part& p, int batches = 300, int per_batch = 40) {
@@ -74,14 +101,16 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
     std::vector<float> ssm_state(std::size_t(di) * S, 0.f), A_neg(std::size_t(di) * S);
     std::vector<float> c = filled(std::size_t(H), 0.5f), hb0 = filled(std::size_t(H), 0.5f), hb1 = filled(std::size_t(H), 0.5f);
     std::vector<float> x = filled(std::size_t(A), 0.5f), v = filled(std::size_t(A), 0.5f), tproj = filled(std::size_t(H), 0.5f);
+    std::vector<float> tc = filled(std::size_t(H), 0.5f);
 
     std::vector<Part> parts;
     auto linear = [&](const std::string& name, int per_action, const std::string& w, const std::string& bias, const float* in,
-                      float* out, int rows, int n_in, int n_out, Activation act, bool accumulate, int ld_x) {
+                      float* out, int rows, int n_in, int n_out, Activation act, bool accumulate, int ld_x,
+                      const float* bias_row = nullptr) {  // bias_row: a bias that is not a parameter
         LinearParams p;
         p.x = in;
         p.w = param(w).ref();
-        p.bias = bias.empty() ? nullptr : param(bias).f32();
+        p.bias = bias.empty() ? bias_row : param(bias).f32();
         p.y = out;
         p.rows = rows;
         p.in = n_in;
@@ -91,7 +120,8 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         p.accumulate = accumulate;
         p.math = math;
         const double ex = act == Activation::None ? 0 : double(rows) * n_out;
-        parts.push_back({name, per_action, double(rows) * n_in * n_out, ex, wbytes(w, std::size_t(n_in) * n_out),
+        const bool bf16_dot = math == MathMode::BF16 && n_in > 8 && cpu::bf16_math_available();
+        parts.push_back({name, per_action, double(rows) * n_in * n_out, ex, wbytes(w, std::size_t(n_in) * n_out), bf16_dot,
                          [p] { Ops<Cpu>::linear(p); }});
     };
     for (int l = 0; l < mc.n_layers; ++l) {
@@ -101,7 +131,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         const Parameter<Cpu>& a_log = param(mix + "A_log");
         for (std::size_t i = 0; i < A_neg.size(); ++i) A_neg[i] = -std::exp(a_log.f32()[i]);
         RmsNormParams rp{h.data(), param(pre + "norm.weight").f32(), n.data(), L, dm, mc.eps};
-        parts.push_back({tag + "rms_norm", 1, double(L) * dm, 0, 0, [rp] { Ops<Cpu>::rms_norm(rp); }});
+        parts.push_back({tag + "rms_norm", 1, double(L) * dm, 0, 0, false, [rp] { Ops<Cpu>::rms_norm(rp); }});
         linear(tag + "in_proj", 1, mix + "in_proj.weight", "", n.data(), xz.data(), L, dm, 2 * di, Activation::None, false, 0);
         CausalConvParams cp;
         cp.x = xz.data();
@@ -113,10 +143,11 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         cp.length = L;
         cp.channels = di;
         cp.kernel = K;
-        parts.push_back({tag + "causal_conv + SiLU", 1, double(L) * di * K, double(L) * di, 0, [cp] { Ops<Cpu>::causal_conv(cp); }});
+        parts.push_back({tag + "causal_conv + SiLU", 1, double(L) * di * K, double(L) * di, 0, false, [cp] { Ops<Cpu>::causal_conv(cp); }});
         linear(tag + "x_proj", 1, mix + "x_proj.weight", "", u.data(), dbl.data(), L, di, ld_dbl, Activation::None, false, 0);
-        linear(tag + "dt_proj + softplus", 1, mix + "dt_proj.weight", mix + "dt_proj.bias", dbl.data(), dt.data(), L, R, di,
-               Activation::Softplus, false, ld_dbl);
+        // dt_proj without its softplus: the scan applies it (SelectiveScanParams::dt_softplus, as MambaMixer<Cpu>).
+        linear(tag + "dt_proj", 1, mix + "dt_proj.weight", mix + "dt_proj.bias", dbl.data(), dt.data(), L, R, di,
+               Activation::None, false, ld_dbl);
         SelectiveScanParams sp;
         sp.u = u.data();
         sp.dt = dt.data();
@@ -131,10 +162,11 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         sp.length = L;
         sp.channels = di;
         sp.d_state = S;
+        sp.dt_softplus = true;
         // Per state: decay = exp(dt A), s = decay s + (dt u) B, y += s C (3 multiply-adds, 1 exp); gate SiLU per channel.
         // A: this layer's -exp(A_log), held by the replay (the model keeps its own copy private).
         std::vector<float> A_copy = A_neg;
-        parts.push_back({tag + "selective_scan", 1, 3.0 * L * di * S, double(L) * di * (S + 1), 0,
+        parts.push_back({tag + "selective_scan (+ softplus dt)", 1, 3.0 * L * di * S, double(L) * di * (S + 2), 0, false,
                          [sp, A_copy]() mutable {
                              sp.A = A_copy.data();
                              Ops<Cpu>::selective_scan(sp);
@@ -144,29 +176,25 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                Activation::None, true, 0);
     }
     RmsNormParams fp{h.data(), param("backbone.norm_f.weight").f32(), n.data(), 1, dm, mc.eps};
-    parts.push_back({"norm_f (last row)", 1, double(dm), 0, 0, [fp] { Ops<Cpu>::rms_norm(fp); }});
+    parts.push_back({"norm_f (last row)", 1, double(dm), 0, 0, false, [fp] { Ops<Cpu>::rms_norm(fp); }});
 
     linear("flow cond_proj", 1, "flow.cond_proj.weight", "", n.data(), c.data(), 1, dm, H, Activation::None, false, 0);
-    linear("flow in_proj", steps, "flow.in_proj.weight", "", x.data(), hb0.data(), 1, A, H, Activation::None, false, 0);
-    AxpbyParams ap{hb0.data(), tproj.data(), hb0.data(), H, 1.f, 1.f};
-    parts.push_back({"flow h += time_proj row, += c (2 axpby)", steps, 0, 0, 0, [ap, &c] {
-                         Ops<Cpu>::axpby(ap);
-                         AxpbyParams a2 = ap;
-                         a2.y = c.data();
-                         Ops<Cpu>::axpby(a2);
-                     }});
-    ActivationParams sil{hb0.data(), hb0.data(), H, Activation::Silu};
-    parts.push_back({"flow SiLU (h0)", steps, 0, double(H), 0, [sil] { Ops<Cpu>::activation(sil); }});
+    // Batch 1 (FlowHead::eval): tc = time_proj row + c, then h0 = silu(in_proj x + tc) with tc as the bias.
+    AxpbyParams ap{tproj.data(), c.data(), tc.data(), H, 1.f, 1.f};
+    parts.push_back({"flow tc = time_proj row + c (axpby)", steps, 0, 0, 0, false, [ap] { Ops<Cpu>::axpby(ap); }});
+    linear("flow in_proj + tc + SiLU", steps, "flow.in_proj.weight", "", x.data(), hb0.data(), 1, A, H, Activation::Silu, false, 0,
+           tc.data());
     for (int l = 0; l < hc.n_layers; ++l)
         linear("flow layers." + std::to_string(l) + " + SiLU", steps, "flow.layers." + std::to_string(l) + ".weight", "",
                l % 2 ? hb1.data() : hb0.data(), l % 2 ? hb0.data() : hb1.data(), 1, H, H, Activation::Silu, false, 0);
     linear("flow out_proj", steps, "flow.out_proj.weight", "", hb0.data(), v.data(), 1, H, A, Activation::None, false, 0);
     AxpbyParams xp{x.data(), v.data(), x.data(), A, 1.f, 0.f};  // b = 0 keeps x bounded over the replays
-    parts.push_back({"flow x += dt v (axpby)", steps, 0, 0, 0, [xp] { Ops<Cpu>::axpby(xp); }});
+    parts.push_back({"flow x += dt v (axpby)", steps, 0, 0, 0, false, [xp] { Ops<Cpu>::axpby(xp); }});
 
     for (Part& p : parts) time_part(p);
 
     const double peak = fma_peak_gflops_per_core() / 2;  // G multiply-adds/s
+    const double bf16_peak = bf16_dot_peak_gmacs();         // 0 without AVX512_BF16 (then no part has bf16_dot)
     const double l2 = read_bandwidth_gbs(256 * 1024), l3 = read_bandwidth_gbs(8 * 1024 * 1024);
     double sum_min = 0, sum_p50 = 0, sum_floor = 0, macs = 0, exps = 0, bytes = 0;
     nlohmann::json rows = nlohmann::json::array();
@@ -176,7 +204,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                 "us/action", "G MAC/s", "floor us");
     for (const Part& p : parts) {
         const double per = p.per_action;
-        const double floor_us = std::max(p.macs / (peak * 1e3), p.weight_bytes / (l2 * 1e3)) * per;
+        const double floor_us = std::max(p.macs / ((p.bf16_dot ? bf16_peak : peak) * 1e3), p.weight_bytes / (l2 * 1e3)) * per;
         sum_min += p.min_us * per;
         sum_floor += floor_us;
         sum_p50 += p.p50_us * per;
@@ -187,7 +215,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                     p.weight_bytes / 1024, p.min_us, p.min_us * per, p.macs / (p.min_us * 1e3), floor_us);
         rows.push_back({{"part", p.name}, {"calls_per_action", p.per_action}, {"macs_per_call", p.macs}, {"exps_per_call", p.exps},
                         {"weight_bytes_per_call", p.weight_bytes}, {"min_us_per_call", p.min_us}, {"p50_us_per_call", p.p50_us},
-                        {"floor_us_per_action", floor_us}});
+                        {"floor_us_per_action", floor_us}, {"bf16_dot", p.bf16_dot}});
     }
     const double fma_floor = macs / (peak * 1e3), byte_floor = bytes / (l2 * 1e3);
     std::printf("  sum of parts: min %.2f us, p50 %.2f us per action; the whole act() in this run: min %.2f, p50 %.2f us\n",
@@ -195,7 +223,8 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
     std::printf("  per action: %.3f M multiply-adds, %.1f k exps, %.2f MB of weights read\n", macs / 1e6, exps / 1e3, bytes / 1e6);
     std::printf("  floors: FMA %.1f us at %.1f G MAC/s (asm probe); weight bytes %.1f us at the L2 read rate %.1f GB/s (L3 %.1f GB/s)\n",
                 fma_floor, peak, byte_floor, l2, l3);
-    std::printf("  sum over parts of max(FMA, weight bytes / L2 rate): %.1f us\n", sum_floor);
+    if (bf16_peak > 0) std::printf("  vdpbf16ps peak %.1f G MAC/s (asm probe; the MAC floor of the parts marked bf16_dot)\n", bf16_peak);
+    std::printf("  sum over parts of max(MAC floor, weight bytes / L2 rate): %.1f us\n", sum_floor);
     std::printf("  act() p50 / FMA floor = %.2f (target <= 1.5)\n", action_p50_us / fma_floor);
     return {{"parts", rows},
             {"sum_min_us", sum_min},
@@ -204,6 +233,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
             {"exps_per_action", exps},
             {"weight_bytes_per_action", bytes},
             {"fma_peak_gmacs", peak},
+            {"bf16_dot_peak_gmacs", bf16_peak},
             {"l2_read_gbs", l2},
             {"l3_read_gbs", l3},
             {"fma_floor_us", fma_floor},

@@ -202,6 +202,8 @@ struct CausalConvParams {
 ///   y[t, c] = (sum_n s[c, n] * C[t, n] + D[c] * u[t, c]) * silu(z[t, c])
 /// u, dt, y: [length, channels]; A: [channels, d_state] (already -exp(A_log)); D: [channels];
 /// B, C: [length, d_state] with row stride ld_bc; z: [length, channels] with row stride ld_z; state: [channels, d_state].
+/// dt_softplus: dt holds dt_proj's output before its softplus and the scan applies softplus (beta 1, threshold 20)
+/// to each dt first (mamba_ssm's delta_softplus), saving a pass over dt.
 struct SelectiveScanParams {
     const float* u = nullptr;
     const float* dt = nullptr;
@@ -215,6 +217,7 @@ struct SelectiveScanParams {
     float* state = nullptr;
     float* y = nullptr;
     int length = 0, channels = 0, d_state = 0;
+    bool dt_softplus = false;
 };
 
 /// Which reverse-diffusion update DiffusionStepParams performs.

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(128) selective_scan_kernel(SelectiveScanParams
     }
     const float d = p.D ? p.D[c] : 0.f;
     for (int t = 0; t < p.length; ++t) {
-        const float dtv = p.dt[std::size_t(t) * C + c];
+        const float dt_in = p.dt[std::size_t(t) * C + c];
+        const float dtv = p.dt_softplus ? detail::softplus(dt_in) : dt_in;
         const float uv = p.u[std::size_t(t) * C + c];
         const float* Bt = p.B + std::size_t(t) * ld_bc;
         const float* Ct = p.C + std::size_t(t) * ld_bc;

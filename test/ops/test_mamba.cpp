@@ -116,6 +116,7 @@ struct ScanCase {
     int d_state, channels, ldbc, b_off, ldz, z_off;
     std::vector<int> chunks;
     float a_lo, a_hi;  // A = -exp(U(a_lo, a_hi))
+    bool dt_softplus = false;  // dt given before softplus (dt_proj's raw output), the scan applies it
 };
 
 /// selective_scan fed in `chunks`, continuing from the state: y within the bound of the recurrence in double, the
@@ -127,18 +128,26 @@ void run_scan_chunks(const ScanCase& k, std::uint32_t seed) {
     for (int len : k.chunks) L += len;
     CAPTURE(S); CAPTURE(C); CAPTURE(L); CAPTURE(k.ldbc); CAPTURE(k.ldz);
     const auto u = random_vec(std::size_t(L) * C, seed + 1);
-    const auto dt = random_vec(std::size_t(L) * C, seed + 2, 0.001f, 0.5f);
+    // Raw dt around Mamba's range (softplus(-7) = 1e-3, softplus(1) = 1.3) when the scan applies the softplus, with
+    // the threshold's neighbourhood and far tails at a few places.
+    auto dt = k.dt_softplus ? random_vec(std::size_t(L) * C, seed + 2, -7.f, 1.f) : random_vec(std::size_t(L) * C, seed + 2, 0.001f, 0.5f);
+    if (k.dt_softplus)
+        for (float v : {19.9f, 20.f, 20.1f, -25.f, -90.f})
+            if (dt.size() > 1) dt[std::size_t(std::abs(v) * 7) % dt.size()] = v;
+    std::vector<float> dt_eff = dt;
+    if (k.dt_softplus)
+        for (auto& v : dt_eff) v = v > 20.f ? v : float(std::log1p(std::exp(double(v))));
     auto A = random_vec(std::size_t(C) * S, seed + 3, k.a_lo, k.a_hi);
     for (auto& a : A) a = -std::exp(a);
     const auto bc = random_vec(std::size_t(L) * k.ldbc, seed + 4);
     const auto D = random_vec(C, seed + 5);
     const auto z = random_vec(std::size_t(L) * k.ldz, seed + 6, -3.f, 3.f);
-    const auto ref = ref_scan(L, C, S, u, dt, A, bc.data() + k.b_off, bc.data() + k.b_off + S, k.ldbc, D, z.data() + k.z_off, k.ldz);
+    const auto ref = ref_scan(L, C, S, u, dt_eff, A, bc.data() + k.b_off, bc.data() + k.b_off + S, k.ldbc, D, z.data() + k.z_off, k.ldz);
     Dev<float, B> du(u), ddt(dt), dA(A), dbc(bc), dD(D), dz(z), dstate(std::size_t(C) * S), dy(std::size_t(L) * C);
     std::vector<float> cpu_state(std::size_t(C) * S, 0.f), cpu_y(std::size_t(L) * C);
     SelectiveScanParams p;
     p.A = dA.ptr(); p.ld_bc = k.ldbc; p.D = dD.ptr(); p.ld_z = k.ldz; p.state = dstate.ptr();
-    p.channels = C; p.d_state = S;
+    p.channels = C; p.d_state = S; p.dt_softplus = k.dt_softplus;
     int t0 = 0;
     for (int len : k.chunks) {
         p.u = du.ptr() + std::size_t(t0) * C;
@@ -189,6 +198,14 @@ TEST_CASE_TEMPLATE("selective_scan matches the recurrence, split into chunks or 
     for (int N : {16, 40}) run_scan_chunks<B>({N, 37, 5 + 2 * N, 5, 2 * 37, 37, {6, 1, 3}, -2.3026f, 0.6931f}, std::uint32_t(70 + N));
 }
 
+TEST_CASE_TEMPLATE("selective_scan with dt_softplus matches the recurrence on softplus(dt)", B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // 256 and 37 channels: the vector blocks (16 / 8 channels) and the per-channel remainder; d_state 16 and 5.
+    for (int C : {256, 37})
+        for (int S : {16, 5})
+            run_scan_chunks<B>({S, C, 8 + 2 * S, 8, 2 * C, C, {4, 1, 2}, -2.3026f, 2.7726f, true}, std::uint32_t(90 + C + S));
+}
+
 TEST_CASE_TEMPLATE("causal_conv: kernel sizes 1-5, channels around the vector width, vs the full-sequence definition", B,
                    FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
@@ -227,50 +244,55 @@ TEST_CASE_TEMPLATE("selective_scan: d_state 5, 8, 16, 17, lengths 1-5, channels 
     // is also scanned alone (C = 1, always the per-channel path): its state must come out with the same bits, since
     // both paths update a state element with the same operations (the gate may differ in the last ulp: vector vs
     // scalar SiLU).
-    for (int S : {5, 8, 16, 17})
-        for (int C : {13, 37})
-            for (int L = 1; L <= 5; ++L) {
-                CAPTURE(S); CAPTURE(C); CAPTURE(L);
-                const std::uint32_t seed = std::uint32_t(100 * S + 10 * C + L);
-                const int ldbc = 2 * S, ldz = C;
-                const auto u = random_vec(std::size_t(L) * C, seed + 1);
-                const auto dt = random_vec(std::size_t(L) * C, seed + 2, 0.001f, 0.5f);
-                auto A = random_vec(std::size_t(C) * S, seed + 3, 0.f, 3.f);
-                for (auto& a : A) a = -std::exp(a);
-                const auto bc = random_vec(std::size_t(L) * ldbc, seed + 4);
-                std::vector<float> Bm(bc), Cm(std::size_t(L) * ldbc);
-                for (int t = 0; t < L; ++t)
-                    for (int n = 0; n < S; ++n) Cm[std::size_t(t) * ldbc + n] = bc[std::size_t(t) * ldbc + S + n];
-                const auto D = random_vec(C, seed + 5);
-                const auto z = random_vec(std::size_t(L) * ldz, seed + 6, -3.f, 3.f);
-                const auto ref = ref_scan(L, C, S, u, dt, A, Bm.data(), Cm.data(), ldbc, D, z.data(), ldz);
-                Dev<float, B> du(u), ddt(dt), dA(A), dbc(bc), dD(D), dz(z), dstate(std::size_t(C) * S), dy(std::size_t(L) * C);
-                SelectiveScanParams p;
-                p.u = du.ptr(); p.dt = ddt.ptr(); p.A = dA.ptr(); p.B = dbc.ptr(); p.C = dbc.ptr() + S; p.ld_bc = ldbc;
-                p.D = dD.ptr(); p.z = dz.ptr(); p.ld_z = ldz; p.state = dstate.ptr(); p.y = dy.ptr();
-                p.length = L; p.channels = C; p.d_state = S;
-                Ops<B>::selective_scan(p);
-                check_all(dy.host(std::size_t(L) * C), ref.y, ref.scale, 2e-6, "selective_scan");
-                const auto state = dstate.host(std::size_t(C) * S);
-                std::size_t state_mismatch = 0;
-                for (int c = 0; c < C; ++c) {
-                    std::vector<float> u1(L), dt1(L), z1(L);
-                    for (int t = 0; t < L; ++t) {
-                        u1[t] = u[std::size_t(t) * C + c];
-                        dt1[t] = dt[std::size_t(t) * C + c];
-                        z1[t] = z[std::size_t(t) * ldz + c];
+    // With dt_softplus the same holds for the softplus of dt (the raw dt then sit in [0.001, 0.5]).
+    for (bool dt_softplus : {false, true})
+        for (int S : {5, 8, 16, 17})
+            for (int C : {13, 37})
+                for (int L = 1; L <= 5; ++L) {
+                    CAPTURE(S); CAPTURE(C); CAPTURE(L); CAPTURE(dt_softplus);
+                    const std::uint32_t seed = std::uint32_t(100 * S + 10 * C + L);
+                    const int ldbc = 2 * S, ldz = C;
+                    const auto u = random_vec(std::size_t(L) * C, seed + 1);
+                    const auto dt = random_vec(std::size_t(L) * C, seed + 2, 0.001f, 0.5f);
+                    auto A = random_vec(std::size_t(C) * S, seed + 3, 0.f, 3.f);
+                    for (auto& a : A) a = -std::exp(a);
+                    const auto bc = random_vec(std::size_t(L) * ldbc, seed + 4);
+                    std::vector<float> Bm(bc), Cm(std::size_t(L) * ldbc);
+                    for (int t = 0; t < L; ++t)
+                        for (int n = 0; n < S; ++n) Cm[std::size_t(t) * ldbc + n] = bc[std::size_t(t) * ldbc + S + n];
+                    const auto D = random_vec(C, seed + 5);
+                    const auto z = random_vec(std::size_t(L) * ldz, seed + 6, -3.f, 3.f);
+                    std::vector<float> dt_eff = dt;
+                    if (dt_softplus)
+                        for (auto& v : dt_eff) v = float(std::log1p(std::exp(double(v))));
+                    const auto ref = ref_scan(L, C, S, u, dt_eff, A, Bm.data(), Cm.data(), ldbc, D, z.data(), ldz);
+                    Dev<float, B> du(u), ddt(dt), dA(A), dbc(bc), dD(D), dz(z), dstate(std::size_t(C) * S), dy(std::size_t(L) * C);
+                    SelectiveScanParams p;
+                    p.u = du.ptr(); p.dt = ddt.ptr(); p.A = dA.ptr(); p.B = dbc.ptr(); p.C = dbc.ptr() + S; p.ld_bc = ldbc;
+                    p.D = dD.ptr(); p.z = dz.ptr(); p.ld_z = ldz; p.state = dstate.ptr(); p.y = dy.ptr();
+                    p.length = L; p.channels = C; p.d_state = S; p.dt_softplus = dt_softplus;
+                    Ops<B>::selective_scan(p);
+                    check_all(dy.host(std::size_t(L) * C), ref.y, ref.scale, 2e-6, "selective_scan");
+                    const auto state = dstate.host(std::size_t(C) * S);
+                    std::size_t state_mismatch = 0;
+                    for (int c = 0; c < C; ++c) {
+                        std::vector<float> u1(L), dt1(L), z1(L);
+                        for (int t = 0; t < L; ++t) {
+                            u1[t] = u[std::size_t(t) * C + c];
+                            dt1[t] = dt[std::size_t(t) * C + c];
+                            z1[t] = z[std::size_t(t) * ldz + c];
+                        }
+                        const std::vector<float> A1(A.begin() + std::ptrdiff_t(c) * S, A.begin() + std::ptrdiff_t(c + 1) * S), D1{D[c]};
+                        Dev<float, B> du1(u1), ddt1(dt1), dA1(A1), dD1(D1), dz1(z1), ds1{std::size_t(S)}, dy1{std::size_t(L)};
+                        SelectiveScanParams q = p;
+                        q.u = du1.ptr(); q.dt = ddt1.ptr(); q.A = dA1.ptr(); q.D = dD1.ptr(); q.z = dz1.ptr(); q.ld_z = 1;
+                        q.state = ds1.ptr(); q.y = dy1.ptr(); q.channels = 1;
+                        Ops<B>::selective_scan(q);
+                        const auto s1 = ds1.host(std::size_t(S));
+                        state_mismatch += std::size_t(std::memcmp(s1.data(), state.data() + std::size_t(c) * S, std::size_t(S) * sizeof(float)) != 0);
                     }
-                    const std::vector<float> A1(A.begin() + std::ptrdiff_t(c) * S, A.begin() + std::ptrdiff_t(c + 1) * S), D1{D[c]};
-                    Dev<float, B> du1(u1), ddt1(dt1), dA1(A1), dD1(D1), dz1(z1), ds1{std::size_t(S)}, dy1{std::size_t(L)};
-                    SelectiveScanParams q = p;
-                    q.u = du1.ptr(); q.dt = ddt1.ptr(); q.A = dA1.ptr(); q.D = dD1.ptr(); q.z = dz1.ptr(); q.ld_z = 1;
-                    q.state = ds1.ptr(); q.y = dy1.ptr(); q.channels = 1;
-                    Ops<B>::selective_scan(q);
-                    const auto s1 = ds1.host(std::size_t(S));
-                    state_mismatch += std::size_t(std::memcmp(s1.data(), state.data() + std::size_t(c) * S, std::size_t(S) * sizeof(float)) != 0);
+                    CHECK(state_mismatch == 0);
                 }
-                CHECK(state_mismatch == 0);
-            }
 }
 
 TEST_CASE_TEMPLATE("causal_conv and selective_scan reject bad sizes, strides and null pointers with the shared message" *

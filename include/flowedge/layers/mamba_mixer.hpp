@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flowedge/workspace.hpp"  // before linear.hpp, which uses Context<B>
@@ -124,7 +125,9 @@ public:
         Ops<B>::causal_conv(cp, ctx.stream);
 
         m_x_proj.forward(ctx, u, dbl, length);                                    // [L, R | S | S]
-        m_dt_proj.forward(ctx, dbl, dt, length, Activation::Softplus, false, ld_dbl);  // softplus(dt_low W^T + b)
+        // dt = softplus(dt_low W^T + b): the CPU scan applies the softplus as it reads dt (one pass fewer).
+        constexpr bool kScanSoftplus = std::is_same_v<B, Cpu>;
+        m_dt_proj.forward(ctx, dbl, dt, length, kScanSoftplus ? Activation::None : Activation::Softplus, false, ld_dbl);
 
         SelectiveScanParams sp;
         sp.u = u;
@@ -141,6 +144,7 @@ public:
         sp.length = length;
         sp.channels = di;
         sp.d_state = S;
+        sp.dt_softplus = kScanSoftplus;
         Ops<B>::selective_scan(sp, ctx.stream);
 
         const std::size_t skip = std::size_t(out_from);

@@ -1,5 +1,70 @@
 // Mamba-1's causal depthwise conv + SiLU and selective scan. Kernel-set body: included once per instruction set by
 // cpu/kernels.hpp; the argument checks are in Ops<Cpu> (cpu/ops.hpp).
+#if FLOWEDGE_ISA_AVX512
+/// 2^f for 16 floats f in [-1/2, 1/2]: a degree-6 polynomial fitted for minimal relative error (2e-9).
+inline __m512 mamba_exp2_reduced(__m512 f) {
+    __m512 p = _mm512_set1_ps(1.5353350318e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398875017e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6184378490e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503323674e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022647738e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718246e-1f));
+    return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+}
+
+/// 2^x for 16 floats x <= 0 (the scan's decays exp(dt A) = 2^(dt log2(e) A), dt >= 0, A < 0): n = round(x), 2^(x - n)
+/// by a degree-5 polynomial on [-1/2, 1/2] (fitted for minimal relative error, 9e-8), scaled by 2^n with vscalefps
+/// (0 below 2^-149, so x <= 0 needs no clamp). The rounding of dt log2(e) adds |dt A| 2^-24 relative, at most
+/// 0.37 2^-24 absolute on a decay; bounds measured against double: docs/numerics.md#vector-math-functions. 8 vector
+/// operations where vexp takes 15: the scan is bound on its FP pipes.
+inline __m512 scan_exp2_nonpositive(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.3264708687e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6715111285e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507339537e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022242427e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314700365e-1f));
+    return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f)), n);
+}
+
+/// exp(x) for 16 floats: x clamped to [-104, 88.7] (a NaN stays NaN), reduced by ln 2 in two parts (as vexp), 2^f of
+/// the remainder by mamba_exp2_reduced, scaled by vscalefps; vexp's accuracy in fewer operations.
+inline __m512 mamba_exp(__m512 x) {
+    const __m512 m = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(m, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), m);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    return _mm512_scalef_ps(mamba_exp2_reduced(_mm512_mul_ps(r, _mm512_set1_ps(1.44269504088896341f))), n);
+}
+
+/// SiLU of 16 floats, x / (1 + exp(-x)), on mamba_exp (the causal conv's output and the scan's gate).
+inline __m512 mamba_silu(__m512 x) {
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), mamba_exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+/// Softplus (beta 1, threshold 20) of 16 dt values: max(x, 0) + log1p(e), e = mamba_exp(-|x|) in (0, 1], with
+/// log1p(e) = 2 atanh(s), s = e / (2 + e) in (0, 1/3], by its odd series to s^15 (truncated below 2e-9 relative);
+/// x itself above 20. A few 2^-24 relative (docs/numerics.md#vector-math-functions); NaN stays NaN,
+/// softplus(-inf) = 0, softplus(+inf) = inf. About 25 vector operations where vsoftplus takes 40.
+inline __m512 scan_softplus(__m512 x) {
+    const __m512 e = mamba_exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+    const __m512 s = _mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(2.f)));
+    const __m512 z = _mm512_mul_ps(s, s);
+    __m512 q = _mm512_set1_ps(1.f / 15.f);
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 13.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 11.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 9.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 7.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 5.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f / 3.f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.f));
+    const __m512 y = _mm512_add_ps(_mm512_max_ps(_mm512_setzero_ps(), x), _mm512_mul_ps(_mm512_add_ps(s, s), q));
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(20.f), _CMP_GT_OQ), x);
+}
+#endif
+
 /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`. The SIMD sets take a block
 /// of channels at a time through every token (the block's taps are arranged once, not once per token) and apply the
 /// SiLU in registers; the multiply-add order per output is the scalar loop's (bias, then taps 0..K-1).
@@ -34,7 +99,7 @@ inline void causal_conv(const CausalConvParams& p) {
                     for (int t = 0; t < L; ++t) {
                         __m512 acc = b;
                         for (int k = 0; k < 4; ++k) acc = _mm512_fmadd_ps(wk[k], _mm512_loadu_ps(xx_row(t + k) + c0), acc);
-                        _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
+                        _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, mamba_silu(acc));
                     }
                     continue;
                 }
@@ -44,7 +109,7 @@ inline void causal_conv(const CausalConvParams& p) {
                         const __m512 wk = _mm512_i32gather_ps(lane_k, w + std::size_t(c0) * K + k, 4);
                         acc = _mm512_fmadd_ps(wk, _mm512_loadu_ps(xx_row(t + k) + c0), acc);
                     }
-                    _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, vsilu(acc));
+                    _mm512_storeu_ps(p.u + std::size_t(t) * C + c0, mamba_silu(acc));
                 }
             }
         }
@@ -105,6 +170,23 @@ inline void causal_conv(const CausalConvParams& p) {
     }
 }
 
+
+/// Channels whose per-channel scan terms the vector kernels compute ahead of their blocks (AVX-512: 3 x 1 KiB of stack).
+inline constexpr int kScanChunk = 256;
+
+/// dt[t, c] of a scan (softplus applied when p.dt_softplus), for the channels no vector block took: the vector
+/// softplus of the set on one lane, so a channel gets the same bits on either path.
+inline float scan_dt(const SelectiveScanParams& p, std::size_t tc) {
+    if (!p.dt_softplus) return p.dt[tc];
+#if FLOWEDGE_ISA_AVX512
+    return _mm512_cvtss_f32(scan_softplus(_mm512_set1_ps(p.dt[tc])));
+#elif FLOWEDGE_ISA_AVX2
+    return _mm256_cvtss_f32(vsoftplus(_mm256_set1_ps(p.dt[tc])));
+#else
+    return softplus(p.dt[tc]);
+#endif
+}
+
 /// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state.
 inline void selective_scan(const SelectiveScanParams& p) {
     const int C = p.channels, S = p.d_state;
@@ -117,24 +199,38 @@ inline void selective_scan(const SelectiveScanParams& p) {
 #if FLOWEDGE_ISA_AVX512
         if (S == 16) {
             // 16 channels at a time: one vector of states per channel, the 16 C-weighted state vectors
-            // reduced together (vsum16), then D skip and SiLU(z) gate as vectors.
+            // reduced together (vsum16), then D skip and SiLU(z) gate as vectors. Per chunk of channels, the
+            // per-channel terms (dt log2(e), dt u, the gate; softplus of dt when asked) are computed first, as
+            // independent vectors that pipeline, so the blocks' chains only broadcast them.
             const __m512 vB = _mm512_loadu_ps(Bt), vC = _mm512_loadu_ps(Ct);
-            for (; c + 16 <= C; c += 16) {
-                const std::size_t tc0 = std::size_t(t) * C + c;
-                __m512 prod[16];
-                for (int k = 0; k < 16; ++k) {
-                    const float dtv = p.dt[tc0 + k];
-                    float* st = p.state + std::size_t(c + k) * 16;
-                    const __m512 decay = vexp(_mm512_mul_ps(_mm512_set1_ps(dtv), _mm512_loadu_ps(p.A + std::size_t(c + k) * 16)));
-                    const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(dtv * p.u[tc0 + k]), vB));
-                    _mm512_storeu_ps(st, sn);
-                    prod[k] = _mm512_mul_ps(sn, vC);
+            const float* zt = p.z + std::size_t(t) * ldz;
+            alignas(64) float dt2[kScanChunk], du[kScanChunk], gate[kScanChunk];
+            while (c + 16 <= C) {
+                const int c_end = c + std::min(kScanChunk, (C - c) / 16 * 16);
+                for (int j = c; j < c_end; j += 16) {
+                    const std::size_t tc = std::size_t(t) * C + j;
+                    const __m512 dt_raw = _mm512_loadu_ps(p.dt + tc);
+                    const __m512 dtv = p.dt_softplus ? scan_softplus(dt_raw) : dt_raw;
+                    _mm512_store_ps(dt2 + (j - c), _mm512_mul_ps(dtv, _mm512_set1_ps(1.44269504088896341f)));
+                    _mm512_store_ps(du + (j - c), _mm512_mul_ps(dtv, _mm512_loadu_ps(p.u + tc)));
+                    _mm512_store_ps(gate + (j - c), mamba_silu(_mm512_loadu_ps(zt + j)));
                 }
-                const __m512 uv = _mm512_loadu_ps(p.u + tc0);
-                const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
-                const __m512 yv = _mm512_fmadd_ps(dv, uv, vsum16(prod));
-                const __m512 g = vsilu(_mm512_loadu_ps(p.z + std::size_t(t) * ldz + c));
-                _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, g));
+                for (int c0 = c; c < c_end; c += 16) {
+                    const std::size_t tc0 = std::size_t(t) * C + c;
+                    const int j0 = c - c0;
+                    __m512 prod[16];
+                    for (int k = 0; k < 16; ++k) {
+                        float* st = p.state + std::size_t(c + k) * 16;
+                        const __m512 decay = scan_exp2_nonpositive(
+                            _mm512_mul_ps(_mm512_set1_ps(dt2[j0 + k]), _mm512_loadu_ps(p.A + std::size_t(c + k) * 16)));
+                        const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(du[j0 + k]), vB));
+                        _mm512_storeu_ps(st, sn);
+                        prod[k] = _mm512_mul_ps(sn, vC);
+                    }
+                    const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
+                    const __m512 yv = _mm512_fmadd_ps(dv, _mm512_loadu_ps(p.u + tc0), vsum16(prod));
+                    _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, _mm512_load_ps(gate + j0)));
+                }
             }
         }
 #elif FLOWEDGE_ISA_AVX2
@@ -145,11 +241,21 @@ inline void selective_scan(const SelectiveScanParams& p) {
             // per-channel loop below; then D skip and SiLU(z) gate as vectors.
             const __m256 vB0 = _mm256_loadu_ps(Bt), vB1 = _mm256_loadu_ps(Bt + 8);
             const __m256 vC0 = _mm256_loadu_ps(Ct), vC1 = _mm256_loadu_ps(Ct + 8);
+            // dt of a chunk of channels first when the softplus is applied here (independent vectors, off the
+            // blocks' dependency chains).
+            alignas(32) float dts[kScanChunk];
+            int chunk0 = c, chunk_end = c;
             for (; c + 8 <= C; c += 8) {
                 const std::size_t tc0 = std::size_t(t) * C + c;
+                if (p.dt_softplus && c >= chunk_end) {
+                    chunk0 = c;
+                    chunk_end = c + std::min(kScanChunk, (C - c) / 8 * 8);
+                    for (int j = c; j < chunk_end; j += 8)
+                        _mm256_store_ps(dts + (j - c), vsoftplus(_mm256_loadu_ps(p.dt + std::size_t(t) * C + j)));
+                }
                 __m256 prod[8];
                 for (int k = 0; k < 8; ++k) {
-                    const float dtv = p.dt[tc0 + k];
+                    const float dtv = p.dt_softplus ? dts[c - chunk0 + k] : p.dt[tc0 + k];
                     const __m256 vdt = _mm256_set1_ps(dtv), vdu = _mm256_set1_ps(dtv * p.u[tc0 + k]);
                     float* st = p.state + std::size_t(c + k) * 16;
                     const float* a = p.A + std::size_t(c + k) * 16;
@@ -179,17 +285,18 @@ inline void selective_scan(const SelectiveScanParams& p) {
 #endif
         for (; c < C; ++c) {
             const std::size_t tc = std::size_t(t) * C + c;
-            const float dtv = p.dt[tc], uv = p.u[tc];
+            const float dtv = scan_dt(p, tc), uv = p.u[tc];
             const float du = dtv * uv;
             float* s = p.state + std::size_t(c) * S;
             const float* a = p.A + std::size_t(c) * S;
             float acc = 0.f;
             int n = 0;
 #if FLOWEDGE_ISA_AVX512
+            // The decays as the 16-channel blocks form them (the same bits for a channel on either path).
             __m512 vacc = _mm512_setzero_ps();
-            const __m512 vdt = _mm512_set1_ps(dtv), vdu = _mm512_set1_ps(du);
+            const __m512 vdt2 = _mm512_set1_ps(dtv * 1.44269504088896341f), vdu = _mm512_set1_ps(du);
             for (; n + 16 <= S; n += 16) {
-                const __m512 decay = vexp(_mm512_mul_ps(vdt, _mm512_loadu_ps(a + n)));
+                const __m512 decay = scan_exp2_nonpositive(_mm512_mul_ps(vdt2, _mm512_loadu_ps(a + n)));
                 const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(s + n), _mm512_mul_ps(vdu, _mm512_loadu_ps(Bt + n)));
                 _mm512_storeu_ps(s + n, sn);
                 vacc = _mm512_fmadd_ps(sn, _mm512_loadu_ps(Ct + n), vacc);

@@ -140,6 +140,7 @@ public:
         return Workspace<B>::template bytes_for<float>(b * m_cfg.cond_dim) +        // cond
                7 * Workspace<B>::template bytes_for<float>(b * A) +                 // noise, x, xt, k1..k4
                3 * Workspace<B>::template bytes_for<float>(b * H) +                 // c, h0, h1
+               Workspace<B>::template bytes_for<float>(H) +                         // time + condition row (batch 1)
                Workspace<B>::template bytes_for<float>(b * m_cfg.time_dim) +        // time features
                Workspace<B>::template bytes_for<float>(std::size_t(2 * kTimeCacheSteps + 1) * H);  // time table
     }
@@ -282,6 +283,7 @@ private:
         m_c = ws.template take<float>(Shape{mb, H}).data;
         m_h[0] = ws.template take<float>(Shape{mb, H}).data;
         m_h[1] = ws.template take<float>(Shape{mb, H}).data;
+        m_tc = ws.template take<float>(Shape{H}).data;
         m_temb = ws.template take<float>(Shape{mb, m_cfg.time_dim}).data;
         m_tcache = ws.template take<float>(Shape{2 * kTimeCacheSteps + 1, H}).data;
     }
@@ -356,6 +358,17 @@ private:
     /// memory) when precomputed, else null.
     void eval(Context<B>& ctx, const float* x, float t, const float* tproj, float* v) const {
         const int n = m_batch, H = m_cfg.hidden;
+        if (n == 1 && tproj) {
+            // One row: time and condition terms summed first and applied as in_proj's bias, SiLU in its epilogue
+            // (one pass over h instead of two adds and an activation after the product).
+            axpby(ctx, tproj, m_c, m_tc, H, 1.f, 1.f);
+            LinearParams p = m_in_proj.params(x, m_h[0], 1, Activation::Silu);
+            p.bias = m_tc;
+            p.math = ctx.math;
+            Ops<B>::linear(p, ctx.stream);
+            hidden_layers_and_out(ctx, v);
+            return;
+        }
         m_in_proj.forward(ctx, x, m_h[0], n);
         if (tproj) {
             for (int b = 0; b < n; ++b) axpby(ctx, m_h[0] + std::size_t(b) * H, tproj, m_h[0] + std::size_t(b) * H, H, 1.f, 1.f);
@@ -370,6 +383,12 @@ private:
         ap.n = std::int64_t(n) * H;
         ap.act = Activation::Silu;
         Ops<B>::activation(ap, ctx.stream);
+        hidden_layers_and_out(ctx, v);
+    }
+
+    /// v = out_proj @ silu(W_L ... silu(W_1 @ h0)) for m_batch rows, h0 in m_h[0].
+    void hidden_layers_and_out(Context<B>& ctx, float* v) const {
+        const int n = m_batch;
         int cur = 0;
         for (const auto& layer : m_layers) {
             layer.forward(ctx, m_h[cur], m_h[cur ^ 1], n, Activation::Silu);
@@ -469,6 +488,7 @@ private:
     float* m_k[4] = {nullptr, nullptr, nullptr, nullptr};
     float* m_c = nullptr;
     float* m_h[2] = {nullptr, nullptr};
+    float* m_tc = nullptr;  ///< time_proj row + c, in_proj's bias at batch 1
     float* m_temb = nullptr;
     float* m_tcache = nullptr;
     int m_tcache_steps = 0;  ///< N the time table holds (0 = none)
