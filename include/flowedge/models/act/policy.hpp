@@ -107,7 +107,7 @@ public:
             m_feat_h = m_backbone.out_h();
             m_feat_w = m_backbone.out_w();
             // With the tensor-core scratch of every convolution (CUDA; sized now, used under set_math(TF32/BF16)).
-            ws = std::max({ws, m_backbone.workspace_bytes(1, true), m_img_proj.scratch_bytes(1, m_backbone.out_h(), m_backbone.out_w())});
+            ws = std::max({ws, m_backbone.workspace_bytes(1, true), m_img_proj.scratch_bytes(1, m_feat_h, m_feat_w)});
             for (const io::PolicyCamera& pc : m_meta.cameras) {
                 m_frames.emplace_back(std::size_t(pc.channels) * pc.height * pc.width * sizeof(float));
                 m_cam_norm.push_back(FeatureNormBuffers<B>::upload(pc.norm));
@@ -242,12 +242,12 @@ public:
 
     /// Arithmetic of the products (default MathMode::F32: every product exact in float, as LeRobot's float32 eval).
     /// MathMode::TF32 / BF16 are opt-in and round where the backend has a faster path:
-    ///   CUDA (sm_80+): every linear of >= 32 rows without accumulate (encoder q/k/v/out projections and both FFN
-    ///   linears, the decoder's projections and FFN, the cross-attention k/v over the encoder memory, the action head)
-    ///   runs on the cuBLASLt TF32 GEMM (F32 weights: operands rounded to TF32 under either mode), and the backbone's
-    ///   convolutions and the 1x1 input projection run im2col + the same GEMM (conv2d_gemm.cu). Attention scores,
-    ///   softmax and weighted sums, LayerNorm, the 1-D token projections (one row) and the state/image normalisation
-    ///   stay exact.
+    ///   CUDA (sm_80+): every linear of >= 32 rows that does not accumulate (the attention q/k/v projections, the
+    ///   cross-attention k/v over the encoder memory, the feed-forward linears, the action head; post-norm also the
+    ///   attention output projections and linear2, which pre-norm accumulates into the residual, exactly) runs on the
+    ///   cuBLASLt TF32 GEMM (F32 weights: TF32 under either mode), and the backbone's convolutions and the 1x1 input
+    ///   projection run im2col + the same GEMM (conv2d_gemm.cu). Attention scores, softmax and weighted sums,
+    ///   LayerNorm, the one-row token projections and the state/image normalisation stay exact.
     ///   CPU: MathMode::BF16 rounds both operands of every linear with rows longer than 8 to BF16 (float accumulation)
     ///   where the CPU has AVX512_BF16 (the linear kernels' rule); TF32 computes exactly; convolutions stay exact.
     /// Drops the recorded graph (the next chunk records it again); a no-op when m is the current mode.
