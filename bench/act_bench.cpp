@@ -7,8 +7,9 @@
 // and action head) and, on the CPU, the FLOP floor (2 x multiply-adds over this machine's measured FP32 FMA peak per
 // core x threads, as bench/rgb_encoder_bench does) next to each thread count's latency and each part's.
 //
-// Usage: act_bench FOLDER [--ref DIR] [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--chunks N]
-//                  [--threads 1,2] [--json FILE]
+// Usage: act_bench FOLDER [--ref DIR] [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--math f32|tf32|bf16]
+//                  [--chunks N] [--threads 1,2] [--json FILE]
+//   --math: ActPolicy::set_math before the reference comparison and the timing (default f32, exact).
 //   --ref DIR: compare every step's chunk with DIR/chunks.npy (observations DIR/<key>.npy), max abs in normalised units.
 //   --rebuild-from SRC: first write FOLDER from a fixture committed without its weights (manifest.json +
 //   constants.safetensors).
@@ -108,15 +109,20 @@ struct SyntheticObservation {
 };
 
 template <Backend B>
-int run(const std::string& folder, const LoadOptions& lo, const std::string& ref, int n_chunks, const std::vector<int>& threads,
-        const std::string& json_path, const std::string& device) {
+int run(const std::string& folder, const LoadOptions& lo, MathMode math, const std::string& ref, int n_chunks,
+        const std::vector<int>& threads, const std::string& json_path, const std::string& device) {
     const bool cpu = std::is_same_v<B, Cpu>;
     auto t_load = std::chrono::steady_clock::now();
     ActPolicy<B> p = ActPolicy<B>::load(folder, {.load = lo});
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
-    std::printf("act_bench %s on %s: %d encoder tokens, chunk %d x %d, load + warm-up %.1f ms\n", folder.c_str(), device.c_str(),
-                p.n_tokens(), p.config().chunk_size, p.action_dim(), load_ms);
-    nlohmann::json out = {{"folder", folder}, {"device", device}, {"tokens", p.n_tokens()}, {"chunk_size", p.config().chunk_size}};
+    if (math != MathMode::F32) {
+        p.set_math(math);
+        p.warm_up();  // set_math dropped the graph load() recorded
+    }
+    std::printf("act_bench %s on %s, math %s: %d encoder tokens, chunk %d x %d, load + warm-up %.1f ms\n", folder.c_str(),
+                device.c_str(), math_mode_name(math), p.n_tokens(), p.config().chunk_size, p.action_dim(), load_ms);
+    nlohmann::json out = {{"folder", folder},         {"device", device}, {"math", math_mode_name(math)},
+                          {"tokens", p.n_tokens()}, {"chunk_size", p.config().chunk_size}};
     const ActChunkCost cost = p.cost();
     const double weight_bytes = double(lo.weight_dtype ? dtype_size(*lo.weight_dtype) : sizeof(float));
     out["work"] = print_cost(cost, weight_bytes);
@@ -222,7 +228,7 @@ int run(const std::string& folder, const LoadOptions& lo, const std::string& ref
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string folder, rebuild, ref, device = "cpu", dtype = "file", json_path;
+    std::string folder, rebuild, ref, device = "cpu", dtype = "file", math = "f32", json_path;
     int n_chunks = 200;
     std::vector<int> threads{0};  // 0: the OpenMP default
     for (int i = 1; i < argc; ++i) {
@@ -235,6 +241,7 @@ int main(int argc, char** argv) {
         else if (a == "--ref") ref = next();
         else if (a == "--device") device = next();
         else if (a == "--dtype") dtype = next();
+        else if (a == "--math") math = next();
         else if (a == "--chunks") n_chunks = std::max(8, std::atoi(next().c_str()));
         else if (a == "--json") json_path = next();
         else if (a == "--threads") {
@@ -245,7 +252,7 @@ int main(int argc, char** argv) {
         else if (!a.empty() && a[0] != '-' && folder.empty()) folder = a;
         else {
             std::fprintf(stderr, "usage: act_bench FOLDER [--ref DIR] [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] "
-                                 "[--chunks N] [--threads 1,2] [--json FILE]\n");
+                                 "[--math f32|tf32|bf16] [--chunks N] [--threads 1,2] [--json FILE]\n");
             return 2;
         }
     }
@@ -260,16 +267,17 @@ int main(int argc, char** argv) {
             lo.weight_dtype = weight_dtype_from_name(dtype);
             if (!lo.weight_dtype) throw Error("flowedge: act_bench: unknown --dtype '" + dtype + "' (expected " + kWeightDTypeNames + ")");
         }
+        const MathMode mode = parse_math_mode(math);
         if (device == "cuda") {
 #ifdef FLOWEDGE_WITH_CUDA
-            return run<Cuda>(folder, lo, ref, n_chunks, std::vector<int>{0}, json_path, cuda::device_description());
+            return run<Cuda>(folder, lo, mode, ref, n_chunks, std::vector<int>{0}, json_path, cuda::device_description());
 #else
             std::fprintf(stderr, "act_bench: this build has no CUDA backend\n");
             return 2;
 #endif
         }
         if (device != "cpu") throw Error("flowedge: act_bench: unknown --device '" + device + "' (expected cpu or cuda)");
-        return run<Cpu>(folder, lo, ref, n_chunks, threads, json_path, std::string("cpu, ") + cpu::kernel_set_name() + " kernels");
+        return run<Cpu>(folder, lo, mode, ref, n_chunks, threads, json_path, std::string("cpu, ") + cpu::kernel_set_name() + " kernels");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;

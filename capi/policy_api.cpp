@@ -377,6 +377,16 @@ fe_status fe_policy_set_realtime(fe_policy* policy, const fe_realtime_options* o
     });
 }
 
+fe_status fe_policy_set_math(fe_policy* policy, const char* math) {
+    return guarded(Phase::Call, [&] {
+        fe_policy& p = policy_of(policy);
+        if (math == nullptr) raise(FE_ERR_INVALID_ARGUMENT, "fe_policy_set_math: math is NULL (expected \"f32\", \"tf32\" or \"bf16\")");
+        const MathMode m = parse_math_mode(math);
+        std::lock_guard lock(p.mutex);
+        p.visit([&](auto& model) { model.set_math(m); });
+    });
+}
+
 // ---- introspection ----
 
 #define FLOWEDGE_C_POLICY_INFO(fn, field)                                           \

@@ -50,13 +50,15 @@
 #             20000), CPU at 2 threads RT_CPU_SECONDS per case (default 40) -> $OUT/rt_stress_{cuda,cpu}.{json,md},
 #             one PNG histogram per case. About 6 minutes after the build stage. RT_CASES picks the cases (e.g.
 #             "stress_on stress_diag stress_sys": who else runs on the loop CPU, and every other process moved off it).
-#   act       issue 23: builds act_policy + act_bench; the ACT tests' Cuda instances (transformer op bodies, ActPolicy
-#             parity with LeRobot and no allocation after load on the act_cam1 / act_cam2 fixtures) -> $OUT/act.txt;
+#   act       issue 23: builds act_policy + act_bench + ops_conv2d; the ACT tests' Cuda instances (transformer op bodies,
+#             ActPolicy parity with LeRobot in F32 and within the TF32/BF16 bounds, no allocation after load on the
+#             act_cam1 / act_cam2 fixtures) and the conv2d op test's (tensor-core path) -> $OUT/act.txt;
 #             compute-sanitizer memcheck on all of them, racecheck + synccheck on the op tests; then, with LeRobot
 #             wheels carried in .whl (as the lerobot stage), tools/make_reference_act.py --bench /tmp/act_bench (one
 #             480x640 camera at LeRobot's default sizes; LeRobot's own CPU chunk time in /tmp/act_bench_ref/info.json)
-#             and act_bench on it: chunk error vs LeRobot and chunk latency, CUDA F32 / BF16 weights and the CPU
-#             -> $OUT/act_bench_{cuda_f32,cuda_bf16,cpu}.json, act_lerobot_info.json. About 5 minutes after the build.
+#             and act_bench on it: chunk error vs LeRobot and chunk latency, CUDA F32 weights at math f32 / tf32 /
+#             bf16, BF16 weights at f32, and the CPU -> $OUT/act_bench_cuda_<weights>_<math>.json, act_bench_cpu.json,
+#             act_lerobot_info.json. About 6 minutes after the build.
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -459,9 +461,12 @@ stage_rt() {
 
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
-    BUILD_TARGETS="act_policy act_bench" stage_build || return $?
+    BUILD_TARGETS="act_policy act_bench ops_conv2d" stage_build || return $?
     "$bin" -tc="$cuda_cases" > "$LOGS/act_policy_cuda.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_policy_cuda.log" | tee -a "$OUT/act.txt"
+    # The tensor-core conv2d path (TF32/BF16 math) against the double reference.
+    "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/act_conv2d_cuda.log" 2>&1 || rc=$?
+    grep -E "ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_conv2d_cuda.log" | tee -a "$OUT/act.txt"
     # The bench runs before the sanitizers so that a call running out of time still brings the numbers back.
     if ls .whl/*.whl > /dev/null 2>&1; then
         act_bench_480x640 || rc=$?
@@ -473,7 +478,8 @@ stage_act() {
 }
 
 # LeRobot (wheels in .whl) makes the one-camera 480x640 folder and times its own chunk on this CPU and GPU; act_bench
-# times flowedge's chunk (CUDA F32 / BF16 weights, the CPU) and its error against LeRobot's chunks.
+# times flowedge's chunk (CUDA: F32 weights at every math mode, BF16 weights exact; the CPU) and its error against
+# LeRobot's chunks.
 act_bench_480x640() {
     local rc=0 site=/tmp/site_lerobot
     lerobot_site "$site" || return $?
@@ -481,9 +487,11 @@ act_bench_480x640() {
         PYTHONPATH=$site python3 tools/make_reference_act.py --bench /tmp/act_bench 2>&1 | tail -n 2 | tee -a "$OUT/act.txt" || return $?
     fi
     cp /tmp/act_bench_ref/info.json "$OUT/act_lerobot_info.json"
-    for dt in f32 bf16; do
-        "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --chunks ${ACT_CHUNKS:-500} \
-            --json "$OUT/act_bench_cuda_$dt.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
+    local run dt math
+    for run in f32:f32 f32:tf32 f32:bf16 bf16:f32; do
+        dt=${run%:*} math=${run#*:}
+        "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --math "$math" \
+            --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_${dt}_${math}.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     done
     OMP_PROC_BIND=close OMP_PLACES=cores "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 \
         --threads 1,2 --json "$OUT/act_bench_cpu.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?

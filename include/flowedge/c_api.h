@@ -366,6 +366,15 @@ FLOWEDGE_C_EXPORT const char* fe_policy_fallback_reason(const fe_policy* policy)
 /** Bytes the policy holds on its backend (weights, buffers, workspaces; ACT: buffers and workspace, its weights stay
  *  mapped from the file); 0 for NULL. */
 FLOWEDGE_C_EXPORT size_t fe_policy_device_bytes(fe_policy* policy);
+/** Arithmetic of the policy's products, as fe_engine_set_math: "f32" (exact, the default), or the opt-in tensor-core
+ *  modes "tf32" / "bf16" (any case). Diffusion: the U-Net convolutions (DiffusionPolicy::set_math; the encoder stays
+ *  exact). ACT (ActPolicy::set_math): on CUDA sm_80+ the linears of >= 32 rows and the backbone's convolutions run
+ *  TF32 tensor-core GEMMs (F32 weights: "bf16" computes as "tf32"); attention, LayerNorm and normalisation stay exact.
+ *  A CPU policy accepts every mode: "tf32" computes exactly; "bf16" rounds the operands to BF16 (float accumulation)
+ *  where the CPU has AVX512_BF16, in the Diffusion U-Net's convolutions and in ACT's linears with rows longer than 8
+ *  (ACT's convolutions stay exact). The next chunk records its graph again. NULL or unknown names:
+ *  FE_ERR_INVALID_ARGUMENT. */
+FLOWEDGE_C_EXPORT fe_status fe_policy_set_math(fe_policy* policy, const char* math);
 
 /* ---- real-time options (docs/realtime.md) ---- */
 

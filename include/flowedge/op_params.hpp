@@ -266,6 +266,12 @@ struct Conv2dParams {
     int batch = 1, in_channels = 0, out_channels = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
     int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
     Activation act = Activation::None;
+    /// Requested arithmetic (MathMode); F32 = the exact kernels. Ops<Cuda> runs TF32/BF16 as im2col + a cuBLASLt
+    /// tensor-core GEMM (kernels/cuda/conv2d_gemm.cu) when `scratch` holds Ops<B>::conv2d_scratch_bytes(p) bytes
+    /// (256-byte aligned); without it, and on the CPU, every mode computes exactly.
+    MathMode math = MathMode::F32;
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
 };
 
 /// torch.nn.MaxPool2d(kernel, stride, padding) (dilation 1, ceil_mode off): y[b, c, r, q] = max over the window

@@ -49,23 +49,17 @@
 #include <tuple>
 
 #include "common.cuh"
+#include "gemm_lt.cuh"
 #include "flowedge/cuda/launchers.hpp"
 #include "flowedge/cuda/device.hpp"
 
 namespace flowedge::cuda {
+using namespace lt;
 namespace {
 
-/// cuBLASLt workspace for split-K and similar algorithms (enough for the PushT shapes at batch 64: 2048 x 256
-/// outputs x up to 16 splits of floats = 32 MB).
-constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;
-constexpr std::size_t kAlign = 256;
 /// Fewest rows for which a linear goes to the library GEMM (below, the exact GEMV-style kernels stream the weights
 /// once for all rows and are faster).
 constexpr int kLinearMinRows = 32;
-
-constexpr std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-enum class GemmKind { Tf32, Bf16 };
 
 /// The GEMM conv1d_gemm would run for p, if any (weight dtype x math, see the file comment).
 bool gemm_kind(const Conv1dParams& p, GemmKind& kind) {
@@ -125,23 +119,6 @@ DeviceLt& device_lt() {
     return devices[dev & 63];
 }
 
-/// Largest power of two (<= 256) dividing the address: what the heuristic may assume about the weight pointer.
-int pointer_alignment(const void* p) {
-    const auto v = reinterpret_cast<std::uintptr_t>(p);
-    int a = 256;
-    while (a > 1 && v % std::uintptr_t(a) != 0) a /= 2;
-    return a;
-}
-
-struct GemmShape {
-    GemmKind kind = GemmKind::Tf32;
-    int m = 0, n = 0, k = 0;   // D = A^T(m x k) * B (k x n), A stored k x m (the weights, row-major [m][k])
-    int ldb = 0, ldd = 0;      // column strides of B and D (elements)
-    int align_w = 256, align_b = 256, align_d = 256;
-    bool bias = false;         // CUBLASLT_EPILOGUE_BIAS (bias[m], float)
-    std::size_t workspace = 0;
-};
-
 const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
     const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.workspace};
     auto it = lt.plans.find(key);
@@ -195,13 +172,6 @@ bool capturing(cudaStream_t st) {
 cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st) {
     if (!lt.handle && !capturing(st)) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
     return lt.handle;
-}
-
-/// Round to TF32 (10 explicit mantissa bits), nearest, ties away: the value the tensor cores then use exactly.
-__device__ __forceinline__ float round_tf32(float v) {
-    std::uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return __uint_as_float(r);
 }
 
 /// Channels per im2col block and the longest kernel whose taps the block stages in shared memory.
@@ -279,6 +249,19 @@ __global__ void conv1d_gemm_out_kernel(const Conv1dParams p, const float* __rest
 }
 
 }  // namespace
+
+bool lt::gemm(const GemmShape& g, const void* a, const void* b, float* d, void* workspace, cudaStream_t st) {
+    DeviceLt& lt = device_lt();
+    std::lock_guard<std::mutex> lock(lt.mutex);
+    if (!handle_outside_capture(lt, st)) return false;
+    const Plan& pl = plan_for(lt, g);
+    if (!pl.usable) return false;
+    const float alpha = 1.f, beta = 0.f;
+    lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, a, pl.a, b, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, workspace,
+                            g.workspace, st),
+             "cublasLtMatmul");
+    return true;
+}
 
 void prepare_math(MathMode m) {
     if (m == MathMode::F32 || !device_available() || detail::compute_major() < 8) return;

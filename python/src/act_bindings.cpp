@@ -100,6 +100,17 @@ void bind_act_policy(nb::module_& m) {
                      "Chunks predicted since the last reset() (the last select_action predicted one when it grew).")
         .def_prop_ro("device_bytes", [](PyActPolicy& s) { return s.get([](auto& p) { return p.buffer_bytes(); }); },
                      "Bytes of buffers and workspace (weights not counted).")
+        .def_prop_rw(
+            "math", [](PyActPolicy& s) { return std::string(math_mode_name(s.get([](auto& p) { return p.math(); }))); },
+            [](PyActPolicy& s, const std::string& v) {
+                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+                const MathMode m = parse_math_mode(v);
+                s.run([&](auto& p) { p.set_math(m); });
+            },
+            "Arithmetic of the products (ActPolicy::set_math): 'f32' (exact, default), or the opt-in tensor-core modes\n"
+            "'tf32' / 'bf16': on CUDA sm_80+ the linears of >= 32 rows and the backbone's convolutions run TF32 GEMMs\n"
+            "(F32 weights: 'bf16' computes as 'tf32'); attention, LayerNorm and normalisation stay exact. On the CPU\n"
+            "'bf16' rounds linear operands to BF16 where the CPU has AVX512_BF16, 'tf32' computes exactly.")
         .def(
             "reset", [](PyActPolicy& s, nb::handle) { s.run([](auto& p) { p.reset(); }); }, "seed"_a = nb::none(),
             "LeRobot's reset(): empties the action queue or the temporal ensemble (call at every episode start). seed is\n"

@@ -148,6 +148,16 @@ void bind_diffusion_policy(nb::module_& m) {
             "env"_a, "Chunks environment env generated since its last reset.")
         .def_prop_ro("device_bytes", [](PyWholePolicy& s) { return s.get([](auto& p) { return p.device_bytes(); }); },
                      "Bytes held on the backend (weights, buffers, workspaces).")
+        .def_prop_rw(
+            "math", [](PyWholePolicy& s) { return std::string(math_mode_name(s.get([](auto& p) { return p.head().math(); }))); },
+            [](PyWholePolicy& s, const std::string& v) {
+                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+                const MathMode m = parse_math_mode(v);
+                s.run([&](auto& p) { p.set_math(m); });
+            },
+            "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"
+            "(CUDA sm_80+, used where batch*length >= 256); the encoder stays exact. On the CPU 'tf32' is exact and 'bf16'\n"
+            "rounds the convolutions' operands to BF16 where the CPU has AVX512_BF16.")
         .def(
             "reset",
             [](PyWholePolicy& s, nb::handle seed, nb::handle env) {

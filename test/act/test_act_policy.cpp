@@ -131,6 +131,56 @@ TEST_CASE_TEMPLATE("ActPolicy matches LeRobot on two 96x96 cameras + environment
     check_fixture<B>("act_cam2", ActSelection{.temporal_ensemble_coeff = std::nullopt, .n_action_steps = 5});
 }
 
+namespace {
+
+/// Max abs over every step's chunk of fixture `name` between ActPolicy<B> at math `m` and LeRobot (normalised units).
+template <class B>
+double chunk_error_at(const std::string& name, MathMode m, std::vector<float>* chunks_out = nullptr) {
+    ActPolicy<B> p = ActPolicy<B>::load(fixture(name));
+    p.set_math(m);
+    CHECK(p.math() == m);
+    const Episode e = testsupport::read_policy_episode(p, name);
+    const std::size_t C = std::size_t(p.config().chunk_size), A = std::size_t(p.action_dim());
+    const auto want = io::read_npy_f32(ref_dir(name) / "chunks.npy");
+    std::vector<float> chunk(C * A);
+    Observation o;
+    double err = 0;
+    for (int t = 0; t < e.T; ++t) {
+        observation_at(p, e, t, false, o);
+        p.predict_action_chunk(o.obs, chunk);
+        for (std::size_t i = 0; i < chunk.size(); ++i)
+            err = std::max(err, std::fabs(double(chunk[i]) - double(want.data[std::size_t(t) * C * A + i])));
+        if (chunks_out) chunks_out->insert(chunks_out->end(), chunk.begin(), chunk.end());
+    }
+    return err;
+}
+
+// Opt-in tensor-core math vs LeRobot's float32 chunks, normalised units. On the CPU BF16 rounds both operands of the
+// linears (2 x 2^-9 ~ 3.9e-3 relative per product) and these fixtures' chunks then move by up to 2.5e-2: 5e-2.
+// CUDA TF32 rounds the activations to nearest (2^-11) and the library converts the weights (up to 2^-10): ~1.5e-3
+// per product, in the linears and also in every backbone convolution: 3e-2. BF16 with F32 weights computes as TF32.
+constexpr double kTf32Bound = 3e-2, kBf16Bound = 5e-2;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("ActPolicy under TF32 / BF16 math stays within its stated bound of LeRobot (CPU: TF32 computes exactly)", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!optest::ready<B>()) return;
+    for (const std::string name : {"act_cam1", "act_cam2"}) {
+        CAPTURE(name);
+        std::vector<float> exact, tf32;
+        const double e_f32 = chunk_error_at<B>(name, MathMode::F32, &exact);
+        const double e_tf32 = chunk_error_at<B>(name, MathMode::TF32, &tf32);
+        const double e_bf16 = chunk_error_at<B>(name, MathMode::BF16);
+        MESSAGE(std::string(backend_name<B>()), " ", name, ": chunk max abs vs LeRobot f32 ", e_f32, ", tf32 ", e_tf32, ", bf16 ", e_bf16,
+                " (normalised units)");
+        CHECK(e_f32 <= kBound);
+        CHECK(e_tf32 <= kTf32Bound);
+        CHECK(e_bf16 <= kBf16Bound);
+        if constexpr (std::is_same_v<B, Cpu>) CHECK(tf32 == exact);  // no TF32 path on the CPU
+    }
+}
+
 TEST_CASE("ActPolicy rejects unsupported or inconsistent folders naming the field or key") {
     CHECK_THROWS_WITH(ActPolicy<Cpu>::load(edited_copy("act_cam1", "no_dim", [](nlohmann::json& j) { j.erase("dim_model"); })),
                       doctest::Contains("missing field 'dim_model'"));

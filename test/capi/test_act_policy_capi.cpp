@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kBound = 1e-4;  // max abs, normalised action units (issue 23), as test/act checks ActPolicy<Cpu>
+// BF16 operands (8 significant bits, relative rounding 2^-9) in every linear of a 4-layer transformer on these
+// random-init weights: a few 1e-2 normalised.
+constexpr double kBf16Bound = 5e-2;
 
 std::string folder() { return testsupport::rebuilt_fixture("act_cam2").string(); }
 fs::path ref_dir() { return fs::path(FLOWEDGE_FIXTURES_DIR) / "act_cam2_ref"; }
@@ -129,6 +132,24 @@ TEST_CASE("fe_policy: ACT episodes equal LeRobot's, temporal ensembling (the che
     MESSAGE("act_cam2 via fe_policy, queue of 5: max abs ", err, " (normalised units)");
     CHECK(err <= kBound);
     CHECK(chunks == (e.T + 4) / 5);
+}
+
+TEST_CASE("fe_policy_set_math on ACT (CPU): tf32 computes exactly, bf16 rounds linears where the CPU has AVX512_BF16") {
+    const Episode e;
+    int chunks = 0;
+    Loaded l;
+    const double exact = episode_error(l.p, e, "actions.npy", chunks);
+    REQUIRE(fe_policy_set_math(l.p, "tf32") == FE_OK);
+    CHECK(episode_error(l.p, e, "actions.npy", chunks) == exact);
+    REQUIRE(fe_policy_set_math(l.p, "bf16") == FE_OK);
+    const double bf16 = episode_error(l.p, e, "actions.npy", chunks);
+    MESSAGE("act_cam2 via fe_policy, bf16 math on the CPU: max abs ", bf16, " (normalised units; exact ", exact, ")");
+    CHECK(bf16 <= kBf16Bound);
+    CHECK(fe_policy_set_math(l.p, "fp8") == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("unknown math mode 'fp8'"));
+    CHECK(fe_policy_set_math(l.p, nullptr) == FE_ERR_INVALID_ARGUMENT);
+    REQUIRE(fe_policy_set_math(l.p, "F32") == FE_OK);
+    CHECK(episode_error(l.p, e, "actions.npy", chunks) == exact);
 }
 
 TEST_CASE("fe_policy: on ACT, Diffusion Policy options, caller noise and bad selections are errors naming the cause") {

@@ -186,6 +186,40 @@ TEST_CASE("fe_policy: bad input returns its status and names the key and the exp
     CHECK(fe_policy_chunks_generated(l.p) == 1);
 }
 
+TEST_CASE("fe_policy_set_math: the engine's names and errors; a CPU Diffusion Policy computes TF32 exactly, BF16 near F32") {
+    Loaded l;
+    const Obs o(0);
+    const fe_observation c = o.c();
+    const std::uint64_t seed = 3;
+    auto first_action = [&](float (&a)[2]) {
+        REQUIRE(fe_policy_reset(l.p, &seed) == FE_OK);
+        REQUIRE(fe_policy_select_action(l.p, &c, a, 2) == FE_OK);
+    };
+    float exact[2], got[2];
+    first_action(exact);
+    REQUIRE(fe_policy_set_math(l.p, "tf32") == FE_OK);
+    first_action(got);
+    CHECK(got[0] == exact[0]);  // no TF32 path on the CPU
+    CHECK(got[1] == exact[1]);
+    for (const char* mode : {"bf16", "BF16"}) {
+        CAPTURE(mode);
+        REQUIRE(fe_policy_set_math(l.p, mode) == FE_OK);
+        first_action(got);
+        // The U-Net's Conv1d on the vdpbf16ps kernels where the CPU has AVX512_BF16 (exact elsewhere): as the
+        // engine's test, within 2e-2 relative of F32 after 10 DDIM steps.
+        for (int d = 0; d < 2; ++d) CHECK(std::fabs(got[d] - exact[d]) <= 2e-2f * (1.f + std::fabs(exact[d])));
+    }
+    REQUIRE(fe_policy_set_math(l.p, "f32") == FE_OK);
+    first_action(got);
+    CHECK(got[0] == exact[0]);
+    CHECK(got[1] == exact[1]);
+    CHECK(fe_policy_set_math(l.p, "fp8") == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("unknown math mode 'fp8'"));
+    CHECK(fe_policy_set_math(l.p, nullptr) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("fe_policy_set_math: math is NULL"));
+    CHECK(fe_policy_set_math(nullptr, "f32") == FE_ERR_INVALID_ARGUMENT);
+}
+
 TEST_CASE("fe_policy: load errors") {
     fe_policy* p = reinterpret_cast<fe_policy*>(1);
     CHECK(fe_policy_load("/no/such/folder", "cpu", &p) == FE_ERR_IO);

@@ -3,6 +3,8 @@
 // the ResNet18 encoder's shapes at an 84x84 crop plus odd sizes that leave partial tiles and row blocks; the CPU's
 // packed weights (Storage::Conv2dWeight) on the same shapes and on the edges of their cutting; and the shared
 // argument checks.
+#include <optional>
+
 #include "cpu_packed_util.hpp"
 
 using namespace optest;
@@ -13,12 +15,24 @@ struct Conv2dCase {
     int batch, cin, cout, in_h, in_w, kh, kw, sh, sw, ph, pw;
 };
 
+/// Tolerance (times sum |terms|) of Ops<B>::conv2d at `math` for a reduction of kg terms: exact kernels 2e-6; the
+/// CUDA tensor-core path (conv2d_gemm.cu's bound) TF32 for F32 weights (x rounded nearest 2^-11, weights by the
+/// library 2^-10, float accumulation kg 2^-24, epilogue adds 2^-23), BF16 for BF16 weights under BF16 math.
+template <class B>
+double conv2d_tolerance(MathMode math, DType dt, int kg, bool tensor_cores) {
+    if (!tensor_cores || math == MathMode::F32) return 2e-6;
+    const double accumulate = double(kg) * 0x1p-24 + 0x1p-23;
+    if (dt == DType::F32) return 0x1p-10 + 0x1p-11 + accumulate;
+    return 0x1p-8 + accumulate;  // BF16 weights under BF16 math (the only other pair the GEMM takes)
+}
+
 /// packed: CPU only, the weights as Ops<Cpu> prepares a Conv2d weight (output blocks on the SIMD sets, the stored
-/// tensor then withheld from the op; as stored on the scalar set).
+/// tensor then withheld from the op; as stored on the scalar set). math: Conv2dParams::math, with the scratch the
+/// tensor-core path needs when `with_scratch` (none on the CPU); `out` gets the output.
 template <class B>
 void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, bool with_residual, std::uint32_t seed,
-                bool packed = false) {
-    CAPTURE(packed);
+                bool packed = false, MathMode math = MathMode::F32, bool with_scratch = true, std::vector<float>* out = nullptr) {
+    CAPTURE(packed); CAPTURE(int(math)); CAPTURE(with_scratch);
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.kh); CAPTURE(k.kw);
     CAPTURE(k.sh); CAPTURE(k.sw); CAPTURE(k.ph); CAPTURE(k.pw); CAPTURE(dtype_name(dt)); CAPTURE(int(act));
     CAPTURE(with_bias); CAPTURE(with_residual);
@@ -74,10 +88,25 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
     p.batch = k.batch; p.in_channels = k.cin; p.out_channels = k.cout; p.in_h = k.in_h; p.in_w = k.in_w;
     p.out_h = oh; p.out_w = ow; p.kernel_h = k.kh; p.kernel_w = k.kw; p.stride_h = k.sh; p.stride_w = k.sw;
     p.pad_h = k.ph; p.pad_w = k.pw; p.act = act;
+    p.math = math;
+    bool tensor_cores = false;
+    std::optional<Dev<std::uint8_t, B>> scratch;
+    if constexpr (!kIsCpu<B>) {
+        const std::size_t need = Ops<B>::conv2d_scratch_bytes(p);
+        tensor_cores = math != MathMode::F32 && with_scratch && need > 0 && (act == Activation::None || act == Activation::Relu) &&
+                       (dt == DType::F32 || (dt == DType::BF16 && math == MathMode::BF16));
+        if (with_scratch && need > 0) {
+            scratch.emplace(need);
+            p.scratch = scratch->ptr();
+            p.scratch_bytes = need;
+        }
+    }
     Ops<B>::conv2d(p);
     const auto got = dy.host(ny);
-    check_all(got, ref, scale, 2e-6, "conv2d");
+    if (out) *out = got;
+    check_all(got, ref, scale, conv2d_tolerance<B>(math, dt, k.cin * k.kh * k.kw, tensor_cores), "conv2d");
     if constexpr (!kIsCpu<B>) {
+        if (math != MathMode::F32) return;  // the rounded path is checked against the double reference only
         std::vector<float> cpu(ny);
         p.x = x.data(); p.w = w.ref(); p.bias = with_bias ? bias.data() : nullptr;
         p.residual = with_residual ? res.data() : nullptr; p.y = cpu.data();
@@ -117,6 +146,41 @@ TEST_CASE_TEMPLATE("conv2d: the ResNet18 encoder's shapes at an 84x84 crop (fuse
         run_conv2d<B>(layers[5].k, dt, A::Relu, true, true, seed += 10);
         run_conv2d<B>(layers[9].k, dt, A::Relu, true, true, seed += 10);
         run_conv2d<B>(layers[10].k, dt, A::None, true, false, seed += 10);
+    }
+}
+
+TEST_CASE_TEMPLATE("conv2d under TF32 / BF16 math: CUDA's tensor-core GEMM within its bound, exact without scratch and on the CPU",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    using A = Activation;
+    struct Layer { Conv2dCase k; bool residual; A act; };
+    // ACT's ResNet18 at a 96x128 frame (the 480x640 shapes at 1/5 scale), batches, odd sizes and its 1x1 input
+    // projection with bias.
+    const Layer layers[] = {
+        {{1, 3, 64, 96, 128, 7, 7, 2, 2, 3, 3}, false, A::Relu},       // conv1 -> 48x64
+        {{1, 64, 64, 24, 32, 3, 3, 1, 1, 1, 1}, true, A::Relu},        // layer1 conv b + identity
+        {{2, 64, 128, 24, 32, 3, 3, 2, 2, 1, 1}, false, A::Relu},      // layer2.0 conv a, batch 2
+        {{1, 64, 128, 24, 32, 1, 1, 2, 2, 0, 0}, false, A::None},      // layer2.0 downsample
+        {{1, 512, 512, 3, 4, 3, 3, 1, 1, 1, 1}, true, A::Relu},        // layer4 conv b (reduction 4608)
+        {{1, 512, 96, 3, 4, 1, 1, 1, 1, 0, 0}, false, A::None},        // ACT's 1x1 input projection, with bias
+        {{3, 5, 7, 9, 11, 3, 2, 2, 1, 1, 0}, true, A::Relu},           // odd sizes, non-square kernel, batch 3
+    };
+    std::uint32_t seed = 9900;
+    for (const MathMode math : {MathMode::TF32, MathMode::BF16}) {
+        for (const auto& l : layers) run_conv2d<B>(l.k, DType::F32, l.act, true, l.residual, seed += 10, false, math);
+        run_conv2d<B>(layers[1].k, DType::BF16, A::Relu, true, true, seed += 10, false, math);
+        run_conv2d<B>(layers[4].k, DType::F16, A::Relu, true, true, seed += 10, false, math);  // declined: exact
+    }
+    // Silu is not an epilogue of the GEMM path: the exact kernels run (2e-6) even with scratch.
+    run_conv2d<B>(layers[1].k, DType::F32, A::Silu, true, true, seed += 10, false, MathMode::TF32);
+    // Without scratch the exact kernels run (2e-6), whatever the math.
+    run_conv2d<B>(layers[0].k, DType::F32, A::Relu, true, false, seed += 10, false, MathMode::TF32, false);
+    if constexpr (!kIsCpu<B>) {
+        // The tensor-core path ran: TF32 operands change the stem's output bits (147-term sums of random values).
+        std::vector<float> exact, tf32;
+        run_conv2d<B>(layers[0].k, DType::F32, A::None, true, false, 9990, false, MathMode::F32, true, &exact);
+        run_conv2d<B>(layers[0].k, DType::F32, A::None, true, false, 9990, false, MathMode::TF32, true, &tf32);
+        CHECK(exact != tf32);
     }
 }
 

@@ -58,7 +58,17 @@ void selective_scan(const SelectiveScanParams& p, Stream s);
 void diffusion_step(const DiffusionStepParams& p, Stream s);
 void unnormalize(const UnnormalizeParams& p, Stream s);
 // Image ops (the RGB encoder and its preprocessing).
+/// The exact kernels (CUDA cores; p.math is ignored here: Ops<Cuda>::conv2d tries conv2d_gemm first when it is not F32).
 void conv2d(const Conv2dParams& p, Stream s);
+/// cuBLASLt tensor-core conv2d (kernels/cuda/conv2d_gemm.cu): per image an im2col panel in p.scratch and one TF32 (F32
+/// weights) or BF16 (BF16 weights, BF16 math) GEMM writing y, then bias / residual / ReLU. Returns false, leaving y
+/// untouched, when it does not apply (math F32, other weight dtype/math pairs, an activation other than None/ReLU,
+/// p.scratch missing or smaller than conv2d_scratch_bytes(p), no sm_80+ device, no library handle while a graph is
+/// being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1). Bound and determinism: see conv2d_gemm.cu.
+bool conv2d_gemm(const Conv2dParams& p, Stream s);
+/// Scratch bytes conv2d_gemm needs for p's shape on an sm_80+ device (p.math itself is ignored: models size their
+/// workspace at load), else 0.
+std::size_t conv2d_scratch_bytes(const Conv2dParams& p);
 void max_pool2d(const MaxPool2dParams& p, Stream s);
 void spatial_softmax(const SpatialSoftmaxParams& p, Stream s);
 void normalize(const NormalizeParams& p, Stream s);

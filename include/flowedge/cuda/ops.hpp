@@ -54,7 +54,13 @@ struct Ops<Cuda> {
     static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { check_args(p); cuda::selective_scan(p, s); }
     static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { check_args(p); cuda::diffusion_step(p, s); }
     static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { check_args(p); cuda::unnormalize(p, s); }
-    static void conv2d(const Conv2dParams& p, Stream s = {}) { check_args(p); cuda::conv2d(p, s); }
+    /// Non-F32 math with scratch: the tensor-core GEMM (conv2d_gemm.cu) where it applies; otherwise the exact kernels.
+    static void conv2d(const Conv2dParams& p, Stream s = {}) {
+        check_args(p);
+        if (p.math != MathMode::F32 && cuda::conv2d_gemm(p, s)) return;
+        cuda::conv2d(p, s);
+    }
+    static std::size_t conv2d_scratch_bytes(const Conv2dParams& p) { return cuda::conv2d_scratch_bytes(p); }
     static void max_pool2d(const MaxPool2dParams& p, Stream s = {}) { check_args(p); cuda::max_pool2d(p, s); }
     static void spatial_softmax(const SpatialSoftmaxParams& p, Stream s = {}) { check_args(p); cuda::spatial_softmax(p, s); }
     static void normalize(const NormalizeParams& p, Stream s = {}) { check_args(p); cuda::normalize(p, s); }

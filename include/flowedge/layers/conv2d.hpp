@@ -2,6 +2,7 @@
 // and bias at load, so a ResNet conv + norm (+ residual + ReLU) is one Ops<B>::conv2d.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -154,7 +155,38 @@ public:
         p.stride_h = p.stride_w = m_cfg.stride;
         p.pad_h = p.pad_w = m_cfg.pad;
         p.act = act;
+        p.math = ctx.math;
+        if (ctx.math != MathMode::F32 && ctx.workspace) {
+            // The tensor-core path wants backend scratch (CUDA: the im2col panel and the GEMM library's workspace);
+            // taken only when the arena was sized for it (scratch_bytes at load), else the exact kernels run.
+            const std::size_t need = backend_scratch_bytes(p);
+            if (need > 0 && ctx.workspace->available() >= need) {
+                typename Workspace<B>::Mark mark(*ctx.workspace);
+                p.scratch = ctx.workspace->template take<std::byte>(Shape{std::int64_t(need)}).data;
+                p.scratch_bytes = need;
+                Ops<B>::conv2d(p, ctx.stream);
+                return;
+            }
+        }
         Ops<B>::conv2d(p, ctx.stream);
+    }
+
+    /// Backend scratch a forward() over `batch` x [in, h, w] may take under a non-F32 MathMode (0 on the CPU, which
+    /// has no rounded path); models add the largest to their workspace at load.
+    std::size_t scratch_bytes(int batch, int h, int w) const {
+        if (!(out_size(h) > 0 && out_size(w) > 0)) return 0;
+        Conv2dParams p;
+        p.batch = batch;
+        p.in_channels = m_cfg.in;
+        p.out_channels = m_cfg.out;
+        p.in_h = h;
+        p.in_w = w;
+        p.out_h = out_size(h);
+        p.out_w = out_size(w);
+        p.kernel_h = p.kernel_w = m_cfg.kernel;
+        p.stride_h = p.stride_w = m_cfg.stride;
+        p.pad_h = p.pad_w = m_cfg.pad;
+        return backend_scratch_bytes(p);
     }
 
     /// Parameters of the module pair as in PyTorch (the conv, plus the BatchNorm's affine weight and bias).
@@ -168,6 +200,12 @@ public:
     }
 
 private:
+    /// Ops<B>::conv2d_scratch_bytes where the backend has a rounded conv2d path (CUDA), else 0.
+    static std::size_t backend_scratch_bytes(const Conv2dParams& p) {
+        if constexpr (requires { Ops<B>::conv2d_scratch_bytes(p); }) return Ops<B>::conv2d_scratch_bytes(p);
+        else return 0;
+    }
+
     Config m_cfg{};
     Parameter<B> m_weight;
     Parameter<B> m_bias;   ///< the conv's bias, or the folded bias with batch_norm

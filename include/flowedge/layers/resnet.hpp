@@ -130,10 +130,11 @@ public:
         return total;
     }
 
-    /// Scratch bytes forward() takes from the context's workspace for `batch` images.
-    std::size_t workspace_bytes(int batch) const {
+    /// Scratch bytes forward() takes from the context's workspace for `batch` images; with `tensor_core_scratch`,
+    /// also what each convolution's non-F32 MathMode path takes on top (Conv2d::scratch_bytes; 0 on the CPU).
+    std::size_t workspace_bytes(int batch, bool tensor_core_scratch = false) const {
         WorkspaceMeter<B> meter;
-        walk(meter, Pass{.batch = batch});
+        walk(meter, Pass{.batch = batch, .conv_scratch = tensor_core_scratch});
         return meter.peak();
     }
 
@@ -164,6 +165,7 @@ private:
         const float* x = nullptr;
         float* y = nullptr;
         std::int64_t* macs = nullptr;
+        bool conv_scratch = false;  ///< metering: count the convolutions' tensor-core scratch
     };
 
     struct WalkResult {
@@ -205,6 +207,8 @@ private:
             if (pass.macs) *pass.macs += u.conv.macs(batch, h, w);
             const int oc = u.conv.config().out, oh = u.conv.out_size(h), ow = u.conv.out_size(w);
             View<float, B> raw = u.gn ? in_slot(tmp, oc, oh, ow) : out;
+            if constexpr (!kRun)
+                if (pass.conv_scratch) ws.reserve(u.conv.scratch_bytes(batch, h, w));
             if constexpr (kRun) {
                 Context<B>& ctx = *pass.ctx;
                 if (!u.gn) {

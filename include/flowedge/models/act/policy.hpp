@@ -106,7 +106,8 @@ public:
             m_img_proj.load(file, "model.encoder_img_feat_input_proj.", "", lo, "act");
             m_feat_h = m_backbone.out_h();
             m_feat_w = m_backbone.out_w();
-            ws = std::max(ws, m_backbone.workspace_bytes(1));
+            // With the tensor-core scratch of every convolution (CUDA; sized now, used under set_math(TF32/BF16)).
+            ws = std::max({ws, m_backbone.workspace_bytes(1, true), m_img_proj.scratch_bytes(1, m_feat_h, m_feat_w)});
             for (const io::PolicyCamera& pc : m_meta.cameras) {
                 m_frames.emplace_back(std::size_t(pc.channels) * pc.height * pc.width * sizeof(float));
                 m_cam_norm.push_back(FeatureNormBuffers<B>::upload(pc.norm));
@@ -238,6 +239,26 @@ public:
         k.decoder.parameters = c.n_decoder_layers * (2 * attn + ffn + 3 * norm) + Q * D + norm + D * A + A;
         return k;
     }
+
+    /// Arithmetic of the products (default MathMode::F32: every product exact in float, as LeRobot's float32 eval).
+    /// MathMode::TF32 / BF16 are opt-in and round where the backend has a faster path:
+    ///   CUDA (sm_80+): every linear of >= 32 rows that does not accumulate (the attention q/k/v projections, the
+    ///   cross-attention k/v over the encoder memory, the feed-forward linears, the action head; post-norm also the
+    ///   attention output projections and linear2, which pre-norm accumulates into the residual, exactly) runs on the
+    ///   cuBLASLt TF32 GEMM (F32 weights: TF32 under either mode), and the backbone's convolutions and the 1x1 input
+    ///   projection run im2col + the same GEMM (conv2d_gemm.cu). Attention scores, softmax and weighted sums,
+    ///   LayerNorm, the one-row token projections and the state/image normalisation stay exact.
+    ///   CPU: MathMode::BF16 rounds both operands of every linear with rows longer than 8 to BF16 (float accumulation)
+    ///   where the CPU has AVX512_BF16 (the linear kernels' rule); TF32 computes exactly; convolutions stay exact.
+    /// Drops the recorded graph (the next chunk records it again); a no-op when m is the current mode.
+    void set_math(MathMode m) {
+        m_exec.check_live("set_math", "ActPolicy");
+        if (!m_exec.switch_math(m)) return;
+        for (Linear<B>* l : {&m_latent_proj, &m_state_proj, &m_env_proj, &m_action_head}) l->set_math(m);
+        for (ActEncoderLayer<B>& layer : m_encoder) layer.set_math(m);
+        for (ActDecoderLayer<B>& layer : m_decoder) layer.set_math(m);
+    }
+    MathMode math() const { return m_exec.math(); }
 
     /// One chunk from `obs` run part by part outside any recorded graph, the stream synchronized after each part (the
     /// per-part latency table of bench/act_bench), each part timed with `clock_ms` (milliseconds; default the host's

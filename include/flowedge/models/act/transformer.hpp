@@ -42,7 +42,18 @@ void add_rows(Context<B>& ctx, const float* x, const float* pos, float* out, int
 template <Backend B>
 void feed_forward(Context<B>& ctx, const Linear<B>& l1, const Linear<B>& l2, ActFeedForward act, const float* x, float* hidden,
                   float* out, int rows, bool accumulate) {
-    l1.forward(ctx, x, hidden, rows, act == ActFeedForward::Relu ? Activation::Relu : Activation::None);
+    // Under tensor-core math the ReLU runs as its own pass: the CUDA library GEMM takes only plain products, and
+    // linear1 ([rows, dim] x [dim, dim_feedforward]) is the largest product of the layer.
+    const bool separate_relu = act == ActFeedForward::Relu && ctx.math != MathMode::F32;
+    l1.forward(ctx, x, hidden, rows, act == ActFeedForward::Relu && !separate_relu ? Activation::Relu : Activation::None);
+    if (separate_relu) {
+        ActivationParams r;
+        r.x = hidden;
+        r.y = hidden;
+        r.n = std::int64_t(rows) * l1.config().out;
+        r.act = Activation::Relu;
+        Ops<B>::activation(r, ctx.stream);
+    }
     if (act == ActFeedForward::Gelu) {
         GeluParams g;
         g.x = hidden;
@@ -94,6 +105,12 @@ public:
             act_detail::feed_forward(ctx, m_linear1, m_linear2, m_cfg.feedforward, x, s.hidden, s.branch, n, false);
             m_norm2.forward(ctx, s.branch, x, x, n);
         }
+    }
+
+    /// Readies the feed-forward weights' prepared form for arithmetic m (Linear::set_math; no allocation).
+    void set_math(MathMode m) {
+        m_linear1.set_math(m);
+        m_linear2.set_math(m);
     }
 
 private:
@@ -155,6 +172,12 @@ public:
             act_detail::feed_forward(ctx, m_linear1, m_linear2, m_cfg.feedforward, x, s.hidden, s.branch, n, false);
             m_norm3.forward(ctx, s.branch, x, x, n);
         }
+    }
+
+    /// Readies the feed-forward weights' prepared form for arithmetic m (Linear::set_math; no allocation).
+    void set_math(MathMode m) {
+        m_linear1.set_math(m);
+        m_linear2.set_math(m);
     }
 
 private:
