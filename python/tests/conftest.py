@@ -45,3 +45,13 @@ def clean_env(monkeypatch):
     monkeypatch.delenv("FLOWEDGE_CUDA_REQUIRED", raising=False)
     monkeypatch.delenv("FLOWEDGE_CUDA_FORCE_HOST", raising=False)
     return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def act_folder(tmp_path_factory):
+    """The two-camera ACT fixture folder, its model.safetensors rebuilt from the committed manifest."""
+    from lerobot_fixture import rebuild
+    src = FIXTURES / "act_cam2"
+    if not (src / "manifest.json").is_file():
+        pytest.skip(f"fixture {src} not present")
+    return rebuild(src, tmp_path_factory.mktemp("act_cam2"))

@@ -7,18 +7,10 @@ import pytest
 
 import flowedge
 from conftest import FIXTURES
-from lerobot_fixture import read_safetensors, rebuild
+from lerobot_fixture import read_safetensors
 
 REF = FIXTURES / "act_cam2_ref"
 BOUND = 1e-4  # max abs, normalised action units (issue 23), as test/act bounds ActPolicy<Cpu>
-
-
-@pytest.fixture(scope="module")
-def act_folder(tmp_path_factory):
-    src = FIXTURES / "act_cam2"
-    if not (src / "manifest.json").is_file():
-        pytest.skip(f"fixture {src} not present")
-    return rebuild(src, tmp_path_factory.mktemp("act_cam2"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import pytest
 
 import flowedge
 from conftest import FIXTURES
-from lerobot_fixture import rebuild
 
 ACT_REF = FIXTURES / "act_cam2_ref"
 
@@ -14,14 +13,6 @@ ACT_REF = FIXTURES / "act_cam2_ref"
 def dp_obs(t):
     return {"observation.state": np.array([100.0 + 37.0 * t, 111.0 + 37.0 * t], np.float32),
             "observation.environment_state": (0.1 * t - 0.2 * np.arange(4)).astype(np.float32)}
-
-
-@pytest.fixture(scope="module")
-def act_folder(tmp_path_factory):
-    src = FIXTURES / "act_cam2"
-    if not (src / "manifest.json").is_file():
-        pytest.skip(f"fixture {src} not present")
-    return rebuild(src, tmp_path_factory.mktemp("act_cam2"))
 
 
 def first_action(policy, obs):

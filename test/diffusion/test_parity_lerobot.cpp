@@ -236,10 +236,8 @@ TEST_CASE("W8A8 (LoadOptions::quantize, AVX512_VNNI) and BF16 weights under Math
     // W8A8: the INT8 weights above, plus each Conv1d's activations rounded per call to 8 bits over each im2col
     // column's range (at most (max - min) / 510 per value; activations with a few large values per column lose more
     // than the weights do). BF16 weights under MathMode::BF16 (vdpbf16ps on the packed BF16 blocks): the BF16 weights above, plus
-    // activations rounded to BF16 (2^-9 relative). Measured on this fixture: W8A8 DDIM10 5.2e-2 (executed rows 7.7e-2,
-    // eps <= 4.3e-2), BF16 math DDIM10 2.6e-2 (eps <= 1.3e-2). Stated bounds: W8A8 1.5e-1, BF16 math 5e-2 max abs in normalised
-    // units for every check (measured values in the log and docs/numerics.md); properties of the opt-in modes, not
-    // parity bounds. Where a mode has no kernels here, its error at load (W8A8) or exact fallback (BF16 math) is checked.
+    // activations rounded to BF16 (2^-9 relative). Stated bounds, max abs in normalised units for every check (the
+    // measured values are in the test log and docs/numerics.md): properties of the opt-in modes, not parity bounds. Where a mode has no kernels here, its error at load (W8A8) or exact fallback (BF16 math) is checked.
     constexpr double kW8A8Bound = 1.5e-1, kBf16MathBound = 5e-2;
     auto h32 = DiffusionHead<Cpu>::load(kFolder, {}, 2);
     const Errors e32 = measure(h32, "F32 (for the W8A8 / BF16-math comparison)");

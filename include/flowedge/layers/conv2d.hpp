@@ -138,22 +138,12 @@ public:
             fail(ErrorKind::BadShape, "conv2d", "input smaller than the kernel" +
                                                     expected_got(">= " + std::to_string(m_cfg.kernel - 2 * m_cfg.pad), x.shape.str()));
         check_shape(y, Shape{batch, m_cfg.out, out_size(h), out_size(w)}, "conv2d", "output");
-        Conv2dParams p;
+        Conv2dParams p = geometry(batch, h, w);
         p.x = x.data;
         p.w = m_weight.ref();
         p.bias = (m_cfg.bias || m_cfg.batch_norm) ? m_bias.f32() : nullptr;
         p.residual = residual;
         p.y = y.data;
-        p.batch = batch;
-        p.in_channels = m_cfg.in;
-        p.out_channels = m_cfg.out;
-        p.in_h = h;
-        p.in_w = w;
-        p.out_h = out_size(h);
-        p.out_w = out_size(w);
-        p.kernel_h = p.kernel_w = m_cfg.kernel;
-        p.stride_h = p.stride_w = m_cfg.stride;
-        p.pad_h = p.pad_w = m_cfg.pad;
         p.act = act;
         p.math = ctx.math;
         if (ctx.math != MathMode::F32 && ctx.workspace) {
@@ -175,6 +165,11 @@ public:
     /// has no rounded path); models add the largest to their workspace at load.
     std::size_t scratch_bytes(int batch, int h, int w) const {
         if (!(out_size(h) > 0 && out_size(w) > 0)) return 0;
+        return backend_scratch_bytes(geometry(batch, h, w));
+    }
+
+    /// The op's sizes for `batch` x [in, h, w] inputs (pointers left for the caller).
+    Conv2dParams geometry(int batch, int h, int w) const {
         Conv2dParams p;
         p.batch = batch;
         p.in_channels = m_cfg.in;
@@ -186,7 +181,7 @@ public:
         p.kernel_h = p.kernel_w = m_cfg.kernel;
         p.stride_h = p.stride_w = m_cfg.stride;
         p.pad_h = p.pad_w = m_cfg.pad;
-        return backend_scratch_bytes(p);
+        return p;
     }
 
     /// Parameters of the module pair as in PyTorch (the conv, plus the BatchNorm's affine weight and bias).

@@ -14,9 +14,9 @@ inline __m512 mamba_exp2_reduced(__m512 f) {
 
 /// 2^x for 16 floats x <= 0 (the scan's decays exp(dt A) = 2^(dt log2(e) A), dt >= 0, A < 0): n = round(x), 2^(x - n)
 /// by a degree-5 polynomial on [-1/2, 1/2] (fitted for minimal relative error, 9e-8), scaled by 2^n with vscalefps
-/// (0 below 2^-149, so x <= 0 needs no clamp). The rounding of dt log2(e) adds |dt A| 2^-24 relative, at most
-/// 0.37 2^-24 absolute on a decay; bounds measured against double: docs/numerics.md#vector-math-functions. 8 vector
-/// operations where vexp takes 15: the scan is bound on its FP pipes.
+/// (0 below 2^-149, so x <= 0 needs no clamp). The rounding of dt log2(e) adds |dt A| 2^-24 relative; the error
+/// bounds are in docs/numerics.md#vector-math-functions. Fewer vector operations than vexp: the scan is bound on its
+/// FP pipes.
 inline __m512 scan_exp2_nonpositive(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
