@@ -58,6 +58,12 @@ std::optional<DType> dtype_arg(const char* s) {
     raise(FE_ERR_INVALID_ARGUMENT, "unknown weight dtype '" + std::string(s) + "' (expected " + kWeightDTypeNames + ")");
 }
 
+WeightQuant quantize_arg(const char* s) {
+    if (s == nullptr) return WeightQuant::None;
+    if (const std::optional<WeightQuant> q = weight_quant_from_name(s)) return *q;
+    raise(FE_ERR_INVALID_ARGUMENT, "unknown options->quantize '" + std::string(s) + "' (expected NULL, " + kWeightQuantNames + ")");
+}
+
 fe_policy& policy_of(fe_policy* p) {
     need_ptr(p, "policy");
     return *p;
@@ -191,6 +197,7 @@ std::unique_ptr<fe_policy> load_diffusion(const std::filesystem::path& dir, cons
         if (options->act_selection != nullptr)
             raise(FE_ERR_INVALID_ARGUMENT, "options->act_selection applies to ACT policies only (expected NULL for a Diffusion Policy folder)");
         opts.load.weight_dtype = dtype_arg(options->dtype);
+        opts.load.quantize = quantize_arg(options->quantize);
         if (options->steps < 0) raise(FE_ERR_INVALID_ARGUMENT, "options->steps must be >= 0 (0 = the checkpoint's)" +
                                                                  expected_got(">= 0", options->steps));
         opts.steps = options->steps;
@@ -239,6 +246,9 @@ std::unique_ptr<fe_policy> load_act(const std::filesystem::path& dir, const Devi
     ActPolicyOptions opts;
     if (options != nullptr) {
         opts.load.weight_dtype = dtype_arg(options->dtype);
+        if (quantize_arg(options->quantize) != WeightQuant::None)
+            raise(FE_ERR_INVALID_ARGUMENT, "options->quantize is a Diffusion Policy option and this is an ACT policy (expected NULL or "
+                                           "\"none\", got '" + std::string(options->quantize) + "')");
         if (options->steps != 0)
             raise(FE_ERR_INVALID_ARGUMENT, "options->steps is a Diffusion Policy option and this is an ACT policy (expected 0, got " +
                                                std::to_string(options->steps) + ")");

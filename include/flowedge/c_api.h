@@ -261,6 +261,11 @@ typedef struct fe_policy_options {
     uint64_t seed;         /**< seed of the generated noise when select_action gets none */
     const fe_act_selection* act_selection; /**< ACT: NULL = the checkpoint's temporal_ensemble_coeff and n_action_steps */
     int32_t batch;         /**< Diffusion Policy: environments served per fe_policy_select_action_batch (0 = 1); ACT: 0 or 1 */
+    const char* quantize;  /**< Diffusion Policy, CPU: NULL or "none" (default), "int8" (INT8 weight-only U-Net convolutions,
+                                AVX2 / AVX-512) or "w8a8" (INT8 weights and activations, AVX-512 with VNNI); opt-in, error
+                                bounds in docs/numerics.md. A CPU without those kernels is FE_ERR_UNSUPPORTED, device
+                                "cuda" FE_ERR_DEVICE (no INT8 GPU kernels; "auto" runs on the CPU and says why), an
+                                ACT folder or an unknown name FE_ERR_INVALID_ARGUMENT */
 } fe_policy_options;
 
 /**

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "flowedge/op_params.hpp"
 
@@ -39,6 +41,25 @@ enum class WeightQuant : std::uint8_t {
     /// Ice Lake and later); elsewhere loading fails (ErrorKind::Unsupported). Error bound: docs/numerics.md.
     W8A8,
 };
+
+/// The names the C API, Python and the programs take for WeightQuant ("none", "int8", "w8a8"; case as written);
+/// nullopt for anything else (the caller's error then lists kWeightQuantNames).
+constexpr std::optional<WeightQuant> weight_quant_from_name(std::string_view s) {
+    if (s == "none") return WeightQuant::None;
+    if (s == "int8") return WeightQuant::Int8;
+    if (s == "w8a8") return WeightQuant::W8A8;
+    return std::nullopt;
+}
+inline constexpr const char* kWeightQuantNames = "none, int8 or w8a8";
+
+constexpr const char* weight_quant_name(WeightQuant q) {
+    switch (q) {
+        case WeightQuant::Int8: return "int8";
+        case WeightQuant::W8A8: return "w8a8";
+        case WeightQuant::None: break;
+    }
+    return "none";
+}
 
 /// Whether LoadOptions::quantize applies to a tensor of this storage kind (the weights the packed conv kernels stream).
 constexpr bool quantizable(Storage s) {

@@ -31,7 +31,7 @@ from ._flowedge import (  # noqa: F401
 def load_policy(folder: Union[str, os.PathLike], device: str = "cpu", **options) -> Union[ActPolicy, DiffusionPolicy]:
     """The whole LeRobot policy of a pretrained_model folder, the class chosen by config.json's ``type``
     (:func:`policy_type`): :class:`ActPolicy` for "act", :class:`DiffusionPolicy` otherwise. ``options`` go to that
-    class (DiffusionPolicy: dtype, steps, scheduler, seed; ActPolicy: dtype, temporal_ensemble_coeff, n_action_steps);
+    class (DiffusionPolicy: dtype, steps, scheduler, seed, batch, quantize; ActPolicy: dtype, temporal_ensemble_coeff, n_action_steps);
     one the class does not take raises FlowEdgeValueError naming it."""
     cls = ActPolicy if policy_type(folder) == "act" else DiffusionPolicy
     allowed = _OPTIONS[cls]
@@ -44,12 +44,12 @@ def load_policy(folder: Union[str, os.PathLike], device: str = "cpu", **options)
 
 
 _OPTIONS = {ActPolicy: {"dtype", "temporal_ensemble_coeff", "n_action_steps"},
-            DiffusionPolicy: {"dtype", "steps", "scheduler", "seed", "batch"}}
+            DiffusionPolicy: {"dtype", "steps", "scheduler", "seed", "batch", "quantize"}}
 
 
 def _load_diffusion_policy(folder: Union[str, os.PathLike], device: str = "cpu", **options) -> DiffusionPolicy:
-    """``DiffusionPolicy(folder, device=device, **options)``: dtype, steps, scheduler, seed and ``batch`` (the number of
-    environments :meth:`DiffusionPolicy.select_action_batch` serves)."""
+    """``DiffusionPolicy(folder, device=device, **options)``: dtype, steps, scheduler, seed, ``batch`` (the number of
+    environments :meth:`DiffusionPolicy.select_action_batch` serves) and ``quantize`` (CPU opt-in "int8" / "w8a8")."""
     return DiffusionPolicy(folder, device=device, **options)
 
 

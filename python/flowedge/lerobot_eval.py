@@ -118,7 +118,8 @@ class PerEnvPolicies:
         return out
 
 
-def load_batched_policy(folder: str, batch: int, *, device: str, steps: Optional[int], scheduler: Optional[str]):
+def load_batched_policy(folder: str, batch: int, *, device: str, steps: Optional[int], scheduler: Optional[str],
+                        dtype: Optional[str] = None, quantize: Optional[str] = None):
     """The batched policy for ``batch`` environments: the native batched DiffusionPolicy when this flowedge has one
     (``DiffusionPolicy.load(..., batch=N)`` with ``select_action_batch``), else :class:`PerEnvPolicies` (always for
     ACT, which has no batched form)."""
@@ -127,9 +128,10 @@ def load_batched_policy(folder: str, batch: int, *, device: str, steps: Optional
 
     native = flowedge.policy_type(folder) != "act" and hasattr(flowedge.DiffusionPolicy, "select_action_batch")
     if native:
-        return flowedge.DiffusionPolicy.load(folder, device=device, batch=batch, steps=steps, scheduler=scheduler)
-    return PerEnvPolicies([load_whole_policy(folder, device=device, dtype=None, steps=steps, scheduler=scheduler,
-                                             seed=0, tool="lerobot-eval") for _ in range(batch)])
+        return flowedge.DiffusionPolicy.load(folder, device=device, batch=batch, steps=steps, scheduler=scheduler,
+                                             dtype=dtype, quantize=quantize)
+    return PerEnvPolicies([load_whole_policy(folder, device=device, dtype=dtype, steps=steps, scheduler=scheduler,
+                                             seed=0, tool="lerobot-eval", quantize=quantize) for _ in range(batch)])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -324,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="Diffusion Policy sampler (default: the checkpoint's)")
     ap.add_argument("--policy.num_inference_steps", dest="steps", type=int, default=None,
                     help="Diffusion Policy sampler steps (default: the checkpoint's)")
+    ap.add_argument("--policy.dtype", dest="dtype", choices=("f32", "bf16", "f16"), default=None,
+                    help="flowedge: weight storage (default f32)")
+    ap.add_argument("--policy.quantize", dest="quantize", choices=("none", "int8", "w8a8"), default=None,
+                    help="flowedge, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8) or INT8 weights and "
+                         "activations (w8a8, AVX-512 with VNNI); error bounds in docs/numerics.md")
     ap.add_argument("--env.type", dest="env_type", choices=sorted(ENV_TYPES), default="pusht")
     ap.add_argument("--env.task", dest="env_task", default=None, help="gym task (default: LeRobot's for the type)")
     ap.add_argument("--env.episode_length", dest="episode_length", type=int, default=None,
@@ -392,7 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.perf_counter()
     try:
         policy = load_batched_policy(args.policy_path, args.batch_size, device=args.device, steps=args.steps,
-                                     scheduler=args.scheduler)
+                                     scheduler=args.scheduler, dtype=args.dtype, quantize=args.quantize)
     except flowedge.FlowEdgeError as e:  # --policy.device cuda without a usable GPU, a folder that does not load
         env.close()
         raise SystemExit(str(e)) from None
@@ -417,7 +424,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     result["flowedge"] = {
         "policy_path": args.policy_path, "policy_type": kind, "env_type": args.env_type,
         "batch_size": args.batch_size, "seed": args.seed, "episode_steps": info["episode_steps"],
-        "device": args.device, "backend": policy.backend, "fallback_reason": policy.fallback_reason,
+        "device": args.device, "dtype": args.dtype or "f32", "quantize": args.quantize or "none",
+        "backend": policy.backend, "fallback_reason": policy.fallback_reason,
         "batched_policy": type(policy).__name__, "threads": args.threads,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "cpu": cpu_name(), "load_s": round(load_s, 3),
         "videos_skipped": videos.skipped, "torch_imported": "torch" in sys.modules,

@@ -21,13 +21,15 @@ WholePolicy = Union[DiffusionPolicy, ActPolicy]
 
 
 def load_whole_policy(folder: str, *, device: str, dtype: Optional[str], steps: Optional[int], scheduler: Optional[str],
-                      seed: int, tool: str) -> WholePolicy:
-    """The tools' policy, the class chosen by config.json's ``type``. steps / scheduler are Diffusion Policy flags
-    (None: not given): an ACT folder with either is an error naming them, and the seed only drives a Diffusion
+                      seed: int, tool: str, quantize: Optional[str] = None) -> WholePolicy:
+    """The tools' policy, the class chosen by config.json's ``type``. steps / scheduler / quantize are Diffusion Policy
+    flags (None: not given): an ACT folder with any is an error naming them, and the seed only drives a Diffusion
     Policy's noise. An ACT folder that cannot run on the device asked for ends the tool with the reason."""
     if policy_type(folder) != "act":
-        return DiffusionPolicy(folder, device=device, dtype=dtype, steps=steps, scheduler=scheduler, seed=seed)
-    given = [flag for flag, v in (("--diffusion-steps", steps), ("--scheduler", scheduler)) if v is not None]
+        return DiffusionPolicy(folder, device=device, dtype=dtype, steps=steps, scheduler=scheduler, seed=seed,
+                               quantize=quantize)
+    given = [flag for flag, v in (("--diffusion-steps", steps), ("--scheduler", scheduler), ("--quantize", quantize))
+             if v is not None and not (flag == "--quantize" and v == "none")]
     if given:
         raise SystemExit(f"flowedge: {tool}: {' and '.join(given)} {'is a' if len(given) == 1 else 'are'} Diffusion Policy "
                          f"option{'s' if len(given) > 1 else ''} and {folder} holds an ACT policy (expected "

@@ -392,6 +392,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--actions-out", help="flowedge-policy: write the [T, action_dim] actions here (.npy)")
     ap.add_argument("--reference-actions", help="flowedge-policy: [T, action_dim] .npy to compare the actions with")
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None, help="flowedge-policy: weight storage")
+    ap.add_argument("--quantize", choices=("none", "int8", "w8a8"), default=None,
+                    help="flowedge-policy, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8: AVX2 / AVX-512) or INT8 "
+                         "weights and activations (w8a8: AVX-512 with VNNI); error bounds in docs/numerics.md")
     args = ap.parse_args(argv)
     if args.backend == "flowedge-policy":
         return main_policy(args)
@@ -494,7 +497,8 @@ def main_policy(args) -> int:
 
     t0 = time.perf_counter()
     policy = pl.load_whole_policy(args.policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
-                                  scheduler=args.scheduler, seed=args.seed, tool="replay")
+                                  scheduler=args.scheduler, seed=args.seed, tool="replay",
+                                  quantize=args.quantize)
     load_ms = (time.perf_counter() - t0) * 1e3
     noise = None
     if args.obs:

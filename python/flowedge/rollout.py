@@ -376,6 +376,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None,
                     help="flowedge-policy: weight storage (default f32)")
+    ap.add_argument("--quantize", choices=("none", "int8", "w8a8"), default=None,
+                    help="flowedge-policy, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8: AVX2 / AVX-512) or INT8 "
+                         "weights and activations (w8a8: AVX-512 with VNNI); error bounds in docs/numerics.md")
     rt = ap.add_argument_group("real time (--backend flowedge-policy; docs/realtime.md)")
     rt.add_argument("--lock-memory", action="store_true",
                     help="mlockall + pre-fault after load (needs ulimit -l / CAP_IPC_LOCK)")
@@ -539,7 +542,8 @@ def main_policy(args, ap, t_start: float) -> int:
 
     t0 = time.perf_counter()
     policy = pl.load_whole_policy(policy_dir, device=args.device, dtype=args.dtype, steps=args.diffusion_steps,
-                                  scheduler=args.scheduler, seed=args.seed, tool="rollout")
+                                  scheduler=args.scheduler, seed=args.seed, tool="rollout",
+                                  quantize=args.quantize)
     load_ms = (time.perf_counter() - t0) * 1e3
     rt_opts = realtime_options(args)
     realtime = None

@@ -103,8 +103,7 @@ void bind_act_policy(nb::module_& m) {
         .def_prop_rw(
             "math", [](PyActPolicy& s) { return std::string(math_mode_name(s.get([](auto& p) { return p.math(); }))); },
             [](PyActPolicy& s, const std::string& v) {
-                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
-                const MathMode m = parse_math_mode(v);
+                const MathMode m = math_arg(v);
                 s.run([&](auto& p) { p.set_math(m); });
             },
             "Arithmetic of the products (ActPolicy::set_math): 'f32' (exact, default), or the opt-in tensor-core modes\n"

@@ -136,6 +136,21 @@ inline std::optional<DType> dtype_arg(nb::handle dtype) {
     bad_arg("unknown weight dtype '" + s + "' (expected float32, bfloat16 or float16)");
 }
 
+/// A `math` property's value: the lower-case names only (the C API also takes upper case).
+inline MathMode math_arg(const std::string& v) {
+    if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
+    return parse_math_mode(v);
+}
+
+/// LoadOptions::quantize from None or "none" / "int8" / "w8a8".
+inline WeightQuant quantize_arg(nb::handle quantize) {
+    if (quantize.is_none()) return WeightQuant::None;
+    if (!nb::isinstance<nb::str>(quantize)) throw nb::type_error("flowedge: quantize must be None, 'none', 'int8' or 'w8a8'");
+    const std::string s = nb::cast<std::string>(quantize);
+    if (const std::optional<WeightQuant> q = weight_quant_from_name(s)) return *q;
+    bad_arg("unknown quantize '" + s + "' (expected None, " + kWeightQuantNames + ")");
+}
+
 /// The DDPM seed: a non-negative Python int of at most 64 bits (a negative one is a ValueError, not a TypeError).
 inline std::uint64_t seed_arg(const nb::int_& seed) {
     const std::string text = nb::cast<std::string>(nb::str(seed));

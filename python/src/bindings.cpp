@@ -87,20 +87,25 @@ NB_MODULE(_flowedge, m) {
                                "path: LeRobot pretrained_model folder, its model.safetensors, or *.flowedge.safetensors.");
     dh.def(
         "__init__",
-        [](PyDiffusion* self, const std::string& path, const std::string& device, int max_batch, nb::handle dtype) {
+        [](PyDiffusion* self, const std::string& path, const std::string& device, int max_batch, nb::handle dtype,
+           nb::handle quantize) {
             if (max_batch < 1) bad_arg("max_batch must be >= 1 (got " + std::to_string(max_batch) + ")");
             LoadOptions opts;
             opts.weight_dtype = dtype_arg(dtype);
+            opts.quantize = quantize_arg(quantize);
             new (self) PyDiffusion(load_resident<DiffusionHead>(device, [&](auto tag) {
                 return DiffusionHead<decltype(tag)>::load(path, opts, max_batch);
             }));
         },
-        "path"_a, "device"_a = "cpu", "max_batch"_a = 1, "dtype"_a = nb::none(),
+        "path"_a, "device"_a = "cpu", "max_batch"_a = 1, "dtype"_a = nb::none(), "quantize"_a = nb::none(),
         nb::sig("def __init__(self, path: str, device: typing.Literal['cpu', 'cuda', 'auto'] = 'cpu', max_batch: int = 1, "
-                "dtype: typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None = None) -> None"),
+                "dtype: typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None = None, "
+                "quantize: typing.Literal['none', 'int8', 'w8a8'] | None = None) -> None"),
         "Loads the head. device: 'cpu'; 'cuda' (raises FlowEdgeError unless the model is resident on the GPU);\n"
         "'auto' (the GPU when usable, else the CPU with the reason in fallback_reason). max_batch bounds the batch\n"
-        "of every call. dtype: weight storage, None keeps the file's (also 'f32' / 'bf16' / 'f16' or a numpy dtype).");
+        "of every call. dtype: weight storage, None keeps the file's (also 'f32' / 'bf16' / 'f16' or a numpy dtype).\n"
+        "quantize: CPU opt-in 'int8' (INT8 weight-only convolutions, AVX2 / AVX-512) or 'w8a8' (INT8 weights and\n"
+        "activations, AVX-512 with VNNI); error bounds in docs/numerics.md; FlowEdgeError where the kernels are missing.");
     common_properties<PyDiffusion>(dh);
     dh.def_prop_ro("action_dim", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().action_dim; }); })
         .def_prop_ro("horizon", [](PyDiffusion& s) { return s.get([](auto& h) { return h.config().horizon; }); })
@@ -128,8 +133,7 @@ NB_MODULE(_flowedge, m) {
                 return std::string(math_mode_name(s.get([](auto& h) { return h.math(); })));
             },
             [](PyDiffusion& s, const std::string& v) {
-                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
-                const MathMode m = parse_math_mode(v);
+                const MathMode m = math_arg(v);
                 s.run([&](auto& h) { h.set_math(m); });
             },
             "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"

@@ -100,11 +100,12 @@ void bind_diffusion_policy(nb::module_& m) {
     cls.def(
         "__init__",
         [](PyWholePolicy* self, const std::filesystem::path& folder, const std::string& device, nb::handle dtype,
-           nb::handle steps, nb::handle scheduler, const nb::int_& seed, int batch) {
+           nb::handle steps, nb::handle scheduler, const nb::int_& seed, int batch, nb::handle quantize) {
             PolicyOptions opts;
             if (batch < 1) bad_arg("batch must be >= 1 (got " + std::to_string(batch) + ")");
             opts.batch = batch;
             opts.load.weight_dtype = dtype_arg(dtype);
+            opts.load.quantize = quantize_arg(quantize);
             opts.steps = steps_arg(steps).value_or(0);
             if (!scheduler.is_none()) {
                 if (!nb::isinstance<nb::str>(scheduler)) throw nb::type_error("flowedge: python: scheduler must be None, 'ddim' or 'ddpm'");
@@ -120,16 +121,19 @@ void bind_diffusion_policy(nb::module_& m) {
                 device, [&](auto tag) { return DiffusionPolicy<decltype(tag)>::load(folder, opts); }));
         },
         "folder"_a, "device"_a = "cpu", "dtype"_a = nb::none(), "steps"_a = nb::none(), "scheduler"_a = nb::none(),
-        "seed"_a = nb::int_(0), "batch"_a = 1,
+        "seed"_a = nb::int_(0), "batch"_a = 1, "quantize"_a = nb::none(),
         nb::sig("def __init__(self, folder: str | os.PathLike, device: typing.Literal['cpu', 'cuda', 'auto'] = 'cpu', "
                 "dtype: typing.Literal['float32', 'bfloat16', 'float16'] | numpy.dtype | None = None, steps: int | None = None, "
-                "scheduler: typing.Literal['ddim', 'ddpm'] | None = None, seed: int = 0, batch: int = 1) -> None"),
+                "scheduler: typing.Literal['ddim', 'ddpm'] | None = None, seed: int = 0, batch: int = 1, "
+                "quantize: typing.Literal['none', 'int8', 'w8a8'] | None = None) -> None"),
         "Loads a LeRobot DiffusionPolicy pretrained_model folder. device: 'cpu'; 'cuda' (raises FlowEdgeError unless\n"
         "the policy is resident on the GPU); 'auto' (the GPU when usable, else the CPU with the reason in\n"
         "fallback_reason). dtype: weight storage (None = float32). steps / scheduler: None = the checkpoint's\n"
         "num_inference_steps / noise_scheduler_type (LeRobot's rule). seed: the generated noise's seed (reset(seed) changes it).\n"
         "batch: environments served by select_action_batch (vectorised evaluation), each with its own queues and\n"
-        "noise stream seed + (e << 32); select_action takes one observation only at batch 1.");
+        "noise stream seed + (e << 32); select_action takes one observation only at batch 1. quantize: CPU opt-in\n"
+        "'int8' (INT8 weight-only U-Net convolutions, AVX2 / AVX-512) or 'w8a8' (INT8 weights and activations,\n"
+        "AVX-512 with VNNI); error bounds in docs/numerics.md; FlowEdgeError where the kernels are missing.");
     common_properties<PyWholePolicy>(cls);
     feature_properties<PyWholePolicy>(cls);
     realtime_method<PyWholePolicy>(cls);
@@ -151,8 +155,7 @@ void bind_diffusion_policy(nb::module_& m) {
         .def_prop_rw(
             "math", [](PyWholePolicy& s) { return std::string(math_mode_name(s.get([](auto& p) { return p.head().math(); }))); },
             [](PyWholePolicy& s, const std::string& v) {
-                if (v != "f32" && v != "tf32" && v != "bf16") bad_arg("math must be 'f32', 'tf32' or 'bf16' (got '" + v + "')");
-                const MathMode m = parse_math_mode(v);
+                const MathMode m = math_arg(v);
                 s.run([&](auto& p) { p.set_math(m); });
             },
             "Arithmetic of the U-Net convolutions: 'f32' (exact, default), or the opt-in tensor-core modes 'tf32' / 'bf16'\n"

@@ -112,6 +112,32 @@ def test_load_errors(dp_path, tmp_path):
         assert not p.cuda_resident and "CUDA" in p.fallback_reason
 
 
+def test_quantize_is_an_opt_in_load_option(dp_path):
+    def episode(**kw):
+        p = flowedge.DiffusionPolicy(dp_path, steps=10, scheduler="ddim", seed=7, **kw)
+        p.reset()
+        return np.stack([p.select_action(dp_obs(t)) for t in range(10)])
+
+    exact = episode()
+    np.testing.assert_array_equal(episode(quantize="none"), exact)
+    ran = 0
+    for q, needs in (("int8", "needs the AVX2 or AVX-512 kernel set"), ("w8a8", "needs the AVX-512 kernel set on a CPU with AVX512_VNNI")):
+        try:
+            a = episode(quantize=q)
+        except flowedge.FlowEdgeError as e:  # a CPU (or FLOWEDGE_CPU_ISA) without the INT8 kernels refuses, naming them
+            assert needs in str(e)
+            continue
+        ran += 1
+        assert np.isfinite(a).all() and not np.array_equal(a, exact)  # the weights really are INT8
+        # Far inside the normalised bounds of docs/numerics.md (8e-2 / 1.5e-1 of the half-range): a sanity check of
+        # the option's plumbing; the bounds themselves are tested in test/diffusion/test_parity_lerobot.cpp.
+        assert np.abs(a - exact).max() <= 0.15 * np.abs(exact).max()
+    with pytest.raises(ValueError, match=r"unknown quantize 'int4' \(expected None, none, int8 or w8a8\)"):
+        flowedge.DiffusionPolicy(dp_path, quantize="int4")
+    if ran:  # load_policy passes the option through to DiffusionPolicy
+        assert flowedge.load_policy(dp_path, steps=10, quantize="int8").steps == 10
+
+
 def test_gil_is_released_during_select_action(policy):
     # Two threads on two policies: both finish and each equals its single-threaded episode.
     other = flowedge.DiffusionPolicy(FIXTURES / "dp_small", steps=10, scheduler="ddim", seed=7)

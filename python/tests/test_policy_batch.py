@@ -98,6 +98,6 @@ def test_batch_api_errors(image_folder, tmp_path):
 def test_batch_too_large_for_memory_is_a_load_error(image_folder):
     # 2**30 environments need far more than any host's memory (each has at least [channels, horizon] U-Net
     # activations): the load is refused before anything batch-sized is allocated, naming the batch that fits.
-    with pytest.raises(flowedge.FlowEdgeError, match=r"batch 1073741824 needs \d+ MiB of host memory at load but only "
+    with pytest.raises(flowedge.FlowEdgeError, match=r"out of host memory: batch 1073741824 needs \d+ MiB at load but only "
                                                      r"\d+ MiB is available \(the largest batch that fits now is \d+\)"):
         flowedge.DiffusionPolicy.load(image_folder, batch=1 << 30)

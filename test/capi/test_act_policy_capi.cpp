@@ -168,6 +168,13 @@ TEST_CASE("fe_policy: on ACT, Diffusion Policy options, caller noise and bad sel
     CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown weight dtype 'f8'"));
     o = fe_policy_options{};
+    o.quantize = "int8";
+    CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("options->quantize is a Diffusion Policy option and this is an ACT policy (expected NULL or \"none\", got 'int8')"));
+    o.quantize = "none";
+    REQUIRE(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_OK);
+    fe_policy_free(p);
+    o = fe_policy_options{};
     o.batch = 4;
     CHECK(fe_policy_load_ex(folder().c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("options->batch: an ACT policy serves one environment (expected 0 or 1, got 4)"));

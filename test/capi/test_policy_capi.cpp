@@ -67,7 +67,7 @@ TEST_CASE("fe_policy: introspection of dp_small") {
 }
 
 TEST_CASE("fe_policy: select_action equals DiffusionPolicy<Cpu>, seeded and with caller noise") {
-    const fe_policy_options opts{nullptr, 10, "ddim", 7, nullptr};
+    const fe_policy_options opts{.steps = 10, .scheduler = "ddim", .seed = 7};
     Loaded l(&opts);
     PolicyOptions po;
     po.steps = 10;
@@ -220,6 +220,56 @@ TEST_CASE("fe_policy_set_math: the engine's names and errors; a CPU Diffusion Po
     CHECK(fe_policy_set_math(nullptr, "f32") == FE_ERR_INVALID_ARGUMENT);
 }
 
+TEST_CASE("fe_policy options->quantize: the same actions as DiffusionPolicy<Cpu> with LoadOptions::quantize, or the refusal") {
+    const Obs o(0);
+    const fe_observation c = o.c();
+    PolicyOptions po;
+    po.steps = 10;
+    po.seed = 5;
+    auto f32 = DiffusionPolicy<Cpu>::load(kFolder, po);
+    f32.reset();
+    float exact[2];
+    f32.select_action(o.cpp(), exact);
+    const cpu::Isa isa = cpu::active_isa();
+    const bool int8_kernels = isa == cpu::Isa::Avx2 || isa == cpu::Isa::Avx512;
+    for (const char* name : {"none", "int8", "w8a8"}) {
+        CAPTURE(name);
+        const WeightQuant q = *weight_quant_from_name(name);
+        const bool available = q == WeightQuant::None || (q == WeightQuant::Int8 ? int8_kernels : cpu::w8a8_available());
+        const fe_policy_options opts{.steps = 10, .seed = 5, .quantize = name};
+        fe_policy* p = nullptr;
+        const fe_status st = fe_policy_load_ex(kFolder.c_str(), "cpu", &opts, &p);
+        if (!available) {
+            CHECK(st == FE_ERR_UNSUPPORTED);
+            CHECK(mentions((std::string("LoadOptions::quantize = ") + (q == WeightQuant::Int8 ? "Int8" : "W8A8") + " needs").c_str()));
+            CHECK(p == nullptr);
+            continue;
+        }
+        REQUIRE(st == FE_OK);
+        po.load.quantize = q;
+        auto ref = DiffusionPolicy<Cpu>::load(kFolder, po);
+        ref.reset();
+        float got[2], want[2];
+        REQUIRE(fe_policy_reset(p, nullptr) == FE_OK);
+        REQUIRE(fe_policy_select_action(p, &c, got, 2) == FE_OK);
+        ref.select_action(o.cpp(), want);
+        CHECK(got[0] == want[0]);
+        CHECK(got[1] == want[1]);
+        // The option reached the weights: INT8 changes the action (within docs/numerics.md's bounds), "none" does not.
+        if (q == WeightQuant::None) {
+            CHECK(got[0] == exact[0]);
+        } else {
+            CHECK((got[0] != exact[0] || got[1] != exact[1]));
+        }
+        fe_policy_free(p);
+    }
+    fe_policy* p = reinterpret_cast<fe_policy*>(1);
+    const fe_policy_options bad{.quantize = "int4"};
+    CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &bad, &p) == FE_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("unknown options->quantize 'int4' (expected NULL, none, int8 or w8a8)"));
+    CHECK(p == nullptr);
+}
+
 TEST_CASE("fe_policy: load errors") {
     fe_policy* p = reinterpret_cast<fe_policy*>(1);
     CHECK(fe_policy_load("/no/such/folder", "cpu", &p) == FE_ERR_IO);
@@ -230,13 +280,13 @@ TEST_CASE("fe_policy: load errors") {
     CHECK(fe_policy_load(kFolder.c_str(), "cpu", nullptr) == FE_ERR_INVALID_ARGUMENT);
     CHECK(fe_policy_load(kFolder.c_str(), "tpu", &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown device 'tpu'"));
-    fe_policy_options o{"f8", 0, nullptr, 0, nullptr};
+    fe_policy_options o{.dtype = "f8"};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown weight dtype 'f8'"));
-    o = fe_policy_options{nullptr, 0, "euler", 0, nullptr};
+    o = fe_policy_options{.scheduler = "euler"};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("options->scheduler"));
-    o = fe_policy_options{nullptr, 1000, nullptr, 0, nullptr};
+    o = fe_policy_options{.steps = 1000};
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("steps out of range (expected 1..100, got 1000)"));
     if (!fe_built_with_cuda()) {
@@ -254,8 +304,7 @@ TEST_CASE("fe_policy: load errors") {
 }
 
 TEST_CASE("fe_policy: a batch of environments equals DiffusionPolicy<Cpu> with the same batch, reset per environment") {
-    fe_policy_options opts{nullptr, 10, "ddpm", 7, nullptr};
-    opts.batch = 3;
+    const fe_policy_options opts{.steps = 10, .scheduler = "ddpm", .seed = 7, .batch = 3};
     Loaded l(&opts);
     CHECK(fe_policy_batch(l.p) == 3);
     PolicyOptions po;

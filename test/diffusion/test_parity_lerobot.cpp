@@ -151,6 +151,30 @@ fs::path temp_dir(const std::string& name) {
     return d;
 }
 
+/// A reduced-precision mode's checks: every LeRobot comparison of `e` and its 10-step DDIM output vs the flowedge F32
+/// model's (`e32`) within `bound` (normalised units); returns that DDIM difference.
+double check_within(const Errors& e, const Errors& e32, double bound, const char* what) {
+    for (double v : e.eps) CHECK(v < bound);
+    for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
+        CHECK(v < bound);
+    const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
+    MESSAGE(what << " vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
+    CHECK(vs_f32 < bound);
+    return vs_f32;
+}
+
+/// Loading with `q` must fail as Unsupported with `needle` in the message (a kernel set without its kernels).
+void check_refused(WeightQuant q, const std::string& needle) {
+    try {
+        (void)DiffusionHead<Cpu>::load(kFolder, {.quantize = q}, 2);
+        FAIL("quantize = " << weight_quant_name(q) << " loaded on kernel set " << cpu::kernel_set_name());
+    } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::Unsupported);
+        CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+    MESSAGE("kernel set " << cpu::kernel_set_name() << ": quantize = " << weight_quant_name(q) << " refused at load, as it must be");
+}
+
 }  // namespace
 
 TEST_CASE("LeRobot folder: denoiser, DDIM, seeded DDPM and executed rows match LeRobot 0.4.4") {
@@ -190,13 +214,7 @@ TEST_CASE("BF16 weights: against LeRobot F32 and against the flowedge F32 model,
     const Errors ef = measure(hf, "BF16 (compact BF16 file)");
     const Errors e32 = measure(h32, "F32 (for the BF16 comparison)");
     CHECK(e.ddim10_out == ef.ddim10_out);  // converting at load == converting in the file
-    for (double v : e.eps) CHECK(v < kBf16Bound);
-    for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
-        CHECK(v < kBf16Bound);
-    const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
-    MESSAGE("BF16 vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
-    CHECK(vs_f32 < kBf16Bound);
-    CHECK(vs_f32 > 0.0);  // the weights really were rounded
+    CHECK(check_within(e, e32, kBf16Bound, "BF16") > 0.0);  // the weights really were rounded
     fs::remove_all(dir);
 }
 
@@ -208,14 +226,7 @@ TEST_CASE("INT8 weights (LoadOptions::quantize): against LeRobot F32 and against
     // AVX2 set's kernels); the scalar and Eigen sets must refuse the option at load.
     constexpr double kInt8Bound = 8e-2;
     if (cpu::active_isa() != cpu::Isa::Avx2 && cpu::active_isa() != cpu::Isa::Avx512) {
-        CHECK_THROWS_AS(DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::Int8}, 2), Error);
-        try {
-            DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::Int8}, 2);
-        } catch (const Error& e) {
-            CHECK(e.kind() == ErrorKind::Unsupported);
-            CHECK(std::string(e.what()).find("LoadOptions::quantize = Int8 needs the AVX2 or AVX-512 kernel set") != std::string::npos);
-        }
-        MESSAGE("kernel set " << cpu::isa_name(cpu::active_isa()) << ": INT8 refused at load, as it must be");
+        check_refused(WeightQuant::Int8, "LoadOptions::quantize = Int8 needs the AVX2 or AVX-512 kernel set");
         return;
     }
     auto h = DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::Int8}, 2);
@@ -223,13 +234,7 @@ TEST_CASE("INT8 weights (LoadOptions::quantize): against LeRobot F32 and against
     CHECK(h.device_bytes() < h32.device_bytes());
     const Errors e = measure(h, "INT8 (quantised at load)");
     const Errors e32 = measure(h32, "F32 (for the INT8 comparison)");
-    for (double v : e.eps) CHECK(v < kInt8Bound);
-    for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
-        CHECK(v < kInt8Bound);
-    const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
-    MESSAGE("INT8 vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
-    CHECK(vs_f32 < kInt8Bound);
-    CHECK(vs_f32 > 0.0);  // the weights really were quantised
+    CHECK(check_within(e, e32, kInt8Bound, "INT8") > 0.0);  // the weights really were quantised
 }
 
 TEST_CASE("W8A8 (LoadOptions::quantize, AVX512_VNNI) and BF16 weights under MathMode::BF16: stated bounds vs LeRobot F32") {
@@ -242,34 +247,16 @@ TEST_CASE("W8A8 (LoadOptions::quantize, AVX512_VNNI) and BF16 weights under Math
     auto h32 = DiffusionHead<Cpu>::load(kFolder, {}, 2);
     const Errors e32 = measure(h32, "F32 (for the W8A8 / BF16-math comparison)");
     if (!cpu::w8a8_available()) {
-        try {
-            DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::W8A8}, 2);
-            FAIL("W8A8 loaded without AVX512_VNNI kernels");
-        } catch (const Error& e) {
-            CHECK(e.kind() == ErrorKind::Unsupported);
-            CHECK(std::string(e.what()).find("LoadOptions::quantize = W8A8 needs the AVX-512 kernel set") != std::string::npos);
-        }
+        check_refused(WeightQuant::W8A8, "LoadOptions::quantize = W8A8 needs the AVX-512 kernel set");
     } else {
         auto h = DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::W8A8}, 2);
-        const Errors e = measure(h, "W8A8");
-        for (double v : e.eps) CHECK(v < kW8A8Bound);
-        for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
-            CHECK(v < kW8A8Bound);
-        const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
-        MESSAGE("W8A8 vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
-        CHECK(vs_f32 < kW8A8Bound);
-        CHECK(vs_f32 > 0.0);
+        CHECK(check_within(measure(h, "W8A8"), e32, kW8A8Bound, "W8A8") > 0.0);
     }
     auto hb = DiffusionHead<Cpu>::load(kFolder, {.weight_dtype = DType::BF16}, 2);
     const Errors eb = measure(hb, "BF16 weights, F32 math");
     hb.set_math(MathMode::BF16);
     const Errors e = measure(hb, "BF16 weights, BF16 math");
-    for (double v : e.eps) CHECK(v < kBf16MathBound);
-    for (double v : {e.ddim10, e.ddim10_act, e.ddpm100, e.ddpm100_act, e.ddpm10, e.ddpm10_act, e.obs_exec, e.obs_exec_act})
-        CHECK(v < kBf16MathBound);
-    const double vs_f32 = max_abs(e.ddim10_out, e32.ddim10_out);
-    MESSAGE("BF16 weights + BF16 math vs flowedge F32, 10-step DDIM: max abs " << vs_f32 << " (normalised units)");
-    CHECK(vs_f32 < kBf16MathBound);
+    check_within(e, e32, kBf16MathBound, "BF16 weights + BF16 math");
     if (cpu::bf16_math_available()) CHECK(e.ddim10_out != eb.ddim10_out);  // the activations really were rounded
     else CHECK(e.ddim10_out == eb.ddim10_out);
 }

@@ -37,7 +37,7 @@ void check_batch_fits(std::string_view component, int batch, BytesFor&& bytes_fo
     }
     const bool one_fits = lo >= 1;
     fail(Memory<B>::out_of_memory, component,
-         "batch " + std::to_string(batch) + " needs " + detail::mib(need) + " of " + Memory<B>::memory_name +
+         std::string("out of ") + Memory<B>::memory_name + ": batch " + std::to_string(batch) + " needs " + detail::mib(need) +
              " at load but only " + detail::mib(free) + " is available (" +
              (one_fits ? "the largest batch that fits now is " + std::to_string(lo) : std::string("not even batch 1 fits")) + ")" +
              expected_got("<= " + std::to_string(free) + " bytes", std::to_string(need) + " bytes"));

@@ -93,6 +93,11 @@ public:
         const int D = c.dim_model, C = c.chunk_size, A = m_meta.action_dim;
         const auto& file = m_meta.weights;
         const LoadOptions& lo = opts.load;
+        // ACT's weights are convolutions and linears read from cache, none of the kinds quantize applies to
+        // (quantizable()): the request is refused rather than silently ignored.
+        if (lo.quantize != WeightQuant::None)
+            fail(ErrorKind::Unsupported, "act", std::string("LoadOptions::quantize = ") + weight_quant_name(lo.quantize) +
+                                                    " applies to Diffusion Policy U-Nets only" + expected_got("none", weight_quant_name(lo.quantize)));
         m_n_1d = 1 + (m_meta.state_dim > 0) + (m_meta.env_dim > 0);
 
         std::size_t ws = 256;
