@@ -30,6 +30,15 @@ struct Obs {
     PolicyObservation cpp() const { return PolicyObservation{state, env, {}}; }
 };
 
+/// fe_policy_options with the sampler fields set and the rest zero (C callers zero-initialise it the same way).
+fe_policy_options sampler_options(int32_t steps, const char* scheduler, std::uint64_t seed) {
+    fe_policy_options o{};
+    o.steps = steps;
+    o.scheduler = scheduler;
+    o.seed = seed;
+    return o;
+}
+
 bool mentions(const char* needle) { return std::string(fe_last_error()).find(needle) != std::string::npos; }
 
 struct Loaded {
@@ -67,7 +76,7 @@ TEST_CASE("fe_policy: introspection of dp_small") {
 }
 
 TEST_CASE("fe_policy: select_action equals DiffusionPolicy<Cpu>, seeded and with caller noise") {
-    const fe_policy_options opts{.steps = 10, .scheduler = "ddim", .seed = 7};
+    const fe_policy_options opts = sampler_options(10, "ddim", 7);
     Loaded l(&opts);
     PolicyOptions po;
     po.steps = 10;
@@ -236,7 +245,8 @@ TEST_CASE("fe_policy options->quantize: the same actions as DiffusionPolicy<Cpu>
         CAPTURE(name);
         const WeightQuant q = *weight_quant_from_name(name);
         const bool available = q == WeightQuant::None || (q == WeightQuant::Int8 ? int8_kernels : cpu::w8a8_available());
-        const fe_policy_options opts{.steps = 10, .seed = 5, .quantize = name};
+        fe_policy_options opts = sampler_options(10, nullptr, 5);
+        opts.quantize = name;
         fe_policy* p = nullptr;
         const fe_status st = fe_policy_load_ex(kFolder.c_str(), "cpu", &opts, &p);
         if (!available) {
@@ -264,7 +274,8 @@ TEST_CASE("fe_policy options->quantize: the same actions as DiffusionPolicy<Cpu>
         fe_policy_free(p);
     }
     fe_policy* p = reinterpret_cast<fe_policy*>(1);
-    const fe_policy_options bad{.quantize = "int4"};
+    fe_policy_options bad{};
+    bad.quantize = "int4";
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &bad, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown options->quantize 'int4' (expected NULL, none, int8 or w8a8)"));
     CHECK(p == nullptr);
@@ -280,13 +291,14 @@ TEST_CASE("fe_policy: load errors") {
     CHECK(fe_policy_load(kFolder.c_str(), "cpu", nullptr) == FE_ERR_INVALID_ARGUMENT);
     CHECK(fe_policy_load(kFolder.c_str(), "tpu", &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown device 'tpu'"));
-    fe_policy_options o{.dtype = "f8"};
+    fe_policy_options o{};
+    o.dtype = "f8";
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown weight dtype 'f8'"));
-    o = fe_policy_options{.scheduler = "euler"};
+    o = sampler_options(0, "euler", 0);
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("options->scheduler"));
-    o = fe_policy_options{.steps = 1000};
+    o = sampler_options(1000, nullptr, 0);
     CHECK(fe_policy_load_ex(kFolder.c_str(), "cpu", &o, &p) == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("steps out of range (expected 1..100, got 1000)"));
     if (!fe_built_with_cuda()) {
@@ -304,7 +316,8 @@ TEST_CASE("fe_policy: load errors") {
 }
 
 TEST_CASE("fe_policy: a batch of environments equals DiffusionPolicy<Cpu> with the same batch, reset per environment") {
-    const fe_policy_options opts{.steps = 10, .scheduler = "ddpm", .seed = 7, .batch = 3};
+    fe_policy_options opts = sampler_options(10, "ddpm", 7);
+    opts.batch = 3;
     Loaded l(&opts);
     CHECK(fe_policy_batch(l.p) == 3);
     PolicyOptions po;
