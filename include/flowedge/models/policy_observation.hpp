@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "flowedge/error.hpp"
 #include "flowedge/op_params.hpp"
@@ -26,6 +27,32 @@ struct PolicyObservation {
     std::span<const float> state;
     std::span<const float> env_state;
     std::span<const PolicyFrame> images;
+};
+
+/// Bytes of one frame of camera `pc` (channels, height, width: io::PolicyCamera) in `layout`.
+template <class Camera>
+std::size_t policy_frame_bytes(const Camera& pc, ImageLayout layout) {
+    return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
+}
+
+/// An all-zero observation of a policy's shapes, with frames of every camera in `layout`: what warm_up() ticks on.
+/// Owns its vectors and pixels (allocated at load time, not in a tick).
+struct ZeroObservation {
+    std::vector<float> state, env;
+    std::vector<std::vector<std::byte>> pixels;
+    std::vector<PolicyFrame> frames;
+
+    template <class Cameras>
+    ZeroObservation(int state_dim, int env_dim, const Cameras& cameras, ImageLayout layout)
+        : state(std::size_t(state_dim), 0.0f), env(std::size_t(env_dim), 0.0f) {
+        for (const auto& pc : cameras) {
+            pixels.emplace_back(policy_frame_bytes(pc, layout), std::byte{0});
+            frames.push_back(PolicyFrame{pixels.back().data(), layout, pc.height, pc.width});
+        }
+    }
+    ZeroObservation(const ZeroObservation&) = delete;  // frames point into this object's pixels
+    ZeroObservation& operator=(const ZeroObservation&) = delete;
+    PolicyObservation view() const { return PolicyObservation{state, env, frames}; }
 };
 
 /// Checks `obs` against what a policy takes: the robot state (state_dim floats, none when 0), the environment state

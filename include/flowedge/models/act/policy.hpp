@@ -302,16 +302,9 @@ public:
     /// ActPolicyOptions::warm_up is false; call it again before feeding frames in another layout.
     void warm_up(ImageLayout layout = ImageLayout::U8Hwc) {
         m_exec.check_live("warm_up", "ActPolicy");
-        const std::vector<float> state(std::size_t(m_meta.state_dim), 0.0f), env(std::size_t(m_meta.env_dim), 0.0f);
-        std::vector<std::vector<std::byte>> pixels;
-        std::vector<PolicyFrame> frames;
-        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
-            const io::PolicyCamera& pc = m_meta.cameras[cam];
-            pixels.emplace_back(frame_bytes(cam, layout), std::byte{0});
-            frames.push_back(PolicyFrame{pixels.back().data(), layout, pc.height, pc.width});
-        }
+        const ZeroObservation zero(m_meta.state_dim, m_meta.env_dim, m_meta.cameras, layout);
         const int chunks = m_chunk_index;
-        run_chunk(PolicyObservation{state, env, frames});
+        run_chunk(zero.view());
         m_chunk_index = chunks;
     }
 
@@ -397,10 +390,7 @@ private:
             f("weight", weight, shape, Storage::Vector);
         }
     };
-    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
-        const io::PolicyCamera& pc = m_meta.cameras[cam];
-        return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
-    }
+    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const { return policy_frame_bytes(m_meta.cameras[cam], layout); }
 
     /// Every input checked before anything runs: sizes, layouts, finiteness.
     void check_observation(const PolicyObservation& obs) const {

@@ -185,16 +185,9 @@ public:
     /// false; call it again before feeding frames in another layout.
     void warm_up(ImageLayout layout = ImageLayout::U8Hwc) {
         const std::vector<EnvQueue> saved = m_envs;  // load-time allocations: warm_up is not a tick
-        const std::vector<float> state(std::size_t(m_meta.state_dim), 0.0f), env(std::size_t(m_meta.env_dim), 0.0f);
+        const ZeroObservation zero(m_meta.state_dim, m_meta.env_dim, m_meta.cameras, layout);
         std::vector<float> actions(std::size_t(m_batch) * std::size_t(action_dim()));
-        std::vector<std::vector<std::byte>> pixels;
-        std::vector<PolicyFrame> frames;
-        for (std::size_t cam = 0; cam < m_meta.cameras.size(); ++cam) {
-            const io::PolicyCamera& pc = m_meta.cameras[cam];
-            pixels.emplace_back(frame_bytes(cam, layout), std::byte{0});
-            frames.push_back(PolicyFrame{pixels.back().data(), layout, pc.height, pc.width});
-        }
-        const std::vector<PolicyObservation> obs(std::size_t(m_batch), PolicyObservation{state, env, frames});
+        const std::vector<PolicyObservation> obs(std::size_t(m_batch), zero.view());
         reset();
         for (int t = 0; t <= config().n_action_steps; ++t) select_action(std::span<const PolicyObservation>(obs), actions);
         for (std::size_t e = 0; e < m_envs.size(); ++e) {
@@ -299,10 +292,7 @@ private:
         return n;
     }
 
-    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const {
-        const io::PolicyCamera& pc = m_meta.cameras[cam];
-        return std::size_t(pc.channels) * pc.height * pc.width * (layout == ImageLayout::U8Hwc ? 1 : sizeof(float));
-    }
+    std::size_t frame_bytes(std::size_t cam, ImageLayout layout) const { return policy_frame_bytes(m_meta.cameras[cam], layout); }
     /// Byte offset in its group's frame buffer of camera `cam`'s frame for encode slot j of m. Cameras of a group in
     /// one layout are packed [n_cams * m] frames (one encoder call); mixed layouts get a block of m float frames each.
     std::size_t frame_offset(const EncoderGroup& g, std::size_t cam, std::size_t j, std::size_t m) const {
