@@ -84,6 +84,25 @@ def test_native_batched_policy_matches_separately_seeded_policies():
     compare_with_separately_seeded_policies(batched, exact=False)
 
 
+def test_batched_policy_passes_dtype_and_quantize_through():
+    folder = str(FIXTURES / "dp_small")
+    obs = {"observation.state": np.full((2, 2), 300.0, np.float32), "observation.environment_state": np.zeros((2, 4), np.float32)}
+
+    def first_actions(**kw):
+        p = le.load_batched_policy(folder, 2, device="cpu", steps=10, scheduler="ddim", **kw)
+        p.reset(3)
+        return p.select_action_batch(obs)
+
+    exact = first_actions()
+    assert not np.array_equal(first_actions(dtype="bf16"), exact)
+    try:
+        q = first_actions(quantize="int8")
+    except flowedge.FlowEdgeError as e:  # a kernel set without INT8 kernels refuses, naming them
+        assert "needs the AVX2 or AVX-512 kernel set" in str(e)
+    else:
+        assert not np.array_equal(q, exact)
+
+
 def test_unknown_flag_is_an_error():
     r = run_tool("--policy.path=x", "--eval.bogus=3", timeout=60)
     assert r.returncode == 2
@@ -131,6 +150,7 @@ def test_pusht_eval_writes_lerobots_eval_info(pusht_policy, tmp_path):
     fl = info["flowedge"]
     assert fl["episode_steps"] == [12, 12, 12, 12]  # a random policy does not finish PushT in 12 steps
     assert fl["torch_imported"] is False and fl["lerobot_imported"] is False
+    assert (fl["dtype"], fl["quantize"]) == ("f32", "none")
     with np.load(tmp_path / "a.npz") as z:
         assert sorted(z.files) == ["ep_0", "ep_1", "ep_2", "ep_3"] and z["ep_0"].shape == (12, 2)
         assert not np.array_equal(z["ep_0"], z["ep_2"])  # batches are seeded apart
