@@ -2,7 +2,9 @@
 # Runs diffusion_cpu_bench (flowedge F32/BF16 weights x F32/BF16 math, 1 and 2 threads, memory floor, action difference
 # from F32) and the PyTorch/LeRobot eager baseline
 # on the same PushT weights back to back, and writes bench/results/diffusion_cpu.json + .md.
-# Usage: bench/run_diffusion_cpu.sh [LEROBOT_FOLDER]   (env: BUILD, PY, RUNS, PT_RUNS, THREADS, MATH)
+# Usage: bench/run_diffusion_cpu.sh [LEROBOT_FOLDER]   (env: BUILD, PY, RUNS, PT_RUNS, THREADS, MATH, DTYPES (default
+# "f32 bf16"; int8 / w8a8 too), BW_MIB (bandwidth buffer, default 1024; make it >> the L3), OUT_NAME (default
+# diffusion_cpu: bench/results/<OUT_NAME>.json|md))
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -12,6 +14,9 @@ RUNS="${RUNS:-20}"
 PT_RUNS="${PT_RUNS:-5}"
 THREADS="${THREADS:-1 2}"
 MATH="${MATH:-f32 bf16}"
+DTYPES="${DTYPES:-f32 bf16}"
+BW_MIB="${BW_MIB:-1024}"
+OUT_NAME="${OUT_NAME:-diffusion_cpu}"
 OUT_DIR="$ROOT/bench/results"
 mkdir -p "$OUT_DIR"
 if [ ! -d "$FOLDER" ]; then
@@ -22,7 +27,8 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 # Both implementations read the same LeRobot folder (flowedge maps its diffusion.unet.* tensors directly).
 # shellcheck disable=SC2086
-"$BUILD/diffusion_cpu_bench" "$FOLDER" --runs "$RUNS" --threads $THREADS --math $MATH --json "$TMP/flowedge.json"
+"$BUILD/diffusion_cpu_bench" "$FOLDER" --runs "$RUNS" --threads $THREADS --dtype $DTYPES --math $MATH --bw-mib "$BW_MIB" \
+  --json "$TMP/flowedge.json"
 if [ -x "$PY" ]; then
   # shellcheck disable=SC2086
   "$PY" "$ROOT/bench/pytorch_diffusion_cpu.py" "$FOLDER" --runs "$PT_RUNS" --threads $THREADS --json "$TMP/pytorch.json"
@@ -32,7 +38,7 @@ fi
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no -- include bench 2>/dev/null | wc -l)"
 MACHINE="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc --all) cores"
-python3 - "$TMP" "$OUT_DIR/diffusion_cpu" "$COMMIT" "$DIRTY" "$MACHINE" <<'PYEOF'
+python3 - "$TMP" "$OUT_DIR/$OUT_NAME" "$COMMIT" "$DIRTY" "$MACHINE" <<'PYEOF'
 import datetime, json, os, sys
 tmp, out, commit, dirty, machine = sys.argv[1:6]
 fe = json.load(open(os.path.join(tmp, "flowedge.json")))
