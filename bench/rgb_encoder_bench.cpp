@@ -6,7 +6,9 @@
 // residual and ReLU the encoder gives it, run in the encoder's order so each sees the cache state it sees there), next
 // to two floors per conv: FLOPs over the FMA peak, and bytes (weights + input + output + residual) over this core's
 // measured read bandwidth on a buffer the size of the encoder's weights (what one frame streams).
-// Usage: rgb_encoder_bench [--iters N] [--threads 1|2|1,2] [--layers] [--json FILE]
+// --layers-size HxW runs them at another input (e.g. 480x640: ACT's backbone, act_bench's case); --layers-only skips
+// the encoder rows.
+// Usage: rgb_encoder_bench [--iters N] [--threads 1|2|1,2] [--layers] [--layers-size HxW] [--layers-only] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +30,7 @@ using bench::fma_peak_gflops_per_core;
 using bench::read_bandwidth_gbs;
 using bench::read_loadavg;
 using bench::set_threads;
+using bench::thread_cpu_ms;
 
 namespace {
 
@@ -64,27 +67,27 @@ Stats stats(std::vector<double> v) {
 /// with or without the block's residual.
 struct ConvCase {
     std::string name;
-    int in, out, kernel, stride, pad, size;  // size: input height = width
+    int in, out, kernel, stride, pad, h, w;  // input height and width
     bool relu, residual;
 };
 
-/// The backbone's convolutions for a square `input` crop, in forward() order (downsample before conv1 as there).
-std::vector<ConvCase> backbone_convs(int input) {
+/// The backbone's convolutions for an input_h x input_w image, in forward() order (downsample before conv1 as there).
+std::vector<ConvCase> backbone_convs(int input_h, int input_w) {
     std::vector<ConvCase> v;
     auto out_size = [](int h, int k, int s, int p) { return (h + 2 * p - k) / s + 1; };
-    v.push_back({"stem 7x7/2", 3, 64, 7, 2, 3, input, true, false});
-    int h = out_size(out_size(input, 7, 2, 3), 3, 2, 1), in = 64;
+    v.push_back({"stem 7x7/2", 3, 64, 7, 2, 3, input_h, input_w, true, false});
+    int h = out_size(out_size(input_h, 7, 2, 3), 3, 2, 1), w = out_size(out_size(input_w, 7, 2, 3), 3, 2, 1), in = 64;
     const int widths[4] = {64, 128, 256, 512};
     for (int l = 0; l < 4; ++l) {
         const int out = widths[l];
         for (int j = 0; j < 2; ++j) {
             const int s = (l > 0 && j == 0) ? 2 : 1, cin = j == 0 ? in : out;
             const std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(j) + ".";
-            if (s != 1 || cin != out) v.push_back({p + "downsample 1x1/2", cin, out, 1, s, 0, h, false, false});
-            v.push_back({p + "conv1 3x3" + (s == 2 ? "/2" : ""), cin, out, 3, s, 1, h, true, false});
-            const int ho = out_size(h, 3, s, 1);
-            v.push_back({p + "conv2 3x3 +res", out, out, 3, 1, 1, ho, true, true});
-            h = ho;
+            if (s != 1 || cin != out) v.push_back({p + "downsample 1x1/2", cin, out, 1, s, 0, h, w, false, false});
+            v.push_back({p + "conv1 3x3" + (s == 2 ? "/2" : ""), cin, out, 3, s, 1, h, w, true, false});
+            const int ho = out_size(h, 3, s, 1), wo = out_size(w, 3, s, 1);
+            v.push_back({p + "conv2 3x3 +res", out, out, 3, 1, 1, ho, wo, true, true});
+            h = ho, w = wo;
         }
         in = out;
     }
@@ -92,12 +95,12 @@ std::vector<ConvCase> backbone_convs(int input) {
 }
 
 /// Per-conv times of the backbone (see the file comment); prints the table and returns its JSON rows.
-nlohmann::json run_layers(int iters, double peak, double bw) {
-    const std::vector<ConvCase> cases = backbone_convs(84);
+nlohmann::json run_layers(int iters, double peak, double bw, int input_h, int input_w) {
+    const std::vector<ConvCase> cases = backbone_convs(input_h, input_w);
     struct Item {
         Conv2d<Cpu> conv;
         std::vector<float> x, y, res;
-        int oh;
+        int oh, ow;
         std::vector<double> ms;
     };
     std::vector<Item> items(cases.size());
@@ -126,9 +129,9 @@ nlohmann::json run_layers(int iters, double peak, double bw) {
         Item& it = items[i];
         it.conv = Conv2d<Cpu>({.in = c.in, .out = c.out, .kernel = c.kernel, .stride = c.stride, .pad = c.pad, .bias = false, .batch_norm = true});
         it.conv.load(file, std::to_string(i) + ".conv.", std::to_string(i) + ".bn.", {}, "bench");
-        it.oh = it.conv.out_size(c.size);
-        it.x.resize(std::size_t(c.in) * c.size * c.size);
-        it.y.resize(std::size_t(c.out) * it.oh * it.oh);
+        it.oh = it.conv.out_size(c.h), it.ow = it.conv.out_size(c.w);
+        it.x.resize(std::size_t(c.in) * c.h * c.w);
+        it.y.resize(std::size_t(c.out) * it.oh * it.ow);
         fill(it.x, 0.0, 1.0);
         if (c.residual) it.res.resize(it.y.size()), fill(it.res, 0.0, 1.0);
     }
@@ -136,11 +139,12 @@ nlohmann::json run_layers(int iters, double peak, double bw) {
         for (std::size_t i = 0; i < cases.size(); ++i) {
             const ConvCase& c = cases[i];
             Item& it = items[i];
-            const View<const float, Cpu> xv{it.x.data(), Shape{1, c.in, c.size, c.size}};
-            const View<float, Cpu> yv{it.y.data(), Shape{1, c.out, it.oh, it.oh}};
-            const auto t0 = std::chrono::steady_clock::now();
+            const View<const float, Cpu> xv{it.x.data(), Shape{1, c.in, c.h, c.w}};
+            const View<float, Cpu> yv{it.y.data(), Shape{1, c.out, it.oh, it.ow}};
+            // Thread CPU time (bench::thread_cpu_ms): 1 thread, so it leaves out other processes' slices on a shared VM.
+            const double t0 = thread_cpu_ms();
             it.conv.forward(ctx, xv, yv, c.relu ? Activation::Relu : Activation::None, c.residual ? it.res.data() : nullptr);
-            if (record) it.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            if (record) it.ms.push_back(thread_cpu_ms() - t0);
         }
     };
     set_threads(1);
@@ -148,14 +152,14 @@ nlohmann::json run_layers(int iters, double peak, double bw) {
     for (int i = 0; i < iters; ++i) run_all(true);
     nlohmann::json rows = nlohmann::json::array();
     double sum_best = 0, sum_p50 = 0, sum_flop = 0, sum_byte = 0, sum_bound = 0;
-    std::printf("\nBackbone convs, PushT 84x84 crop, BatchNorm folded, 1 thread (read bandwidth %.1f GB/s):\n", bw);
+    std::printf("\nBackbone convs, %dx%d input, BatchNorm folded, 1 thread, thread CPU ms (read bandwidth %.1f GB/s):\n", input_h, input_w, bw);
     std::printf("%-28s %9s %7s %7s %7s %8s %8s %6s %6s\n", "conv", "MFLOP", "MB", "best", "p50", "floorF", "floorB",
                 "GF/s", "x bnd");
     for (std::size_t i = 0; i < cases.size(); ++i) {
         const ConvCase& c = cases[i];
         Item& it = items[i];
         const Stats s = stats(it.ms);
-        const double flop = 2.0 * double(it.conv.macs(1, c.size, c.size));
+        const double flop = 2.0 * double(it.conv.macs(1, c.h, c.w));
         const double bytes = 4.0 * (double(c.out) * c.in * c.kernel * c.kernel + double(it.x.size()) + double(it.y.size()) +
                                     double(it.res.size()));
         const double floor_f = flop / (peak * 1e9) * 1e3, floor_b = bytes / (bw * 1e9) * 1e3, bound = std::max(floor_f, floor_b);
@@ -176,11 +180,14 @@ int main(int argc, char** argv) {
     int iters = 50;
     std::string json_path;
     std::vector<int> thread_counts{1, 2};
-    bool layers = false;
+    bool layers = false, layers_only = false;
+    int layers_h = 84, layers_w = 84;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!std::strcmp(argv[i], "--layers")) layers = true;
+        else if (!std::strcmp(argv[i], "--layers-only")) layers = layers_only = true;
+        else if (!std::strcmp(argv[i], "--layers-size") && i + 1 < argc && std::sscanf(argv[i + 1], "%dx%d", &layers_h, &layers_w) == 2) layers = true, ++i;
         else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
             const std::string t = argv[++i];
             thread_counts.clear();
@@ -190,7 +197,7 @@ int main(int argc, char** argv) {
                 a = b + 1;
             }
         } else {
-            std::fprintf(stderr, "usage: %s [--iters N] [--threads 1|2|1,2] [--layers] [--json FILE]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--iters N] [--threads 1|2|1,2] [--layers] [--layers-size HxW] [--layers-only] [--json FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -206,6 +213,7 @@ int main(int argc, char** argv) {
         int crop;
     };
     for (const Case cs : {Case{"96x96 frame, 84x84 crop (PushT)", 84}, Case{"96x96 frame, no crop", 0}}) {
+        if (layers_only) break;
         for (bool gn : {true, false}) {
             const DiffusionRgbEncoderConfig c{.channels = 3, .image_h = 96, .image_w = 96, .crop_h = cs.crop, .crop_w = cs.crop,
                                               .group_norm = gn, .keypoints = 32};
@@ -245,7 +253,8 @@ int main(int argc, char** argv) {
         // A buffer the size of the encoder's F32 weights (44.7 MB): what one frame reads.
         const double bw = read_bandwidth_gbs(std::size_t(45) << 20);
         out["read_bandwidth_gbs"] = bw;
-        out["layers"] = run_layers(iters, peak, bw);
+        out["layers_input"] = std::to_string(layers_h) + "x" + std::to_string(layers_w);
+        out["layers"] = run_layers(iters, peak, bw, layers_h, layers_w);
     }
     out["loadavg_after"] = read_loadavg();
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

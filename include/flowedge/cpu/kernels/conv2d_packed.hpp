@@ -24,20 +24,21 @@ inline void pack_conv2d_weights(const WeightRef& w, int out, std::size_t R, void
 /// Registers a step's activation broadcast takes: none on AVX-512 (an FMA memory operand, {1to16}), one on AVX2.
 inline constexpr int kConv2dBroadcastRegs = FLOWEDGE_ISA_AVX512 ? 0 : 1;
 /// Most positions per micro-kernel for NB output vectors: NB * P accumulators + NB weight vectors (+ the broadcast)
-/// fill the register file; at most 12 (AVX-512: 2 x 12 or 3 x 9; AVX2: 2 x 6 or 3 x 4).
+/// fill the register file; at most 14 (AVX-512: 2 x 14 or 3 x 9; AVX2: 2 x 6 or 3 x 4).
 constexpr int conv2d_packed_positions(int nb) {
     const int p = (kRegisters - kConv2dBroadcastRegs - nb) / nb;
-    return p > 12 ? 12 : p;
+    return p > 14 ? 14 : p;
 }
 /// Most output vectors per micro-kernel.
 inline constexpr int kConv2dPackedMaxVecs = 3;
 /// Tiles of positions per block: the panel of a block is built once per reduction chunk and every output vector
-/// group runs over all its tiles.
-inline constexpr int kConv2dPackedBlockTiles = 4;
+/// group runs over all its tiles. Up to 16 (224 positions at 2 x 14): the panel costs per row segment, and short
+/// blocks left ACT's 64-channel 480x640 convs (~128 FLOP per panel float) a quarter of their time in im2col.
+inline constexpr int kConv2dPackedBlockTiles = 16;
 /// Reduction steps the weight prefetch runs ahead (1 KiB per F32 stream).
 inline constexpr int kConv2dPrefetchSteps = 16;
 /// Accumulator floats per thread ([output vector][position][kLanes] of one position block, across reduction chunks).
-inline constexpr int kConv2dPackedAccFloats = 16 * 1024;
+inline constexpr int kConv2dPackedAccFloats = 32 * 1024;
 
 /// acc_b[q] (the kLanes outputs of vector b at position q, at acc + b * ld_acc + q * kLanes) = (first ? 0 : acc_b[q])
 /// + sum_{j < len} w_b[j] * panel[j * ldp + q] for NB output vectors (w_b = w + b * ldb, kLanes elements per step)
