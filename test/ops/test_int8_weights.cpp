@@ -357,6 +357,56 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
 
 }  // namespace
 
+TEST_CASE("conv1d on W8A8 blocks on AMX tiles (tdpbusd): bit-identical to the vpdpbusd kernel at odd sizes") {
+    if (!cpu::amx_int8_available()) {
+        MESSAGE("kernel set " << cpu::kernel_set_name() << ": no AMX-INT8 (or FLOWEDGE_CPU_AMX=0), AMX kernel not run");
+        return;
+    }
+#if defined(FLOWEDGE_CPU_X86)
+    // Both kernels sum u * q exactly in int32 and share the epilogue, so every output must match bit for bit.
+    // Columns 1..75 (one or two 16-row column tiles, passes of 32, fewer columns for long rows), reductions that are
+    // not a multiple of 64 steps (the partial last tile) or of 4 (a zero-padded quad), outputs not a multiple of 32
+    // (or 16), and the longest PushT row (2048 channels x 5 = 10240 steps).
+    const ConvCase cases[] = {{1, 1, 1, 1, 1, 1, 0},    {2, 3, 7, 5, 3, 1, 1},    {1, 37, 129, 16, 5, 1, 2},
+                              {1, 13, 33, 17, 5, 1, 2}, {3, 7, 37, 7, 3, 2, 1},   {1, 40, 17, 31, 3, 1, 1},
+                              {5, 6, 9, 16, 5, 1, 2},   {3, 50, 45, 25, 5, 1, 2}, {1, 2048, 40, 4, 5, 1, 2},
+                              {2, 4096, 33, 8, 5, 1, 2}, {1, 512, 2, 16, 1, 1, 0}};
+    std::uint32_t seed = 8300;
+    for (const auto& k : cases) {
+        CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
+        const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+        const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed += 10);
+        const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+        const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, DType::F32, seed + 2, 0.3f);
+        const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
+        const auto* blocks = static_cast<const cpu::avx2::Int8Blocks*>(cpu::packed_weight({nullptr, DType::F32, pw.get()})->data());
+        REQUIRE(blocks->w8a8);
+        Conv1dParams p;
+        p.x = x.data();
+        p.w = {nullptr, DType::F32, pw.get()};
+        p.bias = bias.data();
+        p.batch = k.batch;
+        p.in_channels = k.cin;
+        p.out_channels = k.cout;
+        p.in_length = k.lin;
+        p.out_length = lout;
+        p.kernel = k.kernel;
+        p.stride = k.stride;
+        p.pad = k.pad;
+        const std::size_t n = std::size_t(k.batch) * k.cout * lout;
+        std::vector<float> y_vnni(n, -3.f), y_amx(n, -4.f), y_amx2(n, -5.f);
+        p.y = y_vnni.data();
+        cpu::avx512::packed_dot::conv1d_w8a8(p, blocks->data);
+        p.y = y_amx.data();
+        with_threads(1, [&] { cpu::avx512::packed_dot::amx::conv1d_w8a8_amx(p, blocks->data); });
+        p.y = y_amx2.data();
+        with_threads(2, [&] { cpu::avx512::packed_dot::amx::conv1d_w8a8_amx(p, blocks->data); });
+        CHECK(bit_mismatches(y_vnni, y_amx) == 0);
+        CHECK(bit_mismatches(y_vnni, y_amx2) == 0);
+    }
+#endif
+}
+
 TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised operands and the quantisation bound") {
     if (!cpu::w8a8_available()) {
         const HostWeights w = make_weights(3 * 4, DType::F32, 7800, 0.3f);

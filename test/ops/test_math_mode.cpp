@@ -18,6 +18,7 @@
 #endif
 
 #include "flowedge/workspace.hpp"
+#include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
 #ifdef FLOWEDGE_WITH_CUDA
@@ -77,10 +78,16 @@ struct Ref {
 
 struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
 
+/// Which kernel a packed BF16 check_conv runs for its BF16 request: Ops<Cpu>::conv1d's choice, or one of the two
+/// packed BF16-block kernels of the AVX-512 set called directly.
+enum class BhKernel { Dispatch, Vector, Amx };
+
 /// Runs conv1d with F32, TF32 and BF16 requests; TF32 must equal F32 bit for bit, BF16 must be within the bounds.
 /// packed: on the weights as Ops<Cpu> prepares a Conv1d weight (packed blocks in the x86 sets): BF16 blocks run
-/// MathMode::BF16 on vdpbf16ps at the packed kernel's depth, F32 and F16 blocks stay exact.
-void check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false) {
+/// MathMode::BF16 on vdpbf16ps (or AMX tiles) at the packed kernel's depth, F32 and F16 blocks stay exact.
+/// kernel (packed BF16 blocks only): the BF16 request on that kernel; returns the BF16 outputs.
+std::vector<float> check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false,
+                              BhKernel kernel = BhKernel::Dispatch) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(int(dt));
     const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
@@ -104,10 +111,18 @@ void check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
     CHECK(std::memcmp(y_f32.data(), y_tf32.data(), ny * sizeof(float)) == 0);
     p.math = MathMode::BF16;
     p.y = y_bf16.data();
-    Ops<Cpu>::conv1d(p);
+#if defined(FLOWEDGE_CPU_X86)
+    if (kernel != BhKernel::Dispatch) {
+        REQUIRE((pw && dt == DType::BF16 && cpu::active_isa() == cpu::Isa::Avx512));
+        const auto* blocks = static_cast<const bf16*>(cpu::packed_weight(p.w)->data());
+        if (kernel == BhKernel::Amx) cpu::avx512::packed_dot::amx::conv1d_bh_amx(p, blocks);
+        else cpu::avx512::packed_dot::conv1d_bh(p, blocks);
+    } else
+#endif
+        Ops<Cpu>::conv1d(p);
     if (!kBf16Kernels || (pw && dt != DType::BF16)) {
         CHECK(std::memcmp(y_f32.data(), y_bf16.data(), ny * sizeof(float)) == 0);
-        return;
+        return y_bf16;
     }
     const bool round_w = dt != DType::BF16;
     const std::size_t n = std::size_t(k.cin) * k.kernel;
@@ -136,6 +151,7 @@ void check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
     CHECK(bad == 0);
     CHECK(bad_rounded == 0);
     CHECK(differ > 0);  // the BF16 kernels really ran (random data: rounding moves nearly every output)
+    return y_bf16;
 }
 
 struct LinearCase { int rows, in, out, ld_x_pad, ld_y_pad; bool bias, accumulate; Activation act; };
@@ -220,6 +236,34 @@ TEST_CASE("Ops<Cpu>::conv1d: TF32 is exact (bit-identical to F32); BF16 is withi
     // vdpbf16ps kernel of kernels/packed_conv_dot.hpp, whole-row panels of up to 64 columns, 24-output blocks).
     for (const ConvCase& k : cases)
         for (DType dt : kAllDtypes) check_conv(k, dt, seed += 3, /*packed=*/true);
+}
+
+TEST_CASE("conv1d on AMX tiles (MathMode::BF16, BF16 blocks): within the packed bound at odd sizes, any thread count") {
+    if (!cpu::amx_bf16_available()) {
+        MESSAGE("kernel set " << cpu::kernel_set_name() << ": no AMX-BF16 (or FLOWEDGE_CPU_AMX=0), AMX kernel not run");
+        return;
+    }
+#if defined(FLOWEDGE_CPU_X86)
+    // Columns (batch * out_length) 1, 5, 16, 17, 31, 32, 33, 40 and 75 (one or two 16-row column tiles, passes of 32,
+    // a last pass of fewer); reductions that are not a multiple of 32 steps (a partial last tile), odd (a half pair),
+    // longer than one 128-step slice, and 2600 / 10240 steps (fewer columns per pass: the 2048-channel PushT conv);
+    // outputs that are not a multiple of the 24-output block (and of 16).
+    const ConvCase cases[] = {{1, 3, 5, 1, 1, 1, 0},      {1, 7, 9, 5, 3, 1, 1},    {1, 13, 19, 16, 5, 1, 2},
+                              {1, 33, 37, 17, 5, 1, 2},   {1, 40, 24, 31, 3, 1, 1}, {2, 25, 50, 16, 5, 1, 2},
+                              {3, 64, 23, 11, 5, 1, 2},   {5, 9, 17, 15, 1, 1, 0},  {3, 100, 70, 50, 3, 2, 1},
+                              {4, 520, 24, 16, 5, 1, 2},  {1, 2048, 29, 4, 5, 1, 2}};
+    std::uint32_t seed = 700;
+    for (const ConvCase& k : cases) {
+        const std::vector<float> y1 = check_conv(k, DType::BF16, seed += 3, /*packed=*/true, BhKernel::Amx);
+        std::vector<float> y2;
+        with_threads(2, [&] { y2 = check_conv(k, DType::BF16, seed, /*packed=*/true, BhKernel::Amx); });
+        CHECK(y1 == y2);  // each output's order does not depend on the thread split
+        const std::vector<float> yv = check_conv(k, DType::BF16, seed, /*packed=*/true, BhKernel::Vector);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < yv.size(); ++i) differ += yv[i] != y1[i];
+        MESSAGE("AMX vs vdpbf16ps kernel: " << differ << " of " << yv.size() << " outputs differ");
+    }
+#endif
 }
 
 TEST_CASE("Ops<Cpu>::linear: TF32 is exact (bit-identical to F32); BF16 is within the MathMode bound") {

@@ -12,6 +12,11 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 /// The x86-64 kernel sets (AVX2, AVX-512) exist in this build (GCC and Clang compile them with target pragmas).
 #define FLOWEDGE_CPU_X86 1
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 namespace flowedge::cpu {
@@ -44,7 +49,40 @@ struct CpuFeatures {
     bool avx512 = false;
     bool avx512_bf16 = false;  ///< vdpbf16ps / vcvtne2ps2bf16: the opt-in MathMode::BF16 kernels
     bool avx512_vnni = false;  ///< vpdpbusd: the opt-in WeightQuant::W8A8 kernels
+    bool amx_bf16 = false;     ///< AMX-TILE + AMX-BF16 (tdpbf16ps) with the OS's tile state: MathMode::BF16 conv kernels
+    bool amx_int8 = false;     ///< AMX-TILE + AMX-INT8 (tdpbusd) with the OS's tile state: WeightQuant::W8A8 conv kernels
 };
+
+/// Whether the CPU has AMX tiles with BF16 / INT8 multiplies and the OS saves their state (CPUID leaf 7 EDX bits
+/// 24, 22, 25; XCR0 bits 17-18). Linux still refuses the instructions until the process asks (request_amx_permission).
+inline void detect_amx(CpuFeatures& f) {
+#if defined(FLOWEDGE_CPU_X86)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u, int8 = (d >> 25) & 1u;
+    __cpuid(1, a, b, c, d);
+    if (!tile || !((c >> 27) & 1u)) return;  // no tiles, or no OSXSAVE (xgetbv would fault)
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return;  // XTILECFG and XTILEDATA not enabled by the OS
+    f.amx_bf16 = f.avx512_bf16 && bf16;
+    f.amx_int8 = f.avx512_vnni && int8;
+#else
+    (void)f;
+#endif
+}
+
+/// Asks Linux once per process for the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); a
+/// refusal (old kernel, seccomp) means no AMX, since the first tile instruction would then fault.
+inline bool request_amx_permission() {
+#if defined(FLOWEDGE_CPU_X86) && defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+}
 
 inline CpuFeatures detect_cpu_features() {
     CpuFeatures f;
@@ -57,6 +95,7 @@ inline CpuFeatures detect_cpu_features() {
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
     f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
+    detect_amx(f);
 #endif
     return f;
 }
@@ -99,12 +138,19 @@ namespace detail {
 struct IsaState {
     CpuFeatures features;
     Isa isa;
+    bool amx = false;  ///< the AMX conv kernels run (AVX-512 set chosen, not disabled, permission granted)
 };
 inline const IsaState& isa_state() {
     static const IsaState s = [] {
         IsaState st{detect_cpu_features(), Isa::Scalar};
         const char* env = std::getenv("FLOWEDGE_CPU_ISA");
         st.isa = choose_isa(env ? std::string_view(env) : std::string_view{}, st.features);
+        // AMX extends the AVX-512 set only (FLOWEDGE_CPU_ISA=avx512 keeps it; FLOWEDGE_CPU_AMX=0 turns it off for
+        // A/B runs); the permission is asked only where it would be used.
+        const char* amx_env = std::getenv("FLOWEDGE_CPU_AMX");
+        const bool amx_off = amx_env && std::string_view(amx_env) == "0";
+        st.amx = st.isa == Isa::Avx512 && (st.features.amx_bf16 || st.features.amx_int8) && !amx_off &&
+                 request_amx_permission();
         return st;
     }();
     return s;
@@ -122,11 +168,21 @@ inline bool bf16_math_available() {
 inline bool w8a8_available() {
     return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_vnni;
 }
-/// One line for logs and benchmark records, e.g. "avx512 (+bf16 +vnni)".
+/// Whether MathMode::BF16 Conv1d on packed BF16 blocks runs on AMX tiles (tdpbf16ps) here: bf16_math_available()
+/// and a CPU with AMX-BF16 whose tile state Linux granted, unless FLOWEDGE_CPU_AMX=0.
+inline bool amx_bf16_available() {
+    return bf16_math_available() && detail::isa_state().amx && detail::isa_state().features.amx_bf16;
+}
+/// Whether W8A8 Conv1d runs on AMX tiles (tdpbusd) here: w8a8_available() and AMX-INT8, as amx_bf16_available().
+inline bool amx_int8_available() {
+    return w8a8_available() && detail::isa_state().amx && detail::isa_state().features.amx_int8;
+}
+/// One line for logs and benchmark records, e.g. "avx512 (+bf16) (+vnni) (+amx)".
 inline std::string kernel_set_name() {
     std::string s(isa_name(active_isa()));
     if (bf16_math_available()) s += " (+bf16)";
     if (w8a8_available()) s += " (+vnni)";
+    if (amx_bf16_available() || amx_int8_available()) s += " (+amx)";
     return s;
 }
 
