@@ -128,17 +128,16 @@ struct Call {
     int vbeg = 0, vend = 0;  ///< output vectors [vbeg, vend) this call (thread) computes
 };
 
-/// A tile's epilogue: activation (in registers where it may come before an accumulate), then store or accumulate
-/// R rows x V vectors of outputs starting at output obase.
-template <int R, int V>
-inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
+/// A tile's epilogue with the activation f applied in registers (identity where it comes after the stores), then
+/// store or accumulate R rows x V vectors of outputs starting at output obase.
+template <int R, int V, class F>
+inline void finish_with(const Call& c, int r0, int obase, VecF (&acc)[R][V], F f) {
     const LinearParams& p = *c.p;
-    const bool act_now = act_in_registers(p);
     for (int r = 0; r < R; ++r) {
         float* yr = p.y + std::size_t(r0 + r) * c.ldy;
         for (int v = 0; v < V; ++v) {
             const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
-            VecF val = act_now ? activate_vec(p.act, acc[r][v]) : acc[r][v];
+            VecF val = f(acc[r][v]);
             if (n == kLanes) {
                 if (p.accumulate) val = vadd(vload(yr + o), val);
                 vstore(yr + o, val);
@@ -147,8 +146,23 @@ inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
                 store_n(yr + o, val, n);
             }
         }
-        if (!act_now) activate_inplace(p.act, yr + obase, std::min(V * kLanes, p.out - obase));
     }
+}
+
+/// A tile's epilogue: activation (in registers where it may come before an accumulate), then store or accumulate.
+/// The activation is chosen once per tile, outside the loops, so SiLU (the flow head's layers) is inlined into them
+/// instead of an out-of-line activate_vec call per vector with the tile's accumulators live across it.
+template <int R, int V>
+inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
+    const LinearParams& p = *c.p;
+    if (p.act == Activation::None || !act_in_registers(p)) {
+        finish_with(c, r0, obase, acc, [](VecF v) { return v; });
+        if (p.act != Activation::None)
+            for (int r = 0; r < R; ++r) activate_inplace(p.act, p.y + std::size_t(r0 + r) * c.ldy + obase, std::min(V * kLanes, p.out - obase));
+        return;
+    }
+    if (p.act == Activation::Silu) finish_with(c, r0, obase, acc, [](VecF v) { return vsilu(v); });
+    else finish_with(c, r0, obase, acc, [&p](VecF v) { return activate_vec(p.act, v); });
 }
 
 /// Vector v of a tile's outputs from obase: the bias (zero where out ends or there is none), the start of chain 0.
@@ -351,45 +365,68 @@ inline constexpr int kAmxLanes = 16;
 
 #if FLOWEDGE_ISA_AVX512
 /// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
-/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into C tile j; then the C tiles go
-/// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). Each row of C depends only on
-/// that row of A, so a row's bits do not depend on the row count.
-template <int R, int N>
+/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into a C tile; then the C tiles go
+/// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). S independent sums per
+/// output (chunk ch into chain ch % S, combined (c0 + c1) + (c2 + c3)) keep a small group's dependent TDPBF16PS
+/// chain short; S follows the group's size only (amx_chains), never the run or row count. Each row of C depends only
+/// on that row of A, so a row's bits do not depend on the row count.
+template <int R, int N, int S>
 inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
+    static_assert(N * S <= kAmxGroup);
     const LinearParams& p = *c.p;
     const int chunks = (c.ksteps + kAmxLanes - 1) / kAmxLanes;
     const int g = v / kAmxGroup, gn = std::min(kAmxGroup, c.out_vecs - g * kAmxGroup);
     constexpr std::size_t tile = std::size_t(kAmxLanes) * kAmxLanes;  // 32-bit lanes per tile
     const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + (std::size_t(g) * kAmxGroup * chunks + std::size_t(v - g * kAmxGroup)) * tile;
     amx::zero_c();
-    for (int ch = 0; ch < chunks; ++ch) {
+    // Chunk ch (chain s = ch % S): A, then vector j's tile into C tile s N + j.
+    auto chunk = [&]<int Sc>(int ch, std::integral_constant<int, Sc>) {
         amx::load_a(xb + std::size_t(ch) * kAmxLanes, ldp * sizeof(std::uint32_t));
         const std::uint32_t* wt = w + std::size_t(ch) * std::size_t(gn) * tile;
-        amx::dot<0>(wt);
-        if constexpr (N > 1) amx::dot<1>(wt + tile);
-        if constexpr (N > 2) amx::dot<2>(wt + 2 * tile);
-        if constexpr (N > 3) amx::dot<3>(wt + 3 * tile);
-    }
+        amx::dot<Sc * N>(wt);
+        if constexpr (N > 1) amx::dot<Sc * N + 1>(wt + tile);
+        if constexpr (N > 2) amx::dot<Sc * N + 2>(wt + 2 * tile);
+        if constexpr (N > 3) amx::dot<Sc * N + 3>(wt + 3 * tile);
+    };
+    int ch = 0;
+    for (; ch + S <= chunks; ch += S)
+        [&]<int... s>(std::integer_sequence<int, s...>) { (chunk(ch + s, std::integral_constant<int, s>{}), ...); }(std::make_integer_sequence<int, S>{});
+    [&]<int... s>(std::integer_sequence<int, s...>) {
+        ((ch + s < chunks ? chunk(ch + s, std::integral_constant<int, s>{}) : void()), ...);
+    }(std::make_integer_sequence<int, S - 1>{});
     alignas(64) float cb[kAmxGroup][kPackMaxRows][kAmxLanes];
     amx::store_c<0>(&cb[0][0][0]);
-    if constexpr (N > 1) amx::store_c<1>(&cb[1][0][0]);
-    if constexpr (N > 2) amx::store_c<2>(&cb[2][0][0]);
-    if constexpr (N > 3) amx::store_c<3>(&cb[3][0][0]);
+    if constexpr (N * S > 1) amx::store_c<1>(&cb[1][0][0]);
+    if constexpr (N * S > 2) amx::store_c<2>(&cb[2][0][0]);
+    if constexpr (N * S > 3) amx::store_c<3>(&cb[3][0][0]);
     const int obase = v * kLanes;
     VecF acc[R][N];
     for (int j = 0; j < N; ++j) {
         const VecF b = bias_vec(p, obase, j);
-        for (int r = 0; r < R; ++r) acc[r][j] = vadd(b, vload(cb[j][r]));
+        for (int r = 0; r < R; ++r) {
+            VecF sum = vload(cb[j][r]);
+            if constexpr (S == 2) sum = vadd(sum, vload(cb[N + j][r]));
+            if constexpr (S == 4) sum = vadd(vadd(sum, vload(cb[1][r])), vadd(vload(cb[2][r]), vload(cb[3][r])));
+            acc[r][j] = vadd(b, sum);
+        }
     }
     finish<R, N>(c, r0, obase, acc);
 }
 
-template <int R, int N = 1>
-inline void amx_tile_n(int n, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
-    if constexpr (N < kAmxGroup) {
-        if (n > N) return amx_tile_n<R, N + 1>(n, c, r0, v, xb, ldp);
+/// Independent sums per output for a PairTiles group of gn vectors: as many as the four C tiles hold.
+inline int amx_chains(int gn) { return gn == 1 ? 4 : gn == 2 ? 2 : 1; }
+
+/// amx_tile for a runtime run length n (1..4) and the group's chain count.
+template <int R>
+inline void amx_tile_n(int n, int chains, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
+    if (chains == 4) return amx_tile<R, 1, 4>(c, r0, v, xb, ldp);  // n == 1
+    if (chains == 2) return n == 1 ? amx_tile<R, 1, 2>(c, r0, v, xb, ldp) : amx_tile<R, 2, 2>(c, r0, v, xb, ldp);
+    switch (n) {
+        case 1: return amx_tile<R, 1, 1>(c, r0, v, xb, ldp);
+        case 2: return amx_tile<R, 2, 1>(c, r0, v, xb, ldp);
+        case 3: return amx_tile<R, 3, 1>(c, r0, v, xb, ldp);
+        default: return amx_tile<R, 4, 1>(c, r0, v, xb, ldp);
     }
-    amx_tile<R, N>(c, r0, v, xb, ldp);
 }
 
 /// R rows against output vectors [vbeg, vend), in runs that stay inside one group.
@@ -397,8 +434,8 @@ template <int R>
 inline void amx_rows(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
     amx::configure(R);
     for (int v = c.vbeg; v < c.vend;) {
-        const int n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
-        amx_tile_n<R>(n, c, r0, v, xb, ldp);
+        const int g = v / kAmxGroup, n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
+        amx_tile_n<R>(n, amx_chains(std::min(kAmxGroup, c.out_vecs - g * kAmxGroup)), c, r0, v, xb, ldp);
         v += n;
     }
 }
