@@ -18,8 +18,8 @@
 //   PairTiles (MathMode::BF16 where amx_bf16_available(), AVX-512 set): the Pairs lanes in AMX tile order, for the
 //          TDPBF16PS loop: output vectors of 16 lanes in groups of kAmxGroup, k pairs in chunks of 16 (zero past in);
 //          per group, per chunk, per vector of the group one 1 KiB tile (16 pair rows x 16 lanes), so a tile loop
-//          reads one contiguous stream. (The Pairs order read by tiles strided 1 KiB per row measured ~50% slower; this
-//          order read by the vector loops ~10% slower, hence a layout of its own.)
+//          reads one contiguous stream. A layout of its own: tiles read from the Pairs order, or the vector loops from
+//          this one, are slower (docs/performance/cpu.md#xeon-dev-vm-2026-12-05-branch-mamba-cpu3).
 // cpu::PackedWeight holds one layout at a time in a buffer sized at load for the larger one and repacks in place on
 // set_math (no allocation after load).
 #if FLOWEDGE_ISA_SIMD
