@@ -163,7 +163,8 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     const double target_action = on_cuda ? 50 : 40;
     // The kernel set, and whether BF16 math ran its products on AMX tiles (asked only under BF16 math: the first ask
     // requests the tile state from the OS).
-    const std::string kernels = on_cuda ? std::string() : cpu::kernel_set_name() + (o.math == "bf16" && cpu::amx_bf16_available() ? " (+amx)" : "");
+    std::string kernels = on_cuda ? std::string() : cpu::kernel_set_name();
+    if (!on_cuda && o.math == "bf16" && cpu::amx_bf16_available() && kernels.find("(+amx)") == std::string::npos) kernels += " (+amx)";
     if (on_cuda)
         std::printf("mamba_flow_bench (flowedge cuda on %s, %s weights, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
                     gpu.c_str(), o.dtype.c_str(), mamba.config().n_layers, dm, tokens.size(), steps);
