@@ -161,12 +161,16 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     for (int i = 0; i < A; ++i) diff_vs_f32 = std::max(diff_vs_f32, double(std::abs(action[std::size_t(i)] - action_f32[std::size_t(i)])));
 
     const double target_action = on_cuda ? 50 : 40;
+    // The kernel set, and whether BF16 math ran its products on AMX tiles (asked only under BF16 math: the first ask
+    // requests the tile state from the OS).
+    std::string kernels = on_cuda ? std::string() : cpu::kernel_set_name();
+    if (!on_cuda && o.math == "bf16" && cpu::amx_bf16_available() && kernels.find("(+amx)") == std::string::npos) kernels += " (+amx)";
     if (on_cuda)
         std::printf("mamba_flow_bench (flowedge cuda on %s, %s weights, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
                     gpu.c_str(), o.dtype.c_str(), mamba.config().n_layers, dm, tokens.size(), steps);
     else
         std::printf("mamba_flow_bench (flowedge cpu, %s kernels, %s weights, %s math, %d thread%s, %d layers, d_model %d, prefix %zu, %d Euler steps, batch 1)\n",
-                    cpu::kernel_set_name().c_str(), o.dtype.c_str(), o.math.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
+                    kernels.c_str(), o.dtype.c_str(), o.math.c_str(), o.threads, o.threads == 1 ? "" : "s", mamba.config().n_layers, dm, tokens.size(), steps);
     auto line = [](const char* name, const Stats& s) {
         std::printf("  %-22s min %7.2f  p50 %8.2f  p99 %8.2f  max %9.2f  mean %8.2f us | thread CPU min %7.2f p50 %7.2f us\n",
                     name, s.min, s.p50, s.p99, s.max, s.mean, s.cpu_min, s.cpu_p50);
@@ -216,7 +220,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
         };
         if (!census.is_null()) j["graph_census"] = census;
         if (!parts.is_null()) j["parts"] = parts;
-        if (!on_cuda) j["kernel_set"] = cpu::kernel_set_name();
+        if (!on_cuda) j["kernel_set"] = kernels;
         std::ofstream(o.json_path) << j.dump(2) << "\n";
     }
     return 0;

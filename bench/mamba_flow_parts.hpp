@@ -27,6 +27,7 @@ struct Part {
     double exps = 0;          ///< exp evaluations per call (SiLU, softplus, scan decays)
     double weight_bytes = 0;  ///< bytes of weights read per call
     bool bf16_dot = false;    ///< runs on vdpbf16ps (MathMode::BF16, in > 8, AVX512_BF16): its MAC floor is that rate's
+    bool amx = false;         ///< runs on AMX tiles instead (cpu::amx_bf16_available()): its floor is its weight bytes
     std::function<void()> call;
     double min_us = 0, p50_us = 0;
 };
@@ -120,8 +121,8 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         p.accumulate = accumulate;
         p.math = math;
         const double ex = act == Activation::None ? 0 : double(rows) * n_out;
-        const bool bf16_dot = math == MathMode::BF16 && n_in > 8 && cpu::bf16_math_available();
-        parts.push_back({name, per_action, double(rows) * n_in * n_out, ex, wbytes(w, std::size_t(n_in) * n_out), bf16_dot,
+        const bool bh = math == MathMode::BF16 && n_in > 8 && cpu::bf16_math_available(), amx = bh && cpu::amx_bf16_available();
+        parts.push_back({name, per_action, double(rows) * n_in * n_out, ex, wbytes(w, std::size_t(n_in) * n_out), bh && !amx, amx,
                          [p] { Ops<Cpu>::linear(p); }});
     };
     for (int l = 0; l < mc.n_layers; ++l) {
@@ -131,7 +132,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         const Parameter<Cpu>& a_log = param(mix + "A_log");
         for (std::size_t i = 0; i < A_neg.size(); ++i) A_neg[i] = -std::exp(a_log.f32()[i]);
         RmsNormParams rp{h.data(), param(pre + "norm.weight").f32(), n.data(), L, dm, mc.eps};
-        parts.push_back({tag + "rms_norm", 1, double(L) * dm, 0, 0, false, [rp] { Ops<Cpu>::rms_norm(rp); }});
+        parts.push_back({tag + "rms_norm", 1, double(L) * dm, 0, 0, false, false, [rp] { Ops<Cpu>::rms_norm(rp); }});
         linear(tag + "in_proj", 1, mix + "in_proj.weight", "", n.data(), xz.data(), L, dm, 2 * di, Activation::None, false, 0);
         CausalConvParams cp;
         cp.x = xz.data();
@@ -143,7 +144,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         cp.length = L;
         cp.channels = di;
         cp.kernel = K;
-        parts.push_back({tag + "causal_conv + SiLU", 1, double(L) * di * K, double(L) * di, 0, false, [cp] { Ops<Cpu>::causal_conv(cp); }});
+        parts.push_back({tag + "causal_conv + SiLU", 1, double(L) * di * K, double(L) * di, 0, false, false, [cp] { Ops<Cpu>::causal_conv(cp); }});
         linear(tag + "x_proj", 1, mix + "x_proj.weight", "", u.data(), dbl.data(), L, di, ld_dbl, Activation::None, false, 0);
         // dt_proj without its softplus: the scan applies it (SelectiveScanParams::dt_softplus, as MambaMixer<Cpu>).
         linear(tag + "dt_proj", 1, mix + "dt_proj.weight", mix + "dt_proj.bias", dbl.data(), dt.data(), L, R, di,
@@ -166,7 +167,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         // Per state: decay = exp(dt A), s = decay s + (dt u) B, y += s C (3 multiply-adds, 1 exp); gate SiLU per channel.
         // A: this layer's -exp(A_log), held by the replay (the model keeps its own copy private).
         std::vector<float> A_copy = A_neg;
-        parts.push_back({tag + "selective_scan (+ softplus dt)", 1, 3.0 * L * di * S, double(L) * di * (S + 2), 0, false,
+        parts.push_back({tag + "selective_scan (+ softplus dt)", 1, 3.0 * L * di * S, double(L) * di * (S + 2), 0, false, false,
                          [sp, A_copy]() mutable {
                              sp.A = A_copy.data();
                              Ops<Cpu>::selective_scan(sp);
@@ -176,12 +177,12 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                Activation::None, true, 0);
     }
     RmsNormParams fp{h.data(), param("backbone.norm_f.weight").f32(), n.data(), 1, dm, mc.eps};
-    parts.push_back({"norm_f (last row)", 1, double(dm), 0, 0, false, [fp] { Ops<Cpu>::rms_norm(fp); }});
+    parts.push_back({"norm_f (last row)", 1, double(dm), 0, 0, false, false, [fp] { Ops<Cpu>::rms_norm(fp); }});
 
     linear("flow cond_proj", 1, "flow.cond_proj.weight", "", n.data(), c.data(), 1, dm, H, Activation::None, false, 0);
     // Batch 1 (FlowHead::eval): tc = time_proj row + c, then h0 = silu(in_proj x + tc) with tc as the bias.
     AxpbyParams ap{tproj.data(), c.data(), tc.data(), H, 1.f, 1.f};
-    parts.push_back({"flow tc = time_proj row + c (axpby)", steps, 0, 0, 0, false, [ap] { Ops<Cpu>::axpby(ap); }});
+    parts.push_back({"flow tc = time_proj row + c (axpby)", steps, 0, 0, 0, false, false, [ap] { Ops<Cpu>::axpby(ap); }});
     linear("flow in_proj + tc + SiLU", steps, "flow.in_proj.weight", "", x.data(), hb0.data(), 1, A, H, Activation::Silu, false, 0,
            tc.data());
     for (int l = 0; l < hc.n_layers; ++l)
@@ -189,7 +190,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                l % 2 ? hb1.data() : hb0.data(), l % 2 ? hb0.data() : hb1.data(), 1, H, H, Activation::Silu, false, 0);
     linear("flow out_proj", steps, "flow.out_proj.weight", "", hb0.data(), v.data(), 1, H, A, Activation::None, false, 0);
     AxpbyParams xp{x.data(), v.data(), x.data(), A, 1.f, 0.f};  // b = 0 keeps x bounded over the replays
-    parts.push_back({"flow x += dt v (axpby)", steps, 0, 0, 0, false, [xp] { Ops<Cpu>::axpby(xp); }});
+    parts.push_back({"flow x += dt v (axpby)", steps, 0, 0, 0, false, false, [xp] { Ops<Cpu>::axpby(xp); }});
 
     for (Part& p : parts) time_part(p);
 
@@ -204,7 +205,9 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                 "us/action", "G MAC/s", "floor us");
     for (const Part& p : parts) {
         const double per = p.per_action;
-        const double floor_us = std::max(p.macs / ((p.bf16_dot ? bf16_peak : peak) * 1e3), p.weight_bytes / (l2 * 1e3)) * per;
+        // AMX's multiply-add rate (~1000 BF16 MACs per cycle at 16 rows) is far above any part's bytes: bytes bound it.
+        const double mac_floor = p.amx ? 0.0 : p.macs / ((p.bf16_dot ? bf16_peak : peak) * 1e3);
+        const double floor_us = std::max(mac_floor, p.weight_bytes / (l2 * 1e3)) * per;
         sum_min += p.min_us * per;
         sum_floor += floor_us;
         sum_p50 += p.p50_us * per;
@@ -215,7 +218,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
                     p.weight_bytes / 1024, p.min_us, p.min_us * per, p.macs / (p.min_us * 1e3), floor_us);
         rows.push_back({{"part", p.name}, {"calls_per_action", p.per_action}, {"macs_per_call", p.macs}, {"exps_per_call", p.exps},
                         {"weight_bytes_per_call", p.weight_bytes}, {"min_us_per_call", p.min_us}, {"p50_us_per_call", p.p50_us},
-                        {"floor_us_per_action", floor_us}, {"bf16_dot", p.bf16_dot}});
+                        {"floor_us_per_action", floor_us}, {"bf16_dot", p.bf16_dot}, {"amx", p.amx}});
     }
     const double fma_floor = macs / (peak * 1e3), byte_floor = bytes / (l2 * 1e3);
     std::printf("  sum of parts: min %.2f us, p50 %.2f us per action; the whole act() in this run: min %.2f, p50 %.2f us\n",
@@ -224,6 +227,8 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
     std::printf("  floors: FMA %.1f us at %.1f G MAC/s (asm probe); weight bytes %.1f us at the L2 read rate %.1f GB/s (L3 %.1f GB/s)\n",
                 fma_floor, peak, byte_floor, l2, l3);
     if (bf16_peak > 0) std::printf("  vdpbf16ps peak %.1f G MAC/s (asm probe; the MAC floor of the parts marked bf16_dot)\n", bf16_peak);
+    if (math == MathMode::BF16 && cpu::amx_bf16_available())
+        std::printf("  BF16 products with in > 8 run on AMX tiles (TDPBF16PS): their floor is their weight bytes at the L2 rate\n");
     std::printf("  sum over parts of max(MAC floor, weight bytes / L2 rate): %.1f us\n", sum_floor);
     std::printf("  act() p50 / FMA floor = %.2f (target <= 1.5)\n", action_p50_us / fma_floor);
     return {{"parts", rows},

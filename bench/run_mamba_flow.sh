@@ -72,6 +72,8 @@ for name, r in runs.items():
     if any(q.get("bf16_dot") for q in parts["parts"]):
         bf16_note = (f" Parts marked * run on vdpbf16ps (BF16 math): their multiply-add floor is the vdpbf16ps peak,"
                      f" {parts['bf16_dot_peak_gmacs']:.1f} G MAC/s (assembly probe, 12 independent chains).")
+    if any(q.get("amx") for q in parts["parts"]):
+        bf16_note += (" Parts marked [amx] run on AMX tiles (TDPBF16PS, BF16 math): their floor is their weight bytes at the L2 rate.")
     md += ["", f"## Parts of one action, {r['weights']} weights, {r.get('math', 'f32')} math ({r.get('kernel_set', '')})", "",
            f"Each op replayed alone through Ops<Cpu> on the loaded weights at act()'s shapes (batches of 40 calls, min per call);"
            f" floor per part = max(multiply-adds / FMA peak, weight bytes / L2 read rate). FMA peak {parts['fma_peak_gmacs']:.1f} G MAC/s"
@@ -80,7 +82,7 @@ for name, r in runs.items():
            "| part | calls per action | multiply-adds per call | exps per call | weight KiB per call | us per call | us per action | floor us per action |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for q in parts["parts"]:
-        md.append(f"| {q['part']}{' *' if q.get('bf16_dot') else ''} | {q['calls_per_action']} | {q['macs_per_call']:.0f} | {q['exps_per_call']:.0f} | "
+        md.append(f"| {q['part']}{' *' if q.get('bf16_dot') else ' [amx]' if q.get('amx') else ''} | {q['calls_per_action']} | {q['macs_per_call']:.0f} | {q['exps_per_call']:.0f} | "
                   f"{q['weight_bytes_per_call'] / 1024:.1f} | {q['min_us_per_call']:.3f} | {q['min_us_per_call'] * q['calls_per_action']:.2f} | "
                   f"{q['floor_us_per_action']:.2f} |")
     md += ["", f"- sum of parts {parts['sum_min_us']:.1f} us (min) vs the whole act() {r['action_us']['min']:.1f} us min, "

@@ -265,7 +265,8 @@ TEST_CASE("packed linear, MathMode::BF16: emulated BF16 operands within the pack
                     REQUIRE(pk.serves(MathMode::BF16));
                     const auto y = run_packed(pk, c, MathMode::BF16);
                     if (kBf16Kernels && in > 8) {
-                        CHECK(pk.layout() == PackedLayout::Pairs);
+                        // vdpbf16ps on the Pairs layout, or AMX tiles where the CPU and OS have them.
+                        CHECK(pk.layout() == (cpu::amx_bf16_available() ? PackedLayout::PairTiles : PackedLayout::Pairs));
                         check_outputs(c, y, [&](int r, int o) { return bf16_ref(c, r, o); }, "packed bf16");
                         // And the MathMode doc's form against the exact value: (c + g(1 + c)) S + g|b| + tiny, with the
                         // packed chain d = 2 ceil(in/2) (+1 for accumulate, covered by finish's extra rounding).
@@ -306,8 +307,9 @@ TEST_CASE("packed linear: set_math repacks in place; the layout serves only its 
         const auto ybf = run_packed(pk, c, MathMode::BF16);
         if (kBf16Kernels) {
             CHECK(ybf != y32);
-            // F32/F16 weights now hold rounded pairs: exact math is no longer served (the Linear falls back).
-            CHECK(pk.serves(MathMode::F32) == (dt == DType::BF16));
+            // F32/F16 weights now hold rounded pairs: exact math is no longer served (the Linear falls back); BF16
+            // weights serve it from the Pairs layout, not from AMX's tile order.
+            CHECK(pk.serves(MathMode::F32) == (dt == DType::BF16 && pk.layout() == PackedLayout::Pairs));
         }
         pk.set_math(MathMode::F32);
         CHECK(run_packed(pk, c, MathMode::F32) == y32);  // repacked to the very same copy

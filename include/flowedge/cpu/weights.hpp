@@ -111,7 +111,10 @@ public:
         pw->m_src = w;
         pw->m_in = in;
         pw->m_out = out;
-        const std::size_t bytes = pw->layout_bytes(w.dtype == DType::BF16 ? PackedLayout::Pairs : PackedLayout::F32);
+        std::size_t bytes = pw->layout_bytes(w.dtype == DType::BF16 ? PackedLayout::Pairs : PackedLayout::F32);
+        // AMX's tile order pads the pairs to whole tiles: room for it too where BF16 math may ask for it.
+        if (isa == Isa::Avx512 && bf16_math_available() && (in + 31) / 32 * 16 <= kPackBhPairs)
+            bytes = std::max(bytes, pw->layout_bytes(PackedLayout::PairTiles));
         Memory<Cpu>::check_fits(bytes, "packed linear copy");
         pw->m_buf = Buffer<std::byte, Cpu>(bytes);
         pw->set_math(m);
@@ -144,7 +147,7 @@ public:
     void set_math(MathMode m) override {
         if (m_kind != Kind::SmallRows) return;
         const PackedLayout want = wanted(m);
-        const bool round = want == PackedLayout::Pairs && m_src.dtype != DType::BF16;
+        const bool round = (want == PackedLayout::Pairs || want == PackedLayout::PairTiles) && m_src.dtype != DType::BF16;
         if (want == m_layout && round == m_rounded) return;
         FLOWEDGE_CPU_SIMD_KERNEL(m_isa, packed_linear_pack(want, round, m_src, m_in, m_out, m_buf.data()));
         m_layout = want;
@@ -153,7 +156,7 @@ public:
 
     /// SmallRows: whether the layout held now computes p.math = m (else the row-major kernels must).
     bool serves(MathMode m) const {
-        // F32/F16 weights hold rounded pairs exactly when wanted(m) is Pairs, so the layout alone decides.
+        // F32/F16 weights hold rounded pairs exactly when wanted(m) is Pairs or PairTiles, so the layout alone decides.
         return m_layout != PackedLayout::None && m_layout == wanted(m) && (!bf16_math(m) || bh_fits());
     }
     /// SmallRows: whether p.math = m runs the vdpbf16ps loop for this shape (the row-major kernels' in > 8 rule).
@@ -164,8 +167,10 @@ private:
 
     bool bh_fits() const { return (m_in + 31) / 32 * 16 <= kPackBhPairs; }
     PackedLayout wanted(MathMode m) const {
+        const bool bh = bf16_math(m) && bh_fits();
+        if (bh && m_isa == Isa::Avx512 && amx_bf16_available()) return PackedLayout::PairTiles;
         if (m_src.dtype == DType::BF16) return PackedLayout::Pairs;
-        return bf16_math(m) && bh_fits() ? PackedLayout::Pairs : PackedLayout::F32;
+        return bh ? PackedLayout::Pairs : PackedLayout::F32;
     }
     std::size_t layout_bytes(PackedLayout l) const {
 #if defined(FLOWEDGE_CPU_X86)

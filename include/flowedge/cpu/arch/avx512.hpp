@@ -224,3 +224,51 @@ inline VecF activate_vec(Activation act, VecF v) {
 /// Whether the tile epilogue applies the activation in registers (else activate_inplace over the stored segment).
 inline bool act_in_registers(const LinearParams&) { return true; }
 }  // namespace packed
+
+/// AMX-BF16 vocabulary for kernels/packed_linear.hpp's MathMode::BF16 tiles, run only where amx_bf16_available().
+/// Inline assembly with fixed tile registers (an AMX instruction names its tiles as immediates anyway), so the set's
+/// target needs no AMX flags: tmm0-3 accumulate C (rows x 16 floats), tmm4 holds A (rows x 16 BF16 x pairs), tmm5-7
+/// take B (16 pairs x 16 outputs, the VNNI order of the Pairs layout) in turn.
+namespace amx {
+/// ldtilecfg's 64-byte operand (palette 1).
+struct alignas(64) TileConfig {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t colsb[16] = {};
+    std::uint8_t rows[16] = {};
+};
+/// Configures C (tmm0-3) and A (tmm4) as `rows` x 64 bytes and B (tmm5-7) as 16 x 64 bytes, unless the thread's
+/// tile state already holds exactly that (sttilecfg and a compare cost a tenth of ldtilecfg, which with a tilerelease
+/// per call was visible on 1 us products: docs/performance/cpu.md#mamba-flow-per-core-issue-22). Reading the
+/// configuration back rather than remembering it stays right when other code on the thread uses AMX in between.
+inline void configure(int rows) {
+    TileConfig want, have;
+    for (int t = 0; t < 8; ++t) {
+        want.colsb[t] = 64;
+        want.rows[t] = std::uint8_t(t < 5 ? rows : 16);
+    }
+    asm volatile("sttilecfg %0" : "=m"(have));
+    if (std::memcmp(&want, &have, sizeof want) != 0) asm volatile("ldtilecfg %0" ::"m"(want));
+}
+inline void zero_c() { asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory"); }
+/// A (tmm4) from p, rows `stride` bytes apart.
+inline void load_a(const void* p, std::size_t stride) { asm volatile("tileloadd (%0,%1,1), %%tmm4" ::"r"(p), "r"(stride) : "memory"); }
+/// C[j] += A x B for one contiguous 1 KiB B tile at p (16 rows of 64 bytes); B goes through tmm5 + j % 3.
+template <int J>
+inline void dot(const void* p) {
+    static_assert(J >= 0 && J < 4);
+    constexpr std::size_t stride = 64;
+    if constexpr (J == 0) asm volatile("tileloadd (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 1) asm volatile("tileloadd (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 2) asm volatile("tileloadd (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 3) asm volatile("tileloadd (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
+}
+/// Stores C[j] (rows x 16 floats) to p, rows 64 bytes apart.
+template <int J>
+inline void store_c(float* p) {
+    constexpr std::size_t stride = 64;
+    if constexpr (J == 0) asm volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 1) asm volatile("tilestored %%tmm1, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 2) asm volatile("tilestored %%tmm2, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 3) asm volatile("tilestored %%tmm3, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
+}
+}  // namespace amx

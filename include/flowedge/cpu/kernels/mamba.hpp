@@ -219,10 +219,19 @@ inline void selective_scan(const SelectiveScanParams& p) {
                     const std::size_t tc0 = std::size_t(t) * C + c;
                     const int j0 = c - c0;
                     __m512 prod[16];
+                    // Unrolled (GCC otherwise keeps a loop that stores prod[] to the stack and reloads p.A and
+                    // p.state each iteration, as the state stores may alias p).
+                    float* const st0 = p.state + std::size_t(c) * 16;
+                    const float* const a0 = p.A + std::size_t(c) * 16;
+#if defined(__clang__)
+#pragma unroll 16
+#else
+#pragma GCC unroll 16
+#endif
                     for (int k = 0; k < 16; ++k) {
-                        float* st = p.state + std::size_t(c + k) * 16;
+                        float* st = st0 + std::size_t(k) * 16;
                         const __m512 decay = scan_exp2_nonpositive(
-                            _mm512_mul_ps(_mm512_set1_ps(dt2[j0 + k]), _mm512_loadu_ps(p.A + std::size_t(c + k) * 16)));
+                            _mm512_mul_ps(_mm512_set1_ps(dt2[j0 + k]), _mm512_loadu_ps(a0 + std::size_t(k) * 16)));
                         const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(du[j0 + k]), vB));
                         _mm512_storeu_ps(st, sn);
                         prod[k] = _mm512_mul_ps(sn, vC);

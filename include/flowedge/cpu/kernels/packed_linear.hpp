@@ -15,6 +15,11 @@
 //          << 16) | bf16 w[o_i][k] (an odd `in` pads with a zero weight). Exact math widens the halves by a shift and
 //          an and-mask; MathMode::BF16 (AVX-512 set on an AVX512_BF16 CPU) feeds the pair vector to vdpbf16ps. BF16
 //          weights as stored; under MathMode::BF16, F32/F16 weights rounded to BF16 (RNE) at pack time.
+//   PairTiles (MathMode::BF16 where amx_bf16_available(), AVX-512 set): the Pairs lanes in AMX tile order, for the
+//          TDPBF16PS loop: output vectors of 16 lanes in groups of kAmxGroup, k pairs in chunks of 16 (zero past in);
+//          per group, per chunk, per vector of the group one 1 KiB tile (16 pair rows x 16 lanes), so a tile loop
+//          reads one contiguous stream. A layout of its own: tiles read from the Pairs order, or the vector loops from
+//          this one, are slower (docs/performance/cpu.md#xeon-dev-vm-2026-12-05-branch-mamba-cpu3).
 // cpu::PackedWeight holds one layout at a time in a buffer sized at load for the larger one and repacks in place on
 // set_math (no allocation after load).
 #if FLOWEDGE_ISA_SIMD
@@ -123,17 +128,16 @@ struct Call {
     int vbeg = 0, vend = 0;  ///< output vectors [vbeg, vend) this call (thread) computes
 };
 
-/// A tile's epilogue: activation (in registers where it may come before an accumulate), then store or accumulate
-/// R rows x V vectors of outputs starting at output obase.
-template <int R, int V>
-inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
+/// A tile's epilogue with the activation f applied in registers (identity where it comes after the stores), then
+/// store or accumulate R rows x V vectors of outputs starting at output obase.
+template <int R, int V, class F>
+inline void finish_with(const Call& c, int r0, int obase, VecF (&acc)[R][V], F f) {
     const LinearParams& p = *c.p;
-    const bool act_now = act_in_registers(p);
     for (int r = 0; r < R; ++r) {
         float* yr = p.y + std::size_t(r0 + r) * c.ldy;
         for (int v = 0; v < V; ++v) {
             const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
-            VecF val = act_now ? activate_vec(p.act, acc[r][v]) : acc[r][v];
+            VecF val = f(acc[r][v]);
             if (n == kLanes) {
                 if (p.accumulate) val = vadd(vload(yr + o), val);
                 vstore(yr + o, val);
@@ -142,8 +146,23 @@ inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
                 store_n(yr + o, val, n);
             }
         }
-        if (!act_now) activate_inplace(p.act, yr + obase, std::min(V * kLanes, p.out - obase));
     }
+}
+
+/// A tile's epilogue: activation (in registers where it may come before an accumulate), then store or accumulate.
+/// The activation is chosen once per tile, outside the loops, so SiLU (the flow head's layers) is inlined into them
+/// instead of an out-of-line activate_vec call per vector with the tile's accumulators live across it.
+template <int R, int V>
+inline void finish(const Call& c, int r0, int obase, VecF (&acc)[R][V]) {
+    const LinearParams& p = *c.p;
+    if (p.act == Activation::None || !act_in_registers(p)) {
+        finish_with(c, r0, obase, acc, [](VecF v) { return v; });
+        if (p.act != Activation::None)
+            for (int r = 0; r < R; ++r) activate_inplace(p.act, p.y + std::size_t(r0 + r) * c.ldy + obase, std::min(V * kLanes, p.out - obase));
+        return;
+    }
+    if (p.act == Activation::Silu) finish_with(c, r0, obase, acc, [](VecF v) { return vsilu(v); });
+    else finish_with(c, r0, obase, acc, [&p](VecF v) { return activate_vec(p.act, v); });
 }
 
 /// Vector v of a tile's outputs from obase: the bias (zero where out ends or there is none), the start of chain 0.
@@ -339,6 +358,105 @@ inline void gemm_all_rows(const Call& c) {
     }
 }
 
+/// Output vectors per group of the PairTiles layout: the C tiles (tmm0-3) one pass of the AMX loop accumulates.
+inline constexpr int kAmxGroup = 4;
+/// Lanes (outputs) per AMX tile row and k pairs per tile: 64 bytes either way.
+inline constexpr int kAmxLanes = 16;
+
+#if FLOWEDGE_ISA_AVX512
+/// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
+/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into a C tile; then the C tiles go
+/// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). S independent sums per
+/// output (chunk ch into chain ch % S, combined (c0 + c1) + (c2 + c3)) keep a small group's dependent TDPBF16PS
+/// chain short; S follows the group's size only (amx_chains), never the run or row count. Each row of C depends only
+/// on that row of A, so a row's bits do not depend on the row count.
+template <int R, int N, int S>
+inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
+    static_assert(N * S <= kAmxGroup);
+    const LinearParams& p = *c.p;
+    const int chunks = (c.ksteps + kAmxLanes - 1) / kAmxLanes;
+    const int g = v / kAmxGroup, gn = std::min(kAmxGroup, c.out_vecs - g * kAmxGroup);
+    constexpr std::size_t tile = std::size_t(kAmxLanes) * kAmxLanes;  // 32-bit lanes per tile
+    const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + (std::size_t(g) * kAmxGroup * chunks + std::size_t(v - g * kAmxGroup)) * tile;
+    amx::zero_c();
+    // Chunk ch (chain s = ch % S): A, then vector j's tile into C tile s N + j.
+    auto chunk = [&]<int Sc>(int ch, std::integral_constant<int, Sc>) {
+        amx::load_a(xb + std::size_t(ch) * kAmxLanes, ldp * sizeof(std::uint32_t));
+        const std::uint32_t* wt = w + std::size_t(ch) * std::size_t(gn) * tile;
+        amx::dot<Sc * N>(wt);
+        if constexpr (N > 1) amx::dot<Sc * N + 1>(wt + tile);
+        if constexpr (N > 2) amx::dot<Sc * N + 2>(wt + 2 * tile);
+        if constexpr (N > 3) amx::dot<Sc * N + 3>(wt + 3 * tile);
+    };
+    int ch = 0;
+    for (; ch + S <= chunks; ch += S)
+        [&]<int... s>(std::integer_sequence<int, s...>) { (chunk(ch + s, std::integral_constant<int, s>{}), ...); }(std::make_integer_sequence<int, S>{});
+    [&]<int... s>(std::integer_sequence<int, s...>) {
+        ((ch + s < chunks ? chunk(ch + s, std::integral_constant<int, s>{}) : void()), ...);
+    }(std::make_integer_sequence<int, S - 1>{});
+    alignas(64) float cb[kAmxGroup][kPackMaxRows][kAmxLanes];
+    amx::store_c<0>(&cb[0][0][0]);
+    if constexpr (N * S > 1) amx::store_c<1>(&cb[1][0][0]);
+    if constexpr (N * S > 2) amx::store_c<2>(&cb[2][0][0]);
+    if constexpr (N * S > 3) amx::store_c<3>(&cb[3][0][0]);
+    const int obase = v * kLanes;
+    VecF acc[R][N];
+    for (int j = 0; j < N; ++j) {
+        const VecF b = bias_vec(p, obase, j);
+        for (int r = 0; r < R; ++r) {
+            VecF sum = vload(cb[j][r]);
+            if constexpr (S == 2) sum = vadd(sum, vload(cb[N + j][r]));
+            if constexpr (S == 4) sum = vadd(vadd(sum, vload(cb[1][r])), vadd(vload(cb[2][r]), vload(cb[3][r])));
+            acc[r][j] = vadd(b, sum);
+        }
+    }
+    finish<R, N>(c, r0, obase, acc);
+}
+
+/// Independent sums per output for a PairTiles group of gn vectors: as many as the four C tiles hold.
+inline int amx_chains(int gn) { return gn == 1 ? 4 : gn == 2 ? 2 : 1; }
+
+/// amx_tile for a runtime run length n (1..4) and the group's chain count.
+template <int R>
+inline void amx_tile_n(int n, int chains, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
+    if (chains == 4) return amx_tile<R, 1, 4>(c, r0, v, xb, ldp);  // n == 1
+    if (chains == 2) return n == 1 ? amx_tile<R, 1, 2>(c, r0, v, xb, ldp) : amx_tile<R, 2, 2>(c, r0, v, xb, ldp);
+    switch (n) {
+        case 1: return amx_tile<R, 1, 1>(c, r0, v, xb, ldp);
+        case 2: return amx_tile<R, 2, 1>(c, r0, v, xb, ldp);
+        case 3: return amx_tile<R, 3, 1>(c, r0, v, xb, ldp);
+        default: return amx_tile<R, 4, 1>(c, r0, v, xb, ldp);
+    }
+}
+
+/// R rows against output vectors [vbeg, vend), in runs that stay inside one group.
+template <int R>
+inline void amx_rows(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
+    amx::configure(R);
+    for (int v = c.vbeg; v < c.vend;) {
+        const int g = v / kAmxGroup, n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
+        amx_tile_n<R>(n, amx_chains(std::min(kAmxGroup, c.out_vecs - g * kAmxGroup)), c, r0, v, xb, ldp);
+        v += n;
+    }
+}
+
+/// All rows of a call on the PairTiles layout, kPackMaxRows at a time (each group's x rounded into xb first, as the
+/// vdpbf16ps loop does); the tile state is configured per row group (amx::configure) and left configured.
+inline void amx_all_rows(const Call& c, std::uint32_t* xb, std::size_t ldp) {
+    const LinearParams& p = *c.p;
+    for (int r0 = 0; r0 < p.rows; r0 += kPackMaxRows) {
+        const int nr = std::min(kPackMaxRows, p.rows - r0);
+        for (int r = 0; r < nr; ++r) round_to_bh(p.x + std::size_t(r0 + r) * c.ldx, p.in, reinterpret_cast<bf16*>(xb + std::size_t(r) * ldp));
+        switch (nr) {
+            case 1: amx_rows<1>(c, r0, xb, ldp); break;
+            case 2: amx_rows<2>(c, r0, xb, ldp); break;
+            case 3: amx_rows<3>(c, r0, xb, ldp); break;
+            default: amx_rows<4>(c, r0, xb, ldp); break;
+        }
+    }
+}
+#endif
+
 inline float stored(const void* w, DType dt, std::size_t i) {
     switch (dt) {
         case DType::F32: return static_cast<const float*>(w)[i];
@@ -360,6 +478,11 @@ inline int packed_chains_for(int out_vecs) { return out_vecs * 2 >= kPackAcc ? 1
 
 /// Bytes of layout l for an [out, in] weight.
 inline std::size_t packed_linear_bytes(PackedLayout l, int in, int out) {
+    if (l == PackedLayout::PairTiles) {
+        const std::size_t vecs = std::size_t((out + packed::kAmxLanes - 1) / packed::kAmxLanes);
+        const std::size_t chunks = std::size_t(((in + 1) / 2 + packed::kAmxLanes - 1) / packed::kAmxLanes);
+        return vecs * chunks * packed::kAmxLanes * packed::kAmxLanes * 4;
+    }
     const std::size_t out_pad = std::size_t(packed_out_vecs(out)) * kLanes;
     const std::size_t ksteps = l == PackedLayout::F32 ? std::size_t(in) : std::size_t((in + 1) / 2);
     return ksteps * out_pad * 4;
@@ -384,40 +507,58 @@ inline void packed_linear_pack(PackedLayout l, bool round, const WeightRef& src_
                         *dst++ = o < n_out ? packed::stored(src, dt, std::size_t(o) * in + std::size_t(k)) : 0.f;
                     }
         }
-    } else {
-        std::uint32_t* dst = static_cast<std::uint32_t*>(buf);
-        const int pairs = (n_in + 1) / 2;
-        for (int b = 0; b < nblk; ++b) {
-            const int vb = std::min(kPackBlockVecs, out_vecs - b * kPackBlockVecs);
-            for (int kp = 0; kp < pairs; ++kp)
-                for (int v = 0; v < vb; ++v) {
-                    // The vector's 2L weights in pair order (w[o_i][k], w[o_i][k+1]), zeros past out / in.
-                    [[maybe_unused]] alignas(64) float f[2 * kLanes];
-                    alignas(64) std::uint16_t h[2 * kLanes];
-                    for (int i = 0; i < kLanes; ++i) {
-                        const int o = (b * kPackBlockVecs + v) * kLanes + i;
-                        for (int j = 0; j < 2; ++j) {
-                            const int k = 2 * kp + j;
-                            const bool live = o < n_out && k < n_in;
-                            const std::size_t idx = std::size_t(o) * in + std::size_t(k);
-                            f[2 * i + j] = live ? packed::stored(src, dt, idx) : 0.f;
-                            h[2 * i + j] = live && dt == DType::BF16 ? static_cast<const bf16*>(src)[idx].bits : std::uint16_t(0);
-                        }
-                    }
-                    if (round) {
-#if FLOWEDGE_ISA_AVX512
-                        // Rounded by the instruction Ops<Cpu>::linear's vload_bh uses (RNE, denormals to zero).
-                        _mm512_store_si512(h, __m512i(to_bh(_mm512_load_ps(f), _mm512_load_ps(f + 16))));
-#else
-                        fail(ErrorKind::Unsupported, "cpu packed linear", "BF16-rounded pairs need the AVX-512 kernel set");
-#endif
-                    }
-                    std::uint32_t lanes[kLanes];
-                    for (int i = 0; i < kLanes; ++i) lanes[i] = std::uint32_t(h[2 * i]) | std::uint32_t(h[2 * i + 1]) << 16;
-                    std::memcpy(dst, lanes, sizeof lanes);
-                    dst += kLanes;
-                }
+        return;
+    }
+    // Writes the kLanes pair lanes of output vector vg at k pair kp: (w[o_i][2kp], w[o_i][2kp+1]) as BF16 halves,
+    // zeros past out / in.
+    auto pair_vector = [&](int vg, int kp, std::uint32_t* out_lanes) {
+        [[maybe_unused]] alignas(64) float f[2 * kLanes];
+        alignas(64) std::uint16_t h[2 * kLanes];
+        for (int i = 0; i < kLanes; ++i) {
+            const int o = vg * kLanes + i;
+            for (int j = 0; j < 2; ++j) {
+                const int k = 2 * kp + j;
+                const bool live = o < n_out && k < n_in;
+                const std::size_t idx = std::size_t(o) * in + std::size_t(k);
+                f[2 * i + j] = live ? packed::stored(src, dt, idx) : 0.f;
+                h[2 * i + j] = live && dt == DType::BF16 ? static_cast<const bf16*>(src)[idx].bits : std::uint16_t(0);
+            }
         }
+        if (round) {
+#if FLOWEDGE_ISA_AVX512
+            // Rounded by the instruction Ops<Cpu>::linear's vload_bh uses (RNE, denormals to zero).
+            _mm512_store_si512(h, __m512i(to_bh(_mm512_load_ps(f), _mm512_load_ps(f + 16))));
+#else
+            fail(ErrorKind::Unsupported, "cpu packed linear", "BF16-rounded pairs need the AVX-512 kernel set");
+#endif
+        }
+        for (int i = 0; i < kLanes; ++i) out_lanes[i] = std::uint32_t(h[2 * i]) | std::uint32_t(h[2 * i + 1]) << 16;
+    };
+    std::uint32_t* dst = static_cast<std::uint32_t*>(buf);
+    const int pairs = (n_in + 1) / 2;
+    if (l == PackedLayout::PairTiles) {
+        if (kLanes != packed::kAmxLanes) fail(ErrorKind::Internal, "cpu packed linear", "AMX tile order needs the AVX-512 kernel set");
+        const int chunks = (pairs + packed::kAmxLanes - 1) / packed::kAmxLanes;
+        for (int g = 0; g * packed::kAmxGroup < out_vecs; ++g) {
+            const int gn = std::min(packed::kAmxGroup, out_vecs - g * packed::kAmxGroup);
+            for (int ch = 0; ch < chunks; ++ch)
+                for (int j = 0; j < gn; ++j)
+                    for (int r = 0; r < packed::kAmxLanes; ++r) {
+                        const int kp = ch * packed::kAmxLanes + r;
+                        if (kp < pairs) pair_vector(g * packed::kAmxGroup + j, kp, dst);
+                        else std::fill_n(dst, kLanes, 0u);
+                        dst += kLanes;
+                    }
+        }
+        return;
+    }
+    for (int b = 0; b < nblk; ++b) {
+        const int vb = std::min(kPackBlockVecs, out_vecs - b * kPackBlockVecs);
+        for (int kp = 0; kp < pairs; ++kp)
+            for (int v = 0; v < vb; ++v) {
+                pair_vector(b * kPackBlockVecs + v, kp, dst);
+                dst += kLanes;
+            }
     }
 }
 
@@ -431,17 +572,19 @@ inline void packed_linear_part(const packed::Call& c, PackedLayout layout, bool 
         return;
     }
 #if FLOWEDGE_ISA_AVX512
-    if (bh) {
+    if (bh || layout == PackedLayout::PairTiles) {
         // x rows rounded once to BF16 (RNE, as Ops<Cpu>::linear does) into this thread's stack; round_to_bh
-        // zero-fills to a multiple of 32 elements, so a row takes round_up32(in)/2 pairs and an odd in's last pair
-        // reads x[in] = 0.
+        // zero-fills to a multiple of 32 elements, so a row takes round_up32(in)/2 pairs (whole 16-pair AMX chunks)
+        // and an odd in's last pair reads x[in] = 0.
         const std::size_t ldp = std::size_t((c.p->in + 31) / 32 * 16);
         alignas(64) std::uint32_t xb[kPackMaxRows * std::size_t(kPackBhPairs)];
-        packed::run_chains<packed::Kind::Bh>(S, c, xb, ldp);
+        if (layout == PackedLayout::PairTiles) packed::amx_all_rows(c, xb, ldp);
+        else packed::run_chains<packed::Kind::Bh>(S, c, xb, ldp);
         return;
     }
 #else
     (void)bh;
+    if (layout == PackedLayout::PairTiles) fail(ErrorKind::Internal, "cpu packed linear", "AMX tile order needs the AVX-512 kernel set");
 #endif
     packed::run_chains<packed::Kind::Pair>(S, c, nullptr, 0);
 }
