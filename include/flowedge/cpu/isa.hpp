@@ -164,33 +164,13 @@ inline Isa active_isa() { return detail::isa_state().isa; }
 inline bool bf16_math_available() {
     return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_bf16;
 }
-/// Whether MathMode::BF16's small-row products run on AMX tiles (TDPBF16PS) here: bf16_math_available(), a CPU
-/// with AMX-TILE and AMX-BF16, Linux granting the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM; asked at
-/// the first call, so only processes that opt into BF16 math pay its larger signal frames), and FLOWEDGE_CPU_AMX not
-/// "0" (A/B runs against the vdpbf16ps loop in one binary).
-inline bool amx_bf16_available() {
-    static const bool ok = [] {
-#if defined(FLOWEDGE_CPU_X86) && defined(__linux__)
-        if (!bf16_math_available()) return false;
-        const char* env = std::getenv("FLOWEDGE_CPU_AMX");
-        if (env && std::string_view(env) == "0") return false;
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-        const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;  // CPUID.(7,0):EDX AMX-TILE, AMX-BF16
-        constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-        return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-        return false;
-#endif
-    }();
-    return ok;
-}
 /// Whether WeightQuant::W8A8 has its vpdpbusd kernels here (the AVX-512 set on a CPU with AVX512_VNNI).
 inline bool w8a8_available() {
     return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_vnni;
 }
-/// Whether MathMode::BF16 Conv1d on packed BF16 blocks runs on AMX tiles (tdpbf16ps) here: bf16_math_available()
-/// and a CPU with AMX-BF16 whose tile state Linux granted, unless FLOWEDGE_CPU_AMX=0.
+/// Whether MathMode::BF16 runs on AMX tiles (tdpbf16ps) here: the Conv1d on packed BF16 blocks and the small-row
+/// products of packed_linear.hpp. bf16_math_available() and a CPU with AMX-BF16 whose tile state Linux granted, unless
+/// FLOWEDGE_CPU_AMX=0.
 inline bool amx_bf16_available() {
     return bf16_math_available() && detail::isa_state().amx && detail::isa_state().features.amx_bf16;
 }
