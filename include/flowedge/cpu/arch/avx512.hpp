@@ -237,9 +237,9 @@ struct alignas(64) TileConfig {
     std::uint8_t rows[16] = {};
 };
 /// Configures C (tmm0-3) and A (tmm4) as `rows` x 64 bytes and B (tmm5-7) as 16 x 64 bytes, unless the thread's
-/// tile state already holds exactly that (sttilecfg and a compare cost a tenth of ldtilecfg, which with a tilerelease
-/// per call was visible on 1 us products: docs/performance/cpu.md#mamba-flow-per-core-issue-22). Reading the
-/// configuration back rather than remembering it stays right when other code on the thread uses AMX in between.
+/// tile state already holds exactly that: reading the state back and comparing is far cheaper than ldtilecfg on
+/// microsecond products (docs/performance/cpu.md#mamba-flow-per-core-issue-22). Reading the configuration back rather
+/// than remembering it stays right when other code on the thread uses AMX in between.
 inline void configure(int rows) {
     TileConfig want, have;
     for (int t = 0; t < 8; ++t) {

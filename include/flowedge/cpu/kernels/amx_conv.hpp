@@ -261,8 +261,8 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
         const long lda = long(ld * 4);
         const TileConfig cfg = pass_config(nn, 64);
         load_config(cfg);
-        // Tile t's B rows (outputs 0..15 and 16..31 of 16 quads) into buffer t % 2, zero rows past the reduction:
-        // tile loads straight from the streamed blocks (128-byte stride) measured slower than the vector kernel.
+        // Tile t's B rows (outputs 0..15 and 16..31 of 16 quads) into buffer t % 2, zero rows past the reduction: a
+        // contiguous L1 copy keeps the tile loads off the streamed blocks' 128-byte stride (bench/results/diffusion_cpu_amx.md).
         auto convert = [&](const std::int8_t* wb, std::size_t t) {
             const std::size_t q0 = t * kTileRows;
             const int nq = int(std::min<std::size_t>(kTileRows, Q - q0));
