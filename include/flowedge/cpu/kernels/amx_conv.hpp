@@ -215,17 +215,10 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
 #pragma omp barrier
         }
         for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-            float lo = INFINITY, hi = -INFINITY;
-            bool finite = true;
-            im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) {
-                finite = finite && std::isfinite(v);
-                lo = std::min(lo, v);
-                hi = std::max(hi, v);
-            });
-            // The quantisation of conv1d_w8a8 (packed_conv_dot.hpp), value for value.
-            xscale[c] = finite ? (hi - lo) / 255.f : __builtin_nanf("");
-            xmin[c] = finite ? lo : __builtin_nanf("");
-            const float inv = finite && hi > lo ? 255.f / (hi - lo) : 0.f;
+            const ColumnQuant q = column_quant(p, n0 + c);  // conv1d_w8a8's quantisation, value for value
+            xscale[c] = q.scale;
+            xmin[c] = q.min;
+            const float lo = q.lo, inv = q.inv;
             // 16 values at a time: (x - lo) * inv rounded to nearest even (vcvtps2dq, as nearbyint), clamped to
             // [0, 255]: the same bytes as the scalar expression for finite columns (a non-finite column's outputs are
             // NaN whatever its bytes).

@@ -221,6 +221,24 @@ __attribute__((target("avx512vnni"))) inline void w8a8_quads(const std::int8_t* 
         for (int c = 0; c < NC; ++c) out[v][c] = acc[v][c];
 }
 
+/// W8A8's quantisation of one im2col column: its range [lo, hi] gives the step scale = (hi - lo) / 255 and offset
+/// min = lo, and a value v becomes the byte round((v - lo) * inv) clamped to [0, 255]. A non-finite column gets NaN
+/// scale and offset (its outputs are NaN, as the exact kernels would give non-finite ones).
+struct ColumnQuant {
+    float scale, min, inv, lo;
+};
+inline ColumnQuant column_quant(const Conv1dParams& p, int col) {
+    float lo = INFINITY, hi = -INFINITY;
+    bool finite = true;
+    im2col_column(p, col, 0, p.in_channels, [&](int, float v) {
+        finite = finite && std::isfinite(v);
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+    });
+    return {finite ? (hi - lo) / 255.f : __builtin_nanf(""), finite ? lo : __builtin_nanf(""),
+            finite && hi > lo ? 255.f / (hi - lo) : 0.f, lo};
+}
+
 /// Conv1d on W8A8 blocks (see the file comment). R = in_channels * kernel <= kW8A8MaxSteps (checked at load).
 inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
     constexpr int W = kW8Width;
@@ -242,17 +260,10 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
 #pragma omp barrier
             }
             for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-                float lo = INFINITY, hi = -INFINITY;
-                bool finite = true;
-                im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) {
-                    finite = finite && std::isfinite(v);
-                    lo = std::min(lo, v);
-                    hi = std::max(hi, v);
-                });
-                // A non-finite column gives NaN outputs (as the exact kernels would give non-finite ones).
-                xscale[c] = finite ? (hi - lo) / 255.f : __builtin_nanf("");
-                xmin[c] = finite ? lo : __builtin_nanf("");
-                const float inv = finite && hi > lo ? 255.f / (hi - lo) : 0.f;
+                const ColumnQuant q = column_quant(p, n0 + c);
+                xscale[c] = q.scale;
+                xmin[c] = q.min;
+                const float lo = q.lo, inv = q.inv;
                 auto put = [&](std::size_t j, std::uint8_t u) { bytes[((j / 4) * std::size_t(nn) + std::size_t(c)) * 4 + j % 4] = u; };
                 im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
                     put(std::size_t(j), std::uint8_t(std::clamp(std::nearbyint((v - lo) * inv), 0.f, 255.f)));
