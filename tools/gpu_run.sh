@@ -461,12 +461,15 @@ stage_rt() {
 
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
-    BUILD_TARGETS="act_policy act_bench ops_conv2d" stage_build || return $?
+    BUILD_TARGETS="act_policy act_bench ops_conv2d ops_math_mode" stage_build || return $?
     "$bin" -tc="$cuda_cases" > "$LOGS/act_policy_cuda.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_policy_cuda.log" | tee -a "$OUT/act.txt"
-    # The tensor-core conv2d path (TF32/BF16 math) against the double reference.
+    # The library GEMM conv2d and linear paths (TF32/BF16 math, F32 with f32_gemm) against the double reference.
     "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/act_conv2d_cuda.log" 2>&1 || rc=$?
     grep -E "ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_conv2d_cuda.log" | tee -a "$OUT/act.txt"
+    "$BUILD/test/ops/ops_math_mode" -tc='linear_gemm*' > "$LOGS/act_linear_gemm_cuda.log" 2>&1 || rc=$?
+    grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_linear_gemm_cuda.log" | grep -E "variant 0|ERROR|CHECK|test cases" \
+        | tail -n 20 | tee -a "$OUT/act.txt""
     # The bench runs before the sanitizers so that a call running out of time still brings the numbers back.
     if ls .whl/*.whl > /dev/null 2>&1; then
         act_bench_480x640 || rc=$?
@@ -493,6 +496,9 @@ act_bench_480x640() {
         "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --math "$math" \
             --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_${dt}_${math}.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     done
+    # The previous F32 path (the exact CUDA-core kernels, no library GEMM) in the same call, for the A/B.
+    FLOWEDGE_CUDA_NO_LT=1 "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype f32 --math f32 \
+        --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_f32_f32_no_lt.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     OMP_PROC_BIND=close OMP_PLACES=cores "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 \
         --threads 1,2 --json "$OUT/act_bench_cpu.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     return "$rc"

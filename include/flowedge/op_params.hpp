@@ -58,6 +58,10 @@ struct LinearParams {
     /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 for in > 8 on a CPU with
     /// AVX512_BF16 (x rows and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and every other case are exact.
     MathMode math = MathMode::F32;
+    /// Under F32 math, let the backend run many rows (>= 32) as its library's F32 GEMM (CUDA: cuBLASLt,
+    /// CUBLAS_COMPUTE_32F: F32 products and float sums in the library's order, no TF32) instead of the fixed-order
+    /// exact kernels, which stream the weights once for a few rows and are slow for hundreds. Ignored on the CPU.
+    bool f32_gemm = false;
 };
 
 /// Most LinearParams items one LinearBatchParams carries (one op launch on the GPU).
@@ -270,6 +274,10 @@ struct Conv2dParams {
     /// tensor-core GEMM (kernels/cuda/conv2d_gemm.cu) when `scratch` holds Ops<B>::conv2d_scratch_bytes(p) bytes
     /// (256-byte aligned); without it, and on the CPU, every mode computes exactly.
     MathMode math = MathMode::F32;
+    /// Under F32 math with that scratch, let Ops<Cuda> run im2col + cuBLASLt's F32 GEMM (CUBLAS_COMPUTE_32F: F32
+    /// products, float sums in the library's order) instead of the exact kernels (ACT's 480x640 backbone). Ignored
+    /// on the CPU.
+    bool f32_gemm = false;
     void* scratch = nullptr;
     std::size_t scratch_bytes = 0;
 };

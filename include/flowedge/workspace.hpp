@@ -99,6 +99,9 @@ struct Context {
     Stream stream{};
     Workspace<B>* workspace = nullptr;
     MathMode math = MathMode::F32;
+    /// GEMM-shaped ops may run on the backend library's F32 GEMM under F32 math (LinearParams::f32_gemm,
+    /// Conv2dParams::f32_gemm); set by models whose workspace holds every convolution's backend scratch.
+    bool f32_gemm = false;
 };
 
 }  // namespace flowedge

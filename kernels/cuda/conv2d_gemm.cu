@@ -1,4 +1,4 @@
-// Opt-in tensor-core torch.nn.Conv2d (MathMode TF32/BF16) on cuBLASLt: per image an explicit im2col panel in the
+// torch.nn.Conv2d on cuBLASLt (opt-in tensor-core MathMode TF32/BF16, or F32 for models that ask, Conv2dParams::f32_gemm): per image an explicit im2col panel in the
 // caller's scratch, one library GEMM that writes the image's output in place, then one epilogue over the batch
 // (bias, residual, activation). The exact kernels (conv2d.cu, conv2d_kstream.cu) run on the CUDA cores; this path
 // puts the ResNet backbones' products (ACT: ~11 G multiply-adds per 480x640 frame) on the tensor cores.
@@ -13,7 +13,9 @@
 //
 // Operand types (as conv1d_gemm): F32 weights -> TF32 GEMM under TF32 or BF16 math (the panel rounded to TF32
 // nearest when written, the weights converted by the library); BF16 weights under BF16 math -> BF16 GEMM (panel
-// rounded to BF16 nearest-even, weights exact). Anything else (F16 weights, BF16 weights under TF32) declines.
+// rounded to BF16 nearest-even, weights exact); F32 weights under F32 math with Conv2dParams::f32_gemm -> F32 GEMM
+// (CUBLAS_COMPUTE_32F, panel exact: F32 products, float sums in the library's order, within the exact kernels'
+// bound). Anything else (F16 weights, BF16 weights under TF32, F32 math without f32_gemm) declines.
 // Error per output (the test's bound), u_x the panel's rounding (TF32 2^-11, BF16 2^-8), u_w the library's
 // conversion of F32 weights (taken as truncation, 2^-10; 0 for BF16 weights):
 //   TF32: |y - y_exact| <= (2^-10 + 2^-11 + Kg * 2^-24) * sum_{i,u,v} |w||x| (+ 2^-24 |y| per epilogue add);
@@ -44,6 +46,10 @@ constexpr int kEpilogueThreads = 256;
 
 /// The GEMM conv2d_gemm would run for p, if any (weight dtype x math, see the file comment).
 bool conv2d_gemm_kind(const Conv2dParams& p, lt::GemmKind& kind) {
+    if (p.w.dtype == DType::F32 && p.math == MathMode::F32 && p.f32_gemm) {
+        kind = lt::GemmKind::F32;
+        return true;
+    }
     if (p.w.dtype == DType::F32 && (p.math == MathMode::TF32 || p.math == MathMode::BF16)) {
         kind = lt::GemmKind::Tf32;
         return true;
@@ -70,7 +76,7 @@ Conv2dGemmLayout conv2d_gemm_layout(const Conv2dParams& p) {
 
 /// panel[p][kk] for image b, one thread per element, consecutive threads along kk (coalesced writes; the reads of
 /// one patch row are consecutive x columns for stride 1). Rounded to the GEMM's operand type.
-template <class P>
+template <class P, bool Tf32>
 __global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_kernel(const Conv2dParams p, int b, P* __restrict__ panel,
                                                                        std::int64_t n_elements) {
     detail::pdl_wait();
@@ -84,8 +90,9 @@ __global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_kernel(const Con
         const int u = uv / p.kernel_w, v = uv - u * p.kernel_w;
         const int row = r * p.stride_h + u - p.pad_h, col = q * p.stride_w + v - p.pad_w;
         const float val = (row >= 0 && row < p.in_h && col >= 0 && col < p.in_w) ? xb[(std::size_t(i) * p.in_h + row) * p.in_w + col] : 0.f;
-        if constexpr (std::is_same_v<P, float>) panel[e] = lt::round_tf32(val);
-        else panel[e] = __float2bfloat16_rn(val);
+        if constexpr (std::is_same_v<P, __nv_bfloat16>) panel[e] = __float2bfloat16_rn(val);
+        else if constexpr (Tf32) panel[e] = lt::round_tf32(val);
+        else panel[e] = val;
     }
 }
 
@@ -149,10 +156,13 @@ bool conv2d_gemm(const Conv2dParams& p, Stream s) {
         float* y = p.y + b * image_y;
         const unsigned grid = grid_for(panel_elements, kIm2colThreads);
         if (kind == lt::GemmKind::Tf32)
-            detail::launch_pdl(conv2d_im2col_kernel<float>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b, static_cast<float*>(panel),
-                               panel_elements);
+            detail::launch_pdl(conv2d_im2col_kernel<float, true>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
+                               static_cast<float*>(panel), panel_elements);
+        else if (kind == lt::GemmKind::F32)
+            detail::launch_pdl(conv2d_im2col_kernel<float, false>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
+                               static_cast<float*>(panel), panel_elements);
         else
-            detail::launch_pdl(conv2d_im2col_kernel<__nv_bfloat16>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
+            detail::launch_pdl(conv2d_im2col_kernel<__nv_bfloat16, false>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
                                static_cast<__nv_bfloat16*>(panel), panel_elements);
         FLOWEDGE_CUDA_CHECK_LAUNCH("conv2d_im2col");
         // The first image decides: without a handle or an algorithm nothing is written to y. Later images run the

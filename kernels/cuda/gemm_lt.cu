@@ -3,9 +3,10 @@
 // (conv1d_gemm, below).
 //
 // Linear: D (out x rows, column-major = y [rows][out] with row stride ld_y) = W (out x in) * X^T, X = x [rows][in]
-// (column-major in x rows, ld_x), bias through the library's BIAS epilogue; F32 weights only (TF32 GEMM, x converted
-// by the library: both operands as for F32 weights below), no activation, no accumulate, rows >= kLinearMinRows;
-// no workspace. Anything else keeps linear.cu's exact kernels.
+// (column-major in x rows, ld_x), bias and ReLU through the library's epilogues, accumulate as beta = 1 (C = D = y);
+// F32 weights only, rows >= kLinearMinRows, no workspace: a TF32 GEMM under TF32/BF16 math (x converted by the
+// library: both operands as for F32 weights below), an F32 GEMM (CUBLAS_COMPUTE_32F) under F32 math when the caller
+// asks for it (LinearParams::f32_gemm). Anything else keeps linear.cu's exact kernels.
 //
 // Conv1d for batched calls on cuBLASLt: an explicit im2col panel in the caller's
 // scratch, one library GEMM (TF32 or BF16 operands, float accumulation), then a transpose that adds the bias.
@@ -102,9 +103,9 @@ struct Plan {
 };
 
 /// What a plan depends on: operand kind, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
-/// weight / B / D pointers are known to have, whether the bias epilogue is on (linears) and the workspace the
+/// weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace the
 /// algorithm may use (conv: kLtWorkspaceBytes, linear: none).
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool, std::size_t>;
+using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool, bool, std::size_t>;
 
 struct DeviceLt {
     std::mutex mutex;
@@ -120,20 +121,22 @@ DeviceLt& device_lt() {
 }
 
 const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
-    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.workspace};
+    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.relu, g.workspace};
     auto it = lt.plans.find(key);
     if (it != lt.plans.end()) return it->second;
     Plan pl;
-    const cudaDataType_t ab = g.kind == GemmKind::Tf32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t ab = g.kind == GemmKind::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute = g.kind == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     lt_check(cublasLtMatmulDescCreate(&pl.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
-    if (g.bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const cudaDataType_t bias_type = CUDA_R_32F;
+    if (g.bias || g.relu) {
+        const cublasLtEpilogue_t epi = g.bias ? (g.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS) : CUBLASLT_EPILOGUE_RELU;
         lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "set EPILOGUE");
+    }
+    if (g.bias) {
+        const cudaDataType_t bias_type = CUDA_R_32F;
         lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
                  "set BIAS_DATA_TYPE");
     }
@@ -263,24 +266,27 @@ bool lt::gemm(const GemmShape& g, const void* a, const void* b, float* d, void* 
     return true;
 }
 
-void prepare_math(MathMode m) {
-    if (m == MathMode::F32 || !device_available() || detail::compute_major() < 8) return;
+void prepare_math(MathMode) {
+    if (!device_available() || detail::compute_major() < 8) return;
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
     if (!lt.handle) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
 }
 
 bool linear_gemm(const LinearParams& p, Stream s) {
-    if (p.math == MathMode::F32 || p.w.dtype != DType::F32 || p.act != Activation::None || p.accumulate ||
-        p.rows < kLinearMinRows || detail::env_flag("FLOWEDGE_CUDA_NO_LT"))
+    if ((p.math == MathMode::F32 && !p.f32_gemm) || p.w.dtype != DType::F32 || p.rows < kLinearMinRows ||
+        detail::env_flag("FLOWEDGE_CUDA_NO_LT"))
         return false;
+    // The library's epilogues: bias, then ReLU; accumulating (beta = 1) only without an activation, since the
+    // library would apply it to the sum, torch to the product alone.
+    if (!(p.act == Activation::None || p.act == Activation::Relu) || (p.accumulate && p.act != Activation::None)) return false;
     if (!device_available() || detail::compute_major() < 8) return false;
     const cudaStream_t st = detail::resolve(s);
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
     if (!handle_outside_capture(lt, st)) return false;
     GemmShape g;
-    g.kind = GemmKind::Tf32;
+    g.kind = p.math == MathMode::F32 ? GemmKind::F32 : GemmKind::Tf32;
     g.m = p.out;
     g.n = p.rows;
     g.k = p.in;
@@ -290,12 +296,13 @@ bool linear_gemm(const LinearParams& p, Stream s) {
     g.align_b = pointer_alignment(p.x);
     g.align_d = pointer_alignment(p.y);
     g.bias = p.bias != nullptr;
+    g.relu = p.act == Activation::Relu;
     const Plan& pl = plan_for(lt, g);
     if (!pl.usable) return false;
     if (g.bias)
         lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
                  "set BIAS_POINTER");
-    const float alpha = 1.f, beta = 0.f;
+    const float alpha = 1.f, beta = p.accumulate ? 1.f : 0.f;
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y, pl.d, &pl.algo,
                             nullptr, 0, st),
              "cublasLtMatmul");

@@ -17,8 +17,9 @@ constexpr std::size_t kAlign = 256;
 
 constexpr std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-/// Operand types: TF32 (F32 operands, CUBLAS_COMPUTE_32F_FAST_TF32) or BF16 (float accumulation).
-enum class GemmKind { Tf32, Bf16 };
+/// Operand types: TF32 (F32 operands, CUBLAS_COMPUTE_32F_FAST_TF32), BF16 (float accumulation) or F32 (F32
+/// operands and products, CUBLAS_COMPUTE_32F: the library's SIMT SGEMM, the F32-math path).
+enum class GemmKind { Tf32, Bf16, F32 };
 
 /// Column-major view, as cuBLASLt sees memory: D (m x n, column stride ldd, float) = A^T * B with A stored k x m
 /// (row-major [m][k], column stride k; the linear's and conv1d's weights, conv2d's im2col panel) and B k x n
@@ -29,6 +30,7 @@ struct GemmShape {
     int ldb = 0, ldd = 0;
     int align_w = 256, align_b = 256, align_d = 256;
     bool bias = false;         // CUBLASLT_EPILOGUE_BIAS (bias[m], float)
+    bool relu = false;         // CUBLASLT_EPILOGUE_RELU(_BIAS): max(0, .) after the bias
     std::size_t workspace = 0;
 };
 

@@ -157,7 +157,7 @@ void linear(const LinearParams& p, Stream s) {
         fail("cuda linear", "row stride smaller than the row" +
              expected_got(">= " + std::to_string(p.in) + "/" + std::to_string(p.out), std::to_string(ld_x) + "/" + std::to_string(ld_y)));
     if (p.rows == 0) return;
-    if (p.math != MathMode::F32 && linear_gemm(p, s)) return;  // opt-in tensor-core GEMM for many rows (gemm_lt.cu)
+    if (linear_gemm(p, s)) return;  // opt-in library GEMM for many rows (TF32/BF16 math or f32_gemm; gemm_lt.cu)
     const cudaStream_t st = detail::resolve(s);
     const unsigned grid = detail::blocks_for(p.out, kWarps, kMaxBlocksPerItem);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
@@ -169,11 +169,12 @@ void linear(const LinearParams& p, Stream s) {
 
 void linear_batch(const LinearBatchParams& p_in, Stream s) {
     check_linear_batch(p_in, "cuda linear_batch");
-    // Items with a non-F32 MathMode that the library GEMM takes run there (gemm_lt.cu); the rest in one launch.
+    // Items the library GEMM takes (non-F32 MathMode or f32_gemm, many rows) run there (gemm_lt.cu); the rest in one
+    // launch.
     LinearBatchParams p;
     for (int i = 0; i < p_in.n_items; ++i) {
         const LinearParams& q = p_in.items[i];
-        if (q.math != MathMode::F32 && q.rows > 0 && linear_gemm(q, s)) continue;
+        if (q.rows > 0 && linear_gemm(q, s)) continue;
         p.items[p.n_items++] = q;
     }
     LinearBatchGeometry g{};

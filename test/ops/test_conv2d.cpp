@@ -28,11 +28,13 @@ double conv2d_tolerance(MathMode math, DType dt, int kg, bool tensor_cores) {
 
 /// packed: CPU only, the weights as Ops<Cpu> prepares a Conv2d weight (output blocks on the SIMD sets, the stored
 /// tensor then withheld from the op; as stored on the scalar set). math: Conv2dParams::math, with the scratch the
-/// tensor-core path needs when `with_scratch` (none on the CPU); `out` gets the output.
+/// library GEMM path needs when `with_scratch` (none on the CPU); `out` gets the output; f32_gemm:
+/// Conv2dParams::f32_gemm (F32 math on cuBLASLt's F32 GEMM, held to the exact kernels' bound).
 template <class B>
 void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, bool with_residual, std::uint32_t seed,
-                bool packed = false, MathMode math = MathMode::F32, bool with_scratch = true, std::vector<float>* out = nullptr) {
-    CAPTURE(packed); CAPTURE(int(math)); CAPTURE(with_scratch);
+                bool packed = false, MathMode math = MathMode::F32, bool with_scratch = true, std::vector<float>* out = nullptr,
+                bool f32_gemm = false) {
+    CAPTURE(packed); CAPTURE(int(math)); CAPTURE(with_scratch); CAPTURE(f32_gemm);
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.kh); CAPTURE(k.kw);
     CAPTURE(k.sh); CAPTURE(k.sw); CAPTURE(k.ph); CAPTURE(k.pw); CAPTURE(dtype_name(dt)); CAPTURE(int(act));
     CAPTURE(with_bias); CAPTURE(with_residual);
@@ -89,6 +91,7 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
     p.out_h = oh; p.out_w = ow; p.kernel_h = k.kh; p.kernel_w = k.kw; p.stride_h = k.sh; p.stride_w = k.sw;
     p.pad_h = k.ph; p.pad_w = k.pw; p.act = act;
     p.math = math;
+    p.f32_gemm = f32_gemm;
     bool tensor_cores = false;
     std::optional<Dev<std::uint8_t, B>> scratch;
     if constexpr (!kIsCpu<B>) {
@@ -181,6 +184,31 @@ TEST_CASE_TEMPLATE("conv2d under TF32 / BF16 math: CUDA's tensor-core GEMM withi
         run_conv2d<B>(layers[0].k, DType::F32, A::None, true, false, 9990, false, MathMode::F32, true, &exact);
         run_conv2d<B>(layers[0].k, DType::F32, A::None, true, false, 9990, false, MathMode::TF32, true, &tf32);
         CHECK(exact != tf32);
+    }
+}
+
+TEST_CASE_TEMPLATE("conv2d under F32 math with f32_gemm: CUDA's F32 library GEMM within the exact kernels' bound", B,
+                   FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    using A = Activation;
+    // ACT's ResNet18 shapes at a 96x128 frame, a batch and odd sizes (as the TF32 case above).
+    const Conv2dCase cases[] = {{1, 3, 64, 96, 128, 7, 7, 2, 2, 3, 3}, {1, 64, 64, 24, 32, 3, 3, 1, 1, 1, 1},
+                                {2, 64, 128, 24, 32, 3, 3, 2, 2, 1, 1}, {1, 512, 512, 3, 4, 3, 3, 1, 1, 1, 1},
+                                {1, 512, 96, 3, 4, 1, 1, 1, 1, 0, 0}, {3, 5, 7, 9, 11, 3, 2, 2, 1, 1, 0}};
+    std::uint32_t seed = 9700;
+    for (const Conv2dCase& k : cases) {
+        run_conv2d<B>(k, DType::F32, A::Relu, true, true, seed += 10, false, MathMode::F32, true, nullptr, true);
+        run_conv2d<B>(k, DType::F32, A::None, false, false, seed += 10, false, MathMode::F32, true, nullptr, true);
+    }
+    // Silu and 16-bit weights decline to the exact kernels.
+    run_conv2d<B>(cases[1], DType::F32, A::Silu, true, true, seed += 10, false, MathMode::F32, true, nullptr, true);
+    run_conv2d<B>(cases[1], DType::BF16, A::Relu, true, true, seed += 10, false, MathMode::F32, true, nullptr, true);
+    if constexpr (!kIsCpu<B>) {
+        // The library path ran: its summation order changes some of the stem's 147-term sums in the last bit.
+        std::vector<float> exact, gemm;
+        run_conv2d<B>(cases[0], DType::F32, A::None, true, false, 9990, false, MathMode::F32, true, &exact);
+        run_conv2d<B>(cases[0], DType::F32, A::None, true, false, 9990, false, MathMode::F32, true, &gemm, true);
+        CHECK(exact != gemm);
     }
 }
 

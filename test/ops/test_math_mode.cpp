@@ -632,83 +632,102 @@ TEST_CASE("Ops<Cpu>::conv1d computes a TF32 request exactly (the CPU has no TF32
     CHECK(std::memcmp(y_f32.data(), y_m.data(), y_m.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("linear_gemm (cuBLASLt TF32): many-row linears within the TF32 bound, deterministic, declines the rest") {
+TEST_CASE("linear_gemm (cuBLASLt TF32, and F32 with f32_gemm): many-row linears within their bound, with ReLU and "
+          "accumulate, deterministic, declines the rest") {
     if (!optest::ready<Cuda>()) return;
     if (device_major() < 8) return;
     cuda::prepare_math(MathMode::TF32);
     struct L { int rows, in, out; bool bias; int ld_x, ld_y; };
-    // The U-Net's FiLM linears at batch 64 (in 260, out 2*dims), odd sizes, and strided rows.
+    // The U-Net's FiLM linears at batch 64 (in 260, out 2*dims), ACT's 302-token encoder linears (512 -> 512,
+    // 512 -> 3200 -> 512), odd sizes, and strided rows.
     const L cases[] = {{64, 260, 1024, true, 0, 0}, {64, 260, 4096, true, 0, 0}, {33, 37, 70, false, 0, 0},
-                       {40, 128, 96, true, 132, 100}, {256, 512, 8, true, 0, 0}};
+                       {40, 128, 96, true, 132, 100}, {256, 512, 8, true, 0, 0}, {302, 512, 3200, true, 0, 0},
+                       {302, 3200, 512, true, 0, 0}};
+    struct Mode { MathMode math; bool f32_gemm; double product_rel; };  // per-product rounding of the GEMM's operands
+    const Mode modes[] = {{MathMode::TF32, false, 2 * std::ldexp(1.0, -10)}, {MathMode::F32, true, std::ldexp(1.0, -23)}};
     std::uint32_t seed = 1300;
-    for (const L& c : cases) {
-        CAPTURE(c.rows); CAPTURE(c.in); CAPTURE(c.out); CAPTURE(c.ld_x); CAPTURE(c.ld_y);
-        const int ldx = c.ld_x ? c.ld_x : c.in, ldy = c.ld_y ? c.ld_y : c.out;
-        const auto x = random_vec(std::size_t(c.rows) * ldx, seed += 3);
-        const auto w = random_vec(std::size_t(c.out) * c.in, seed + 1, -1.f / std::sqrt(float(c.in)), 1.f / std::sqrt(float(c.in)));
-        const auto bias = random_vec(c.out, seed + 2);
-        std::vector<double> ref(std::size_t(c.rows) * c.out), mag(ref.size());
-        for (int r = 0; r < c.rows; ++r)
-            for (int o = 0; o < c.out; ++o) {
-                double acc = c.bias ? bias[o] : 0.0, m = std::fabs(acc);
-                for (int i = 0; i < c.in; ++i) {
-                    const double pr = double(w[std::size_t(o) * c.in + i]) * x[std::size_t(r) * ldx + i];
-                    acc += pr;
-                    m += std::fabs(pr);
-                }
-                ref[std::size_t(r) * c.out + o] = acc;
-                mag[std::size_t(r) * c.out + o] = m;
+    for (const L& c : cases)
+        for (const Mode& mode : modes)
+            for (int variant = 0; variant < 3; ++variant) {  // plain, ReLU, accumulate into y
+                const Activation act = variant == 1 ? Activation::Relu : Activation::None;
+                const bool accumulate = variant == 2;
+                CAPTURE(c.rows); CAPTURE(c.in); CAPTURE(c.out); CAPTURE(c.ld_x); CAPTURE(c.ld_y); CAPTURE(int(mode.math));
+                CAPTURE(variant);
+                const int ldx = c.ld_x ? c.ld_x : c.in, ldy = c.ld_y ? c.ld_y : c.out;
+                const auto x = random_vec(std::size_t(c.rows) * ldx, seed += 3);
+                const auto w = random_vec(std::size_t(c.out) * c.in, seed + 1, -1.f / std::sqrt(float(c.in)), 1.f / std::sqrt(float(c.in)));
+                const auto bias = random_vec(c.out, seed + 2);
+                const float poison = std::numeric_limits<float>::quiet_NaN();
+                std::vector<float> y0(std::size_t(c.rows) * ldy, poison);
+                if (accumulate) y0 = random_vec(y0.size(), seed + 4);
+                std::vector<double> ref(std::size_t(c.rows) * c.out), mag(ref.size()), old(ref.size());
+                for (int r = 0; r < c.rows; ++r)
+                    for (int o = 0; o < c.out; ++o) {
+                        double acc = c.bias ? bias[o] : 0.0, m = std::fabs(acc);
+                        for (int i = 0; i < c.in; ++i) {
+                            const double pr = double(w[std::size_t(o) * c.in + i]) * x[std::size_t(r) * ldx + i];
+                            acc += pr;
+                            m += std::fabs(pr);
+                        }
+                        const std::size_t k = std::size_t(r) * c.out + o;
+                        if (act == Activation::Relu) acc = std::max(acc, 0.0);
+                        old[k] = accumulate ? y0[std::size_t(r) * ldy + o] : 0.0;
+                        ref[k] = acc + old[k];
+                        mag[k] = m;
+                    }
+                DeviceArray<float> dx(x), dw(w), db(bias);
+                auto run = [&](auto&& launch) {
+                    DeviceArray<float> dy(y0);
+                    LinearParams p;
+                    p.x = dx.get(); p.w = WeightRef{dw.get(), DType::F32}; p.bias = c.bias ? db.get() : nullptr; p.y = dy.get();
+                    p.rows = c.rows; p.in = c.in; p.out = c.out; p.ld_x = c.ld_x; p.ld_y = c.ld_y; p.math = mode.math;
+                    p.f32_gemm = mode.f32_gemm; p.act = act; p.accumulate = accumulate;
+                    const bool took = launch(p);
+                    return std::make_pair(took, dy.download());
+                };
+                const auto [took, y] = run([](const LinearParams& p) { return cuda::linear_gemm(p, {}); });
+                REQUIRE(took);
+                const double rb = mode.product_rel + double(c.in) * std::ldexp(1.0, -24);
+                std::size_t n_bad = 0;
+                double worst = 0;
+                for (int r = 0; r < c.rows; ++r)
+                    for (int o = 0; o < c.out; ++o) {
+                        const std::size_t i = std::size_t(r) * c.out + o;
+                        const double err = std::fabs(double(y[std::size_t(r) * ldy + o]) - ref[i]);
+                        const double bound = rb * mag[i] + std::ldexp(std::fabs(ref[i]) + std::fabs(old[i]), -23) + 1e-30;
+                        if (!(err <= bound)) ++n_bad;
+                        if (std::isfinite(err)) worst = std::max(worst, err / bound);
+                    }
+                CHECK(n_bad == 0);
+                MESSAGE("linear_gemm " << c.rows << "x" << c.in << "->" << c.out << " math " << int(mode.math) << " variant " << variant
+                                       << ": max error / bound " << worst);
+                if (!accumulate)
+                    for (int r = 0; r < c.rows; ++r)  // the gaps between strided rows are not written
+                        for (int o = c.out; o < ldy; ++o) CHECK(std::isnan(y[std::size_t(r) * ldy + o]));
+                const auto [took2, y2] = run([](const LinearParams& p) { return cuda::linear_gemm(p, {}); });
+                CHECK(took2);
+                CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
+                // Ops<Cuda>::linear routes here: same bits; as one item of linear_batch: same bits.
+                const auto [t3, y3] = run([](const LinearParams& p) { Ops<Cuda>::linear(p, {}); return true; });
+                CHECK(std::memcmp(y.data(), y3.data(), y.size() * sizeof(float)) == 0);
+                const auto [t4, y4] = run([](const LinearParams& p) {
+                    LinearBatchParams lb;
+                    lb.n_items = 1;
+                    lb.items[0] = p;
+                    Ops<Cuda>::linear_batch(lb, {});
+                    return true;
+                });
+                CHECK(std::memcmp(y.data(), y4.data(), y.size() * sizeof(float)) == 0);
+                if (variant != 0) continue;
+                // Declined: F32 math without f32_gemm, other activations, ReLU with accumulate, too few rows.
+                auto declined = [&](auto&& edit) {
+                    return run([&](const LinearParams& q) { LinearParams p = q; edit(p); return !cuda::linear_gemm(p, {}); });
+                };
+                CHECK(declined([](LinearParams& p) { p.math = MathMode::F32; p.f32_gemm = false; }).first);
+                CHECK(declined([](LinearParams& p) { p.act = Activation::Silu; }).first);
+                CHECK(declined([](LinearParams& p) { p.act = Activation::Relu; p.accumulate = true; }).first);
+                CHECK(declined([](LinearParams& p) { p.rows = 31; }).first);
             }
-        DeviceArray<float> dx(x), dw(w), db(bias);
-        const float poison = std::numeric_limits<float>::quiet_NaN();
-        auto run = [&](MathMode m, auto&& launch) {
-            DeviceArray<float> dy(std::vector<float>(std::size_t(c.rows) * ldy, poison));
-            LinearParams p;
-            p.x = dx.get(); p.w = WeightRef{dw.get(), DType::F32}; p.bias = c.bias ? db.get() : nullptr; p.y = dy.get();
-            p.rows = c.rows; p.in = c.in; p.out = c.out; p.ld_x = c.ld_x; p.ld_y = c.ld_y; p.math = m;
-            const bool took = launch(p);
-            return std::make_pair(took, dy.download());
-        };
-        const auto [took, y] = run(MathMode::TF32, [](const LinearParams& p) { return cuda::linear_gemm(p, {}); });
-        REQUIRE(took);
-        const double rb = 2 * std::ldexp(1.0, -10) + double(c.in) * std::ldexp(1.0, -24);
-        std::size_t n_bad = 0;
-        double worst = 0;
-        for (int r = 0; r < c.rows; ++r)
-            for (int o = 0; o < c.out; ++o) {
-                const std::size_t i = std::size_t(r) * c.out + o;
-                const double err = std::fabs(double(y[std::size_t(r) * ldy + o]) - ref[i]);
-                const double bound = rb * mag[i] + std::ldexp(std::fabs(ref[i]), -23) + 1e-30;
-                if (!(err <= bound)) ++n_bad;
-                if (std::isfinite(err)) worst = std::max(worst, err / bound);
-            }
-        CHECK(n_bad == 0);
-        MESSAGE("linear_gemm " << c.rows << "x" << c.in << "->" << c.out << ": max error / bound " << worst);
-        for (int r = 0; r < c.rows; ++r)  // the gaps between strided rows are not written
-            for (int o = c.out; o < ldy; ++o) CHECK(std::isnan(y[std::size_t(r) * ldy + o]));
-        const auto [took2, y2] = run(MathMode::TF32, [](const LinearParams& p) { return cuda::linear_gemm(p, {}); });
-        CHECK(took2);
-        CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
-        // Ops<Cuda>::linear with TF32 routes here: same bits; as one item of linear_batch: same bits.
-        const auto [t3, y3] = run(MathMode::TF32, [](const LinearParams& p) { Ops<Cuda>::linear(p, {}); return true; });
-        CHECK(std::memcmp(y.data(), y3.data(), y.size() * sizeof(float)) == 0);
-        const auto [t4, y4] = run(MathMode::TF32, [](const LinearParams& p) {
-            LinearBatchParams lb;
-            lb.n_items = 1;
-            lb.items[0] = p;
-            Ops<Cuda>::linear_batch(lb, {});
-            return true;
-        });
-        CHECK(std::memcmp(y.data(), y4.data(), y.size() * sizeof(float)) == 0);
-        // Declined: F32 math, an activation, accumulate, too few rows (nothing launched: y stays NaN).
-        auto declined = [&](auto&& edit) {
-            return run(MathMode::TF32, [&](const LinearParams& q) { LinearParams p = q; edit(p); return !cuda::linear_gemm(p, {}); });
-        };
-        CHECK(declined([](LinearParams& p) { p.math = MathMode::F32; }).first);
-        CHECK(declined([](LinearParams& p) { p.act = Activation::Silu; }).first);
-        CHECK(declined([](LinearParams& p) { p.accumulate = true; }).first);
-        CHECK(declined([](LinearParams& p) { p.rows = 31; }).first);
-    }
 }
 
 }  // namespace math_mode_cuda

@@ -13,11 +13,12 @@
 
 namespace flowedge::cuda {
 
-/// p.math TF32/BF16 with F32 weights, >= 32 rows, no activation/accumulate: linear_gemm; otherwise exact kernels.
+/// p.math TF32/BF16 (or F32 with p.f32_gemm) with F32 weights and >= 32 rows: linear_gemm; otherwise exact kernels.
 void linear(const LinearParams& p, Stream s);
-/// cuBLASLt TF32 GEMM for a linear (kernels/cuda/gemm_lt.cu): returns false, launching nothing, unless p.math is not
-/// F32, the weights are F32, p.rows >= 32, there is no activation and no accumulate, a handle exists (or can be
-/// created outside a capture) and the library has an algorithm; FLOWEDGE_CUDA_NO_LT=1 turns it off.
+/// cuBLASLt GEMM for a linear (kernels/cuda/gemm_lt.cu): TF32 under TF32/BF16 math, F32 (CUBLAS_COMPUTE_32F) under
+/// F32 math with p.f32_gemm. Returns false, launching nothing, unless the weights are F32, p.rows >= 32, the activation
+/// is None or ReLU (None when accumulating), a handle exists (or can be created outside a capture) and the library has
+/// an algorithm; FLOWEDGE_CUDA_NO_LT=1 turns it off.
 bool linear_gemm(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
@@ -39,8 +40,8 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s);
 /// Scratch bytes conv1d_gemm needs for p's shape when conv1d would route it to the tensor-core path under TF32/BF16
 /// math (p.math itself is ignored: models size their workspace at load), else 0.
 std::size_t conv1d_scratch_bytes(const Conv1dParams& p);
-/// Creates the cuBLASLt handle of the current device for a non-F32 MathMode (so that graphs captured later can use
-/// it); no-op for F32 or without an sm_80+ device.
+/// Creates the cuBLASLt handle of the current device (so that graphs captured later can use it) for MathMode m, or
+/// for F32 ops with f32_gemm; no-op without an sm_80+ device.
 void prepare_math(MathMode m);
 /// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
 /// (256, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
@@ -58,11 +59,13 @@ void selective_scan(const SelectiveScanParams& p, Stream s);
 void diffusion_step(const DiffusionStepParams& p, Stream s);
 void unnormalize(const UnnormalizeParams& p, Stream s);
 // Image ops (the RGB encoder and its preprocessing).
-/// The exact kernels (CUDA cores; p.math is ignored here: Ops<Cuda>::conv2d tries conv2d_gemm first when it is not F32).
+/// The exact kernels (CUDA cores; p.math is ignored here: Ops<Cuda>::conv2d tries conv2d_gemm first when it is not F32
+/// or p.f32_gemm is set).
 void conv2d(const Conv2dParams& p, Stream s);
-/// cuBLASLt tensor-core conv2d (kernels/cuda/conv2d_gemm.cu): per image an im2col panel in p.scratch and one TF32 (F32
-/// weights) or BF16 (BF16 weights, BF16 math) GEMM writing y, then bias / residual / ReLU. Returns false, leaving y
-/// untouched, when it does not apply (math F32, other weight dtype/math pairs, an activation other than None/ReLU,
+/// cuBLASLt conv2d (kernels/cuda/conv2d_gemm.cu): per image an im2col panel in p.scratch and one TF32 (F32 weights),
+/// BF16 (BF16 weights, BF16 math) or F32 (F32 weights, F32 math, p.f32_gemm) GEMM writing y, then bias / residual /
+/// ReLU. Returns false, leaving y untouched, when it does not apply (math F32 without f32_gemm, other weight
+/// dtype/math pairs, an activation other than None/ReLU,
 /// p.scratch missing or smaller than conv2d_scratch_bytes(p), no sm_80+ device, no library handle while a graph is
 /// being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1). Bound and determinism: see conv2d_gemm.cu.
 bool conv2d_gemm(const Conv2dParams& p, Stream s);

@@ -54,10 +54,11 @@ struct Ops<Cuda> {
     static void selective_scan(const SelectiveScanParams& p, Stream s = {}) { check_args(p); cuda::selective_scan(p, s); }
     static void diffusion_step(const DiffusionStepParams& p, Stream s = {}) { check_args(p); cuda::diffusion_step(p, s); }
     static void unnormalize(const UnnormalizeParams& p, Stream s = {}) { check_args(p); cuda::unnormalize(p, s); }
-    /// Non-F32 math with scratch: the tensor-core GEMM (conv2d_gemm.cu) where it applies; otherwise the exact kernels.
+    /// Non-F32 math (or f32_gemm) with scratch: the library GEMM (conv2d_gemm.cu) where it applies; otherwise the
+    /// exact kernels.
     static void conv2d(const Conv2dParams& p, Stream s = {}) {
         check_args(p);
-        if (p.math != MathMode::F32 && cuda::conv2d_gemm(p, s)) return;
+        if ((p.math != MathMode::F32 || p.f32_gemm) && cuda::conv2d_gemm(p, s)) return;
         cuda::conv2d(p, s);
     }
     static std::size_t conv2d_scratch_bytes(const Conv2dParams& p) { return cuda::conv2d_scratch_bytes(p); }

@@ -146,8 +146,9 @@ public:
         p.y = y.data;
         p.act = act;
         p.math = ctx.math;
-        if (ctx.math != MathMode::F32 && ctx.workspace) {
-            // The tensor-core path wants backend scratch (CUDA: the im2col panel and the GEMM library's workspace);
+        p.f32_gemm = ctx.f32_gemm;
+        if ((ctx.math != MathMode::F32 || ctx.f32_gemm) && ctx.workspace) {
+            // The library GEMM path wants backend scratch (CUDA: the im2col panel and the GEMM library's workspace);
             // taken only when the arena was sized for it (scratch_bytes at load), else the exact kernels run.
             const std::size_t need = backend_scratch_bytes(p);
             if (need > 0 && ctx.workspace->available() >= need) {
@@ -161,8 +162,8 @@ public:
         Ops<B>::conv2d(p, ctx.stream);
     }
 
-    /// Backend scratch a forward() over `batch` x [in, h, w] may take under a non-F32 MathMode (0 on the CPU, which
-    /// has no rounded path); models add the largest to their workspace at load.
+    /// Backend scratch a forward() over `batch` x [in, h, w] may take for the library GEMM path (non-F32 MathMode or
+    /// Context::f32_gemm; 0 on the CPU, which has none); models add the largest to their workspace at load.
     std::size_t scratch_bytes(int batch, int h, int w) const {
         if (!(out_size(h) > 0 && out_size(w) > 0)) return 0;
         return backend_scratch_bytes(geometry(batch, h, w));

@@ -63,6 +63,7 @@ public:
                  bool accumulate = false, int ld_x = 0, int ld_y = 0) const {
         LinearParams p = params(x, y, rows, act, accumulate, ld_x, ld_y);
         p.math = ctx.math;
+        p.f32_gemm = ctx.f32_gemm;
         Ops<B>::linear(p, ctx.stream);
     }
 

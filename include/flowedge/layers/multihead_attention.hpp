@@ -98,6 +98,7 @@ private:
         p.in = m_cfg.dim;
         p.out = m_cfg.dim;
         p.math = ctx.math;
+        p.f32_gemm = ctx.f32_gemm;
         Ops<B>::linear(p, ctx.stream);
     }
 

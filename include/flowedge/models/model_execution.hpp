@@ -74,10 +74,20 @@ public:
         return true;
     }
 
+    /// Lets the contexts' GEMM-shaped ops run on the backend library's F32 GEMM under F32 math (Context::f32_gemm;
+    /// the workspace must hold every convolution's backend scratch). CUDA: creates the library handle now, not
+    /// inside a graph capture. Drops the recorded graphs.
+    void use_f32_gemm(bool on) {
+        if (on) Ops<B>::prepare_math(MathMode::F32);
+        m_f32_gemm = on;
+        drop_graphs();
+    }
+    bool f32_gemm() const { return m_f32_gemm; }
+
     /// Context whose ops take scratch from this model's workspace.
-    Context<B> context() { return {m_stream, &m_ws, m_math}; }
+    Context<B> context() { return {m_stream, &m_ws, m_math, m_f32_gemm}; }
     /// Context for ops that take no scratch (layers such as Linear, which never touch the workspace).
-    Context<B> context_without_scratch() const { return {m_stream, nullptr, m_math}; }
+    Context<B> context_without_scratch() const { return {m_stream, nullptr, m_math, m_f32_gemm}; }
 
     /// Enqueues `enqueue()` through recorded graph `g` under `key` (captured the first time, replayed after).
     template <class F>
@@ -101,6 +111,7 @@ private:
     std::string_view m_component;  ///< points at a string literal
     Stream m_stream{};
     MathMode m_math = MathMode::F32;
+    bool m_f32_gemm = false;
     Workspace<B> m_ws;
     std::array<Graph<B>, NGraphs> m_graphs;
 };

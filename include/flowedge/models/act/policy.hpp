@@ -168,6 +168,9 @@ public:
         m_hidden = Buffer<float, B>(rows * std::size_t(c.dim_feedforward));
         m_chunk = Buffer<float, B>(std::size_t(C) * A);
         m_exec = Execution("act", ws);
+        // The 300-row encoder linears and the 480x640 backbone are GEMMs: under F32 math they run on the backend
+        // library's F32 GEMM where it has one (CUDA: cuBLASLt, no TF32), the workspace holding every conv's scratch.
+        m_exec.use_f32_gemm(true);
 
         // Constant inputs, written once: the zero latent and the encoder position embeddings, [1-D learned rows |
         // the 2-D sinusoidal table of every camera's feature map].
@@ -245,14 +248,15 @@ public:
         return k;
     }
 
-    /// Arithmetic of the products (default MathMode::F32: every product exact in float, as LeRobot's float32 eval).
+    /// Arithmetic of the products (default MathMode::F32: every product exact in float, as LeRobot's float32 eval;
+    /// on CUDA the linears of >= 32 rows and the convolutions run on cuBLASLt's F32 GEMM, as PyTorch's F32 does).
     /// MathMode::TF32 / BF16 are opt-in and round where the backend has a faster path:
-    ///   CUDA (sm_80+): every linear of >= 32 rows that does not accumulate (the attention q/k/v projections, the
-    ///   cross-attention k/v over the encoder memory, the feed-forward linears, the action head; post-norm also the
-    ///   attention output projections and linear2, which pre-norm accumulates into the residual, exactly) runs on the
-    ///   cuBLASLt TF32 GEMM (F32 weights: TF32 under either mode), and the backbone's convolutions and the 1x1 input
-    ///   projection run im2col + the same GEMM (conv2d_gemm.cu). Attention scores, softmax and weighted sums,
-    ///   LayerNorm, the one-row token projections and the state/image normalisation stay exact.
+    ///   CUDA (sm_80+): every linear of >= 32 rows (the attention projections, the cross-attention k/v over the
+    ///   encoder memory, the feed-forward linears with their ReLU, the action head; accumulating ones add into the
+    ///   residual in the GEMM) runs on the cuBLASLt TF32 GEMM (F32 weights: TF32 under either mode), and the
+    ///   backbone's convolutions and the 1x1 input projection run im2col + the same GEMM (conv2d_gemm.cu). Attention
+    ///   scores, softmax and weighted sums, LayerNorm, the one-row token projections and the state/image
+    ///   normalisation stay exact.
     ///   CPU: MathMode::BF16 rounds both operands of every linear with rows longer than 8 to BF16 (float accumulation)
     ///   where the CPU has AVX512_BF16 (the linear kernels' rule); TF32 computes exactly; convolutions stay exact.
     /// Drops the recorded graph (the next chunk records it again); a no-op when m is the current mode.

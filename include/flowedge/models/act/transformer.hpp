@@ -42,18 +42,7 @@ void add_rows(Context<B>& ctx, const float* x, const float* pos, float* out, int
 template <Backend B>
 void feed_forward(Context<B>& ctx, const Linear<B>& l1, const Linear<B>& l2, ActFeedForward act, const float* x, float* hidden,
                   float* out, int rows, bool accumulate) {
-    // Under tensor-core math the ReLU runs as its own pass: the CUDA library GEMM takes only plain products, and
-    // linear1 ([rows, dim] x [dim, dim_feedforward]) is the largest product of the layer.
-    const bool separate_relu = act == ActFeedForward::Relu && ctx.math != MathMode::F32;
-    l1.forward(ctx, x, hidden, rows, act == ActFeedForward::Relu && !separate_relu ? Activation::Relu : Activation::None);
-    if (separate_relu) {
-        ActivationParams r;
-        r.x = hidden;
-        r.y = hidden;
-        r.n = std::int64_t(rows) * l1.config().out;
-        r.act = Activation::Relu;
-        Ops<B>::activation(r, ctx.stream);
-    }
+    l1.forward(ctx, x, hidden, rows, act == ActFeedForward::Relu ? Activation::Relu : Activation::None);
     if (act == ActFeedForward::Gelu) {
         GeluParams g;
         g.x = hidden;
