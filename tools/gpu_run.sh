@@ -401,13 +401,23 @@ stage_policy() {
 # -> $OUT/batch.txt, policy_batch_cuda_b<N>.json.
 stage_batch() {
     local rc=0
-    BUILD_TARGETS="diffusion_policy_batch policy_bench" stage_build || return $?
+    BUILD_TARGETS="diffusion_policy_batch policy_bench cuda_models ops_math_mode" stage_build || return $?
     "$BUILD/test/diffusion/diffusion_policy_batch" > "$LOGS/diffusion_policy_batch.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|needs" "$LOGS/diffusion_policy_batch.log" | tee -a "$OUT/batch.txt"
+    # The batched F32 U-Net on cuBLASLt's F32 GEMM: its op test and the head against the CPU at batch 16.
+    "$BUILD/test/ops/ops_math_mode" -tc='conv1d_gemm*' > "$LOGS/batch_conv1d_gemm.log" 2>&1 || rc=$?
+    grep -E "f32 gemm|ERROR|CHECK|test cases" "$LOGS/batch_conv1d_gemm.log" | tail -n 12 | tee -a "$OUT/batch.txt"
+    "$BUILD/test/cuda/cuda_models" -tc='DiffusionHead*' > "$LOGS/batch_cuda_models.log" 2>&1 || rc=$?
+    grep -E "MESSAGE|batch 16|ERROR|CHECK|test cases" "$LOGS/batch_cuda_models.log" | tail -n 14 | tee -a "$OUT/batch.txt"
     policy_folder || return $?
     for b in ${BATCH_SIZES:-1 8 50 256}; do
         "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --batch "$b" --ticks "${BATCH_TICKS:-64}" \
             --json "$OUT/policy_batch_cuda_b$b.json" 2>&1 | tee -a "$OUT/batch.txt" || rc=$?
+    done
+    # The previous batched F32 path (exact kernels, no library GEMM) in the same call, for the A/B.
+    for b in ${BATCH_AB_SIZES:-50 256}; do
+        FLOWEDGE_CUDA_NO_LT=1 "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --batch "$b" --ticks "${BATCH_TICKS:-64}" \
+            --json "$OUT/policy_batch_cuda_b${b}_no_lt.json" 2>&1 | tee -a "$OUT/batch.txt" || rc=$?
     done
     return "$rc"
 }

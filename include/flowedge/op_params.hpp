@@ -90,7 +90,11 @@ struct Conv1dParams {
     /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 on a CPU with AVX512_BF16
     /// (im2col panel and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and other CPUs are exact.
     MathMode math = MathMode::F32;
-    /// Optional scratch on the op's backend for a non-F32 MathMode path that needs one (CUDA: the im2col panel,
+    /// Under F32 math with that scratch, let Ops<Cuda> run batched calls (batch * out_length >= 256) as im2col +
+    /// cuBLASLt's F32 GEMM (CUBLAS_COMPUTE_32F: F32 products, float sums in the library's order) instead of the
+    /// exact kernels, which are tuned for batch 1. Ignored on the CPU.
+    bool f32_gemm = false;
+    /// Optional scratch on the op's backend for a library GEMM path that needs one (CUDA: the im2col panel,
     /// GEMM output and GEMM library workspace of the cuBLASLt path, Ops<B>::conv1d_scratch_bytes(p) bytes,
     /// 256-byte aligned). Without it (null / too small) the backend uses a path that needs none.
     void* scratch = nullptr;

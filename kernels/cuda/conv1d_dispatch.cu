@@ -1,5 +1,6 @@
 // torch.nn.Conv1d entry point: decides which path runs for a shape (tensor-core GEMM or implicit GEMM under
-// TF32/BF16 math for batched calls, else the exact row, tiled or generic kernel); the table of shapes and paths is
+// TF32/BF16 math for batched calls, the library's F32 GEMM for batched F32 calls that ask for it (f32_gemm), else
+// the exact row, tiled or generic kernel); the table of shapes and paths is
 // in docs/kernels/cuda_conv.md.
 #include <cstdint>
 #include <string_view>
@@ -19,6 +20,11 @@ void conv1d(const Conv1dParams& p, Stream s) {
     if (conv1d_mma_selected(p)) {
         if (conv1d_gemm(p, s)) return;
         if (p.w.dtype == DType::F32) return conv1d_mma(p, s);
+    } else if (p.math == MathMode::F32 && p.f32_gemm) {
+        // F32 math on the library's F32 GEMM for the calls the tensor-core paths would take (batched), else exact.
+        Conv1dParams q = p;
+        q.math = MathMode::TF32;
+        if (conv1d_mma_selected(q) && conv1d_gemm(p, s)) return;
     }
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {

@@ -21,8 +21,10 @@
 // Operand types: F32 weights -> TF32 GEMM (CUBLAS_COMPUTE_32F_FAST_TF32; the panel is rounded to TF32 with
 // round-to-nearest when it is written, the weights are converted by the library), under either TF32 or BF16 math
 // (TF32 is the more exact of the two, so a BF16 request stays within its bound); BF16 weights under BF16 math ->
-// BF16 GEMM (panel rounded to BF16, nearest-even; weights exact). Other combinations (F16 weights, BF16 weights
-// under TF32 math) run the exact kernels (faster there than conv_mma.cu's WMMA; see conv1d_dispatch.cu).
+// BF16 GEMM (panel rounded to BF16, nearest-even; weights exact); F32 weights under F32 math with
+// Conv1dParams::f32_gemm -> F32 GEMM (CUBLAS_COMPUTE_32F, panel exact: an F32 GEMM's error, ~Kg 2^-24 sum|w||x| at
+// worst). Other combinations (F16 weights, BF16 weights under TF32 math) run the exact kernels (faster there than
+// conv_mma.cu's WMMA; see conv1d_dispatch.cu).
 //
 // Error per output (for the tests): each product is off by at most (u_w + u_x + u_w u_x)|w||x| with u_x the panel's
 // rounding (TF32 RN 2^-11, BF16 RNE 2^-8) and u_w the library's conversion of F32 weights to TF32 (taken as
@@ -64,6 +66,10 @@ constexpr int kLinearMinRows = 32;
 
 /// The GEMM conv1d_gemm would run for p, if any (weight dtype x math, see the file comment).
 bool gemm_kind(const Conv1dParams& p, GemmKind& kind) {
+    if (p.w.dtype == DType::F32 && p.math == MathMode::F32 && p.f32_gemm) {
+        kind = GemmKind::F32;
+        return true;
+    }
     if (p.w.dtype == DType::F32 && (p.math == MathMode::TF32 || p.math == MathMode::BF16)) {
         kind = GemmKind::Tf32;
         return true;
@@ -187,7 +193,7 @@ constexpr int kIm2colMaxKernel = 8;
 /// kIm2colChannels*kernel consecutive panel elements with consecutive threads (coalesced): one thread per element
 /// pays 64-bit index divisions, one thread per channel writing its taps directly makes strided stores (their ncu
 /// times: docs/performance/cuda.md).
-template <class P>
+template <class P, bool Tf32>
 __global__ void __launch_bounds__(kIm2colChannels) conv1d_im2col_kernel(const Conv1dParams p, P* __restrict__ panel, int n_total) {
     __shared__ P taps[kIm2colChannels * kIm2colMaxKernel];
     detail::pdl_wait();
@@ -203,8 +209,9 @@ __global__ void __launch_bounds__(kIm2colChannels) conv1d_im2col_kernel(const Co
             for (int k = 0; k < p.kernel; ++k) {
                 const int src = src0 + k;
                 const float v = (src >= 0 && src < p.in_length) ? xr[src] : 0.f;
-                if constexpr (std::is_same_v<P, float>) taps[threadIdx.x * p.kernel + k] = round_tf32(v);
-                else taps[threadIdx.x * p.kernel + k] = __float2bfloat16_rn(v);
+                if constexpr (std::is_same_v<P, __nv_bfloat16>) taps[threadIdx.x * p.kernel + k] = __float2bfloat16_rn(v);
+                else if constexpr (Tf32) taps[threadIdx.x * p.kernel + k] = round_tf32(v);
+                else taps[threadIdx.x * p.kernel + k] = v;
             }
         }
         __syncthreads();
@@ -347,9 +354,13 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     void* ws = base + sl.panel + sl.out;
     const dim3 im2col_grid(unsigned((p.in_channels + kIm2colChannels - 1) / kIm2colChannels), unsigned(std::min<std::int64_t>(n, 65535)));
     if (kind == GemmKind::Tf32)
-        detail::launch_pdl(conv1d_im2col_kernel<float>, im2col_grid, dim3(kIm2colChannels), 0, st, p, static_cast<float*>(panel), int(n));
+        detail::launch_pdl(conv1d_im2col_kernel<float, true>, im2col_grid, dim3(kIm2colChannels), 0, st, p, static_cast<float*>(panel),
+                           int(n));
+    else if (kind == GemmKind::F32)
+        detail::launch_pdl(conv1d_im2col_kernel<float, false>, im2col_grid, dim3(kIm2colChannels), 0, st, p,
+                           static_cast<float*>(panel), int(n));
     else
-        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16>, im2col_grid, dim3(kIm2colChannels), 0, st, p,
+        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16, false>, im2col_grid, dim3(kIm2colChannels), 0, st, p,
                            static_cast<__nv_bfloat16*>(panel), int(n));
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_im2col");
     const float alpha = 1.f, beta = 0.f;

@@ -474,6 +474,35 @@ TEST_CASE("graph census: a captured 10-step DDIM sample is one graph of kernel n
     CHECK(c.memcpy_nodes == 0);       // the state is set by the layout transpose (a kernel), not a copy
 }
 
+TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 256) runs on the library's F32 GEMM, within the whole-head "
+          "tolerance of the CPU head") {
+    // dp_small at batch 16: its length-16 convs have batch*length = 256, so under the default F32 math they take
+    // cuBLASLt's F32 GEMM (conv1d_im2col_kernel in the captured graph); the rest stay on the exact kernels.
+    constexpr int kB = 16;
+    const DpData d;
+    auto gpu = DiffusionHead<Cuda>::load(kDpFolder, {}, kB);
+    auto cpu = DiffusionHead<Cpu>::load(kDpFolder, {}, kB);
+    const std::size_t per = std::size_t(gpu.config().horizon) * gpu.config().action_dim;
+    std::vector<float> cond(std::size_t(kB) * gpu.config().global_cond_dim), noise(std::size_t(kB) * per);
+    for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = d.cond[i % d.cond.size()] + 0.25f * std::sin(0.37f * float(i));
+    const auto nz = random_vec(noise.size(), 4343u, -1.7f, 1.7f);
+    for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = nz[i];
+    const SampleOptions o{.steps = 10, .scheduler = Scheduler::Ddim};
+    std::vector<float> g(noise.size()), c(noise.size());
+    cuda::set_graph_census(true);
+    gpu.sample_normalized(cond, noise, g, o, kB);
+    const cuda::GraphCensus census = cuda::last_graph_census();
+    cuda::set_graph_census(false);
+    int im2col = 0;
+    for (const auto& [name, n] : census.kernels)
+        if (name.find("conv1d_im2col_kernel") != std::string::npos) im2col += n;
+    if (std::getenv("FLOWEDGE_CUDA_NO_LT") == nullptr) CHECK(im2col > 0);
+    cpu.sample_normalized(cond, noise, c, o, kB);
+    const double e = max_abs_diff(g, c);
+    MESSAGE("dp_small batch 16 F32, 10-step DDIM: |cuda - cpu| " << e << " normalised (" << im2col << " im2col launches)");
+    CHECK(e < 6e-4);
+}
+
 TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at batch 16: bounded, re-captured, no malloc") {
     // dp_small at batch 16: the length-16 convs (batch*length = 256) take conv1d_mma under the default routing
     // (N >= 256; FLOWEDGE_CUDA_MMA_MIN_N=64 routes every U-Net conv there), the others stay exact.

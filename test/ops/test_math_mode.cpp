@@ -575,6 +575,27 @@ void run_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
         });
         CHECK(std::memcmp(y.data(), yo.data(), y.size() * sizeof(float)) == 0);
     }
+    // F32 math with f32_gemm (the batched U-Net's default path): F32 weights on the library's F32 GEMM, within an F32
+    // GEMM's bound; through Ops<Cuda>::conv1d too (same bits); every other dtype declines.
+    const std::size_t need = cuda::conv1d_scratch_bytes(c.params(MathMode::F32));
+    REQUIRE(need > 0);
+    DeviceArray<std::byte> scratch(need);
+    bool took = false;
+    auto f32_gemm = [&](const Conv1dParams& q, bool through_ops) {
+        Conv1dParams p = q;
+        p.f32_gemm = true;
+        p.scratch = scratch.get();
+        p.scratch_bytes = need;
+        if (through_ops) Ops<Cuda>::conv1d(p, {});
+        else took = cuda::conv1d_gemm(p, {});
+    };
+    const auto y = run_device(c, MathMode::F32, [&](const Conv1dParams& q) { f32_gemm(q, false); });
+    if (dt != DType::F32 || c.kg() % 8 == 0) CHECK(took == (dt == DType::F32));
+    if (!took) return;
+    const double rb = std::ldexp(1.0, -23) + double(c.kg()) * std::ldexp(1.0, -24);
+    MESSAGE("f32 gemm Kg " << c.kg() << " N " << sh.batch * c.out_len << ": max error / bound " << check_within(c, y, rb));
+    const auto yo = run_device(c, MathMode::F32, [&](const Conv1dParams& q) { f32_gemm(q, true); });
+    CHECK(std::memcmp(y.data(), yo.data(), y.size() * sizeof(float)) == 0);
 }
 
 }  // namespace
@@ -595,7 +616,7 @@ TEST_CASE("conv1d_gemm (cuBLASLt): odd and PushT-like shapes at batch*length >= 
         for (DType dt : kAllDtypes) run_gemm_case(s, dt, seed += 13);
 }
 
-TEST_CASE("conv1d_gemm declines what it does not handle: F32 math, no scratch, too-small batch*length") {
+TEST_CASE("conv1d_gemm declines what it does not handle: F32 math without f32_gemm, no scratch, too-small batch*length") {
     if (!optest::ready<Cuda>()) return;
     const Case c({64, 64, 32, 8, 5, 1, 2}, DType::F32, 990);
     cuda::prepare_math(MathMode::TF32);
@@ -609,7 +630,7 @@ TEST_CASE("conv1d_gemm declines what it does not handle: F32 math, no scratch, t
         bool took = true;
         (void)run_device(c, m, [&](const Conv1dParams& q) {
             Conv1dParams p = q;
-            if (m == MathMode::F32) { p.scratch = scratch.get(); p.scratch_bytes = need; }  // F32: never
+            if (m == MathMode::F32) { p.scratch = scratch.get(); p.scratch_bytes = need; }  // F32 without f32_gemm: never
             took = cuda::conv1d_gemm(p, {});                                                // TF32 without scratch
         });
         CHECK_FALSE(took);

@@ -23,7 +23,8 @@ bool linear_gemm(const LinearParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
 /// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma for F32
-/// weights; otherwise (and for 16-bit weights the GEMM declines) the exact float kernels.
+/// weights; F32 math with p.f32_gemm on a call conv1d_mma_selected would take under TF32: conv1d_gemm's F32 GEMM
+/// when it applies; otherwise (and for 16-bit weights the GEMM declines) the exact float kernels.
 void conv1d(const Conv1dParams& p, Stream s);
 /// Tensor-core implicit GEMM (kernels/cuda/conv_mma.cu): D[o, b*out_length + t] = bias[o] + sum_{i,k} W[o, i*kernel + k] *
 /// X[b, i, t*stride + k - pad], operands rounded to p.math (TF32 or BF16, float accumulation), deterministic.
@@ -31,9 +32,9 @@ void conv1d(const Conv1dParams& p, Stream s);
 /// `tile` picks the block tile: 0 = automatic (the rule in conv_mma.cu), 1 = 64x64, 2 = 32x64, 3 = 32x32,
 /// 4 / 5 = 128x128 with K split over a 2 / 4-block cluster (sm_90 only) (tests and A/B timing).
 void conv1d_mma(const Conv1dParams& p, Stream s, int tile = 0);
-/// cuBLASLt tensor-core conv1d (kernels/cuda/gemm_lt.cu): im2col panel in p.scratch, one TF32 (F32 weights) or
-/// BF16 (BF16 weights, BF16 math) library GEMM, transpose + bias. Returns false, launching nothing, when it does not
-/// apply (math F32, other weight dtype/math pairs, p.scratch missing or smaller than conv1d_scratch_bytes(p), no
+/// cuBLASLt conv1d (kernels/cuda/gemm_lt.cu): im2col panel in p.scratch, one TF32 (F32 weights), BF16 (BF16 weights,
+/// BF16 math) or F32 (F32 weights, F32 math, p.f32_gemm) library GEMM, transpose + bias. Returns false, launching
+/// nothing, when it does not apply (math F32 without f32_gemm, other weight dtype/math pairs, p.scratch missing or smaller than conv1d_scratch_bytes(p), no
 /// library handle while a graph is being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1); conv1d then
 /// runs conv1d_mma. Bound and determinism: see gemm_lt.cu.
 bool conv1d_gemm(const Conv1dParams& p, Stream s);

@@ -66,8 +66,9 @@ public:
         p.stride = m_cfg.stride;
         p.pad = m_cfg.pad;
         p.math = ctx.math;
-        if (ctx.math != MathMode::F32 && ctx.workspace) {
-            // A non-F32 path may want backend scratch (CUDA: cuBLASLt panel + output); taken only when the arena
+        p.f32_gemm = ctx.f32_gemm;
+        if ((ctx.math != MathMode::F32 || ctx.f32_gemm) && ctx.workspace) {
+            // A library GEMM path may want backend scratch (CUDA: cuBLASLt panel + output); taken only when the arena
             // was sized for it (DiffusionHead adds max_conv_scratch_bytes), else the backend uses a path without.
             const std::size_t need = Ops<B>::conv1d_scratch_bytes(p);
             if (need > 0 && ctx.workspace->available() >= need) {
@@ -81,8 +82,8 @@ public:
         Ops<B>::conv1d(p, ctx.stream);
     }
 
-    /// Backend scratch a forward() of config c over `batch` x `in_length` may take under a non-F32 MathMode
-    /// (0 on the CPU); models add the largest to their workspace at load.
+    /// Backend scratch a forward() of config c over `batch` x `in_length` may take for a library GEMM path (non-F32
+    /// MathMode or Context::f32_gemm; 0 on the CPU); models add the largest to their workspace at load.
     static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
         Conv1dParams p;
         p.batch = batch;

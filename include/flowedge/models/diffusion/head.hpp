@@ -71,6 +71,9 @@ public:
         m_action_min = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_action_max = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_exec = Execution("diffusion", workspace_bytes(max_batch));
+        // Batched F32 calls (batch * length >= 256 for a conv, >= 32 rows for a linear) run their convolutions and
+        // FiLM linears on the backend library's F32 GEMM (CUDA cuBLASLt); batch 1 keeps the exact kernels.
+        m_exec.use_f32_gemm(true);
     }
 
     DiffusionHead(DiffusionHead&&) noexcept = default;

@@ -241,7 +241,8 @@ private:
             LinearBatchParams lb;
             for (std::size_t k = 0; k < m_res.size(); ++k) {
                 lb.items[lb.n_items] = m_res[k].film_params(g.data, films.data + film_at[k], batch);
-                lb.items[lb.n_items++].math = pass.ctx->math;  // like Linear::forward (the step encoder's linears)
+                lb.items[lb.n_items].math = pass.ctx->math;  // like Linear::forward (the step encoder's linears)
+                lb.items[lb.n_items++].f32_gemm = pass.ctx->f32_gemm;
                 if (lb.n_items == kMaxLinearBatch) {
                     Ops<B>::linear_batch(lb, pass.ctx->stream);
                     lb.n_items = 0;
