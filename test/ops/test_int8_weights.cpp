@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
@@ -69,11 +70,11 @@ std::unique_ptr<PreparedWeight> int8_weight(Storage s, const HostWeights& w, con
     return Ops<Cpu>::prepare_weight(s, w.ref(), shape, "test weight", WeightQuant::Int8);
 }
 
-struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
+using fe_test::ConvCase;
 
 void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const std::size_t R = std::size_t(k.cin) * k.kernel;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
@@ -94,18 +95,7 @@ void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
                     }
             }
     const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
@@ -117,7 +107,7 @@ void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
 
 void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
-    const int K = k.kernel, lout = (k.lin - 1) * k.stride - 2 * k.pad + K;
+    const int K = k.kernel, lout = k.transpose_out();
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
     const HostWeights w = make_weights(std::size_t(k.cin) * k.cout * K, DType::F32, seed + 2, 0.3f);
@@ -141,18 +131,7 @@ void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
                 }
             }
     const auto pw = int8_weight(Storage::ConvTransposeWeight, w, Shape{k.cin, k.cout, K});
-    ConvTranspose1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, DType::F32, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = K;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    ConvTranspose1dParams p = fe_test::conv_transpose1d_params(k, x.data(), {nullptr, DType::F32, pw.get()}, bias.data());
     std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv_transpose1d(p); });
@@ -289,7 +268,7 @@ namespace {
 /// and bit-identical results for 1 and 2 threads.
 void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const std::size_t R = std::size_t(k.cin) * k.kernel;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
@@ -327,18 +306,7 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
             }
         }
     const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     std::vector<float> y1(n, -3.f), y2(n, -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
@@ -374,25 +342,14 @@ TEST_CASE("conv1d on W8A8 blocks on AMX tiles (tdpbusd): bit-identical to the vp
     std::uint32_t seed = 8300;
     for (const auto& k : cases) {
         CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
-        const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+        const int lout = k.conv_out();
         const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed += 10);
         const auto bias = random_vec(std::size_t(k.cout), seed + 1);
         const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, DType::F32, seed + 2, 0.3f);
         const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
         const auto* blocks = static_cast<const cpu::avx2::Int8Blocks*>(cpu::packed_weight({nullptr, DType::F32, pw.get()})->data());
         REQUIRE(blocks->w8a8);
-        Conv1dParams p;
-        p.x = x.data();
-        p.w = {nullptr, DType::F32, pw.get()};
-        p.bias = bias.data();
-        p.batch = k.batch;
-        p.in_channels = k.cin;
-        p.out_channels = k.cout;
-        p.in_length = k.lin;
-        p.out_length = lout;
-        p.kernel = k.kernel;
-        p.stride = k.stride;
-        p.pad = k.pad;
+        Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, DType::F32, pw.get()}, bias.data());
         const std::size_t n = std::size_t(k.batch) * k.cout * lout;
         std::vector<float> y_vnni(n, -3.f), y_amx(n, -4.f), y_amx2(n, -5.f);
         p.y = y_vnni.data();
@@ -478,25 +435,14 @@ namespace {
 void run_conv1d_int8_bf16(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
     constexpr double kU = 1.0 / 256, kU32 = 1.0 / 16777216, kTiny = 2.3509887016445750e-38;
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const std::size_t R = std::size_t(k.cin) * k.kernel;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
     const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
     const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
     const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     const std::size_t n = std::size_t(k.batch) * k.cout * lout;
     std::vector<float> y32(n, -2.f), y1(n, -3.f), y2(n, -4.f);
     p.y = y32.data();

@@ -1,8 +1,9 @@
 // Conv1d on AMX tiles (AVX-512 set, on CPUs with AMX whose tile state Linux granted: cpu::amx_bf16_available(),
-// cpu::amx_int8_available()): the two dot-product modes of packed_conv_dot.hpp, on the same packed blocks and panels
-// of rounded / quantised activations, with one tile instruction doing 16 columns x 16 outputs x 32 (BF16) or 64
-// (INT8) reduction steps where vdpbf16ps / vpdpbusd do 16 outputs x 2 or 4 steps. At batch 1 the U-Net's convs are
-// bound by the FMA ports on the vector kernels; on tiles they are bound by the weight stream.
+// cpu::amx_int8_available()): the two dot-product modes of packed_conv_dot.hpp, and MathMode::BF16 on INT8 weight-only
+// blocks (no vector kernel: widening int8 to BF16 costs about what vdpbf16ps would save over the F32 FMAs), on the
+// same packed blocks and panels of rounded / quantised activations, with one tile instruction doing 16 columns x 16
+// outputs x 32 (BF16) or 64 (INT8) reduction steps where vdpbf16ps / vpdpbusd do 16 outputs x 2 or 4 steps. At batch
+// 1 the U-Net's convs are bound by the FMA ports on the vector kernels; on tiles they are bound by the weight stream.
 //   Tiles (palette 1): C accumulators 0-3 (column tile 0: outputs [0, 16) and [16, W); column tile 1 the same), A
 //   (activations: up to 16 columns x 64 bytes of one reduction tile) 4 and 7 for column tiles 0 and 1, B (weights:
 //   16 rows of 64 / 32 bytes) 5 and 6 for the two output groups. Up to 32 columns per pass; each thread configures
@@ -13,6 +14,11 @@
 //     of outputs 16..23, both into a small L1 buffer that is tile-loaded (double-buffered). Each output is summed in
 //     tdpbf16ps chains of 128 steps (4 tiles), stored and added to a running total: the same order and depth as the
 //     vector kernel (docs/numerics.md, CPU BF16 bound).
+//   MathMode::BF16 on INT8 weight-only blocks (16 outputs, one signed byte per step): the BF16 pair panel above; per
+//     step pair the block's two 16-byte steps are widened (int8 -> int32 -> float, whose high half is the exact BF16)
+//     into one 64-byte B row in the L1 buffer, so the stream stays 1 byte per weight. Two blocks per pass share each A
+//     tile (B tiles 5 and 6). Sums as for BF16 blocks, then each output's total times its row scale (the INT8 kernel's
+//     epilogue).
 //   W8A8 (blocks of 32 outputs, steps in quads): a W8A8 block row of one quad is 128 bytes (outputs 0..15, 16..31),
 //     so the two B tiles load in place with a 128-byte stride (16 quads = 64 steps per tile; the last, partial tile
 //     through a zero-padded buffer); the activation panel holds each column's unsigned bytes contiguously. tdpbusd
