@@ -505,11 +505,12 @@ TEST_CASE("conv1d on INT8 blocks under MathMode::BF16: AMX tiles within the BF16
     MESSAGE("kernel set " << cpu::kernel_set_name() << std::string(cpu::amx_bf16_available() ? ": INT8 x BF16 on AMX tiles" : ": INT8 x BF16 computes exactly"));
     // Columns 1..75 (one or two 16-row column tiles, passes of 32, fewer columns for long rows), odd reductions (a
     // half pair), reductions that are not a multiple of 32 steps (a partial last tile) or longer than a 128-step slice,
-    // an odd number of 16-output blocks (a unit of one block), outputs not a multiple of 16, the longest PushT row.
+    // an odd number of 16-output blocks (a unit of one block), outputs not a multiple of 16, the longest PushT row,
+    // and a call large enough for the OpenMP split (4 x 16 columns x 2560 steps x 70 outputs: two threads, two passes).
     const ConvCase cases[] = {{1, 1, 1, 1, 1, 1, 0},    {2, 3, 7, 5, 3, 1, 1},     {1, 37, 129, 16, 5, 1, 2},
                               {1, 13, 33, 17, 5, 1, 2}, {3, 7, 37, 7, 3, 2, 1},    {1, 40, 17, 31, 3, 1, 1},
                               {5, 6, 9, 16, 5, 1, 2},   {3, 50, 45, 25, 5, 1, 2},  {1, 2048, 40, 4, 5, 1, 2},
-                              {2, 520, 48, 8, 5, 1, 2}, {1, 512, 2, 16, 1, 1, 0}};
+                              {2, 520, 48, 8, 5, 1, 2}, {1, 512, 2, 16, 1, 1, 0},  {4, 512, 70, 16, 5, 1, 2}};
     std::uint32_t seed = 8500;
     for (const auto& k : cases)
         for (DType dt : {DType::F32, DType::BF16}) run_conv1d_int8_bf16(k, dt, seed += 10);
