@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
@@ -69,11 +70,11 @@ std::unique_ptr<PreparedWeight> int8_weight(Storage s, const HostWeights& w, con
     return Ops<Cpu>::prepare_weight(s, w.ref(), shape, "test weight", WeightQuant::Int8);
 }
 
-struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
+using fe_test::ConvCase;
 
 void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const std::size_t R = std::size_t(k.cin) * k.kernel;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
@@ -94,18 +95,7 @@ void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
                     }
             }
     const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
@@ -117,7 +107,7 @@ void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
 
 void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
-    const int K = k.kernel, lout = (k.lin - 1) * k.stride - 2 * k.pad + K;
+    const int K = k.kernel, lout = k.transpose_out();
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
     const HostWeights w = make_weights(std::size_t(k.cin) * k.cout * K, DType::F32, seed + 2, 0.3f);
@@ -141,18 +131,7 @@ void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
                 }
             }
     const auto pw = int8_weight(Storage::ConvTransposeWeight, w, Shape{k.cin, k.cout, K});
-    ConvTranspose1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, DType::F32, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = K;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    ConvTranspose1dParams p = fe_test::conv_transpose1d_params(k, x.data(), {nullptr, DType::F32, pw.get()}, bias.data());
     std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv_transpose1d(p); });
@@ -289,7 +268,7 @@ namespace {
 /// and bit-identical results for 1 and 2 threads.
 void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const std::size_t R = std::size_t(k.cin) * k.kernel;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(std::size_t(k.cout), seed + 1);
@@ -327,18 +306,7 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
             }
         }
     const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = {nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     std::vector<float> y1(n, -3.f), y2(n, -4.f);
     p.y = y1.data();
     with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
@@ -374,25 +342,14 @@ TEST_CASE("conv1d on W8A8 blocks on AMX tiles (tdpbusd): bit-identical to the vp
     std::uint32_t seed = 8300;
     for (const auto& k : cases) {
         CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel);
-        const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+        const int lout = k.conv_out();
         const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed += 10);
         const auto bias = random_vec(std::size_t(k.cout), seed + 1);
         const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, DType::F32, seed + 2, 0.3f);
         const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
         const auto* blocks = static_cast<const cpu::avx2::Int8Blocks*>(cpu::packed_weight({nullptr, DType::F32, pw.get()})->data());
         REQUIRE(blocks->w8a8);
-        Conv1dParams p;
-        p.x = x.data();
-        p.w = {nullptr, DType::F32, pw.get()};
-        p.bias = bias.data();
-        p.batch = k.batch;
-        p.in_channels = k.cin;
-        p.out_channels = k.cout;
-        p.in_length = k.lin;
-        p.out_length = lout;
-        p.kernel = k.kernel;
-        p.stride = k.stride;
-        p.pad = k.pad;
+        Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, DType::F32, pw.get()}, bias.data());
         const std::size_t n = std::size_t(k.batch) * k.cout * lout;
         std::vector<float> y_vnni(n, -3.f), y_amx(n, -4.f), y_amx2(n, -5.f);
         p.y = y_vnni.data();
@@ -461,4 +418,100 @@ TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised
         const double want = 2.0 * (q.deq[std::size_t(o) * 3] + q.deq[std::size_t(o) * 3 + 1] + q.deq[std::size_t(o) * 3 + 2]);
         CHECK(std::fabs(y[std::size_t(o) * 2] - want) <= 1e-6 * std::fabs(want) + 1e-7);
     }
+}
+
+namespace {
+
+/// conv1d on INT8 weight-only blocks under MathMode::BF16 (Ops<Cpu>::conv1d's choice). Where AMX-BF16 runs it
+/// (cpu::amx_bf16_available(): the int8 weights widened exactly to BF16 tiles, the activations rounded to BF16, sums
+/// in 128-step slices, then the row scale and the bias) it is held to the packed BF16 bound of docs/numerics.md with
+/// BF16-exact weights (operand error u = 2^-8 on the activations only), depth min(n, 128) + ceil(n / 128) + 3 (one
+/// more rounding: the scale), against
+///   - a double loop on the dequantised weights and the BF16-rounded activations: accumulation only;
+///   - a double loop on the dequantised weights and the F32 activations: the BF16 operand term as well;
+///   - a double loop on the original weights: the quantisation bound on top;
+/// it must differ from the F32-math INT8 kernel and give the same bits for 1 and 2 threads. Everywhere else the
+/// request computes exactly: bit-identical to MathMode::F32 on the same blocks.
+void run_conv1d_int8_bf16(const ConvCase& k, DType dt, std::uint32_t seed) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
+    constexpr double kU = 1.0 / 256, kU32 = 1.0 / 16777216, kTiny = 2.3509887016445750e-38;
+    const int lout = k.conv_out();
+    const std::size_t R = std::size_t(k.cin) * k.kernel;
+    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
+    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
+    const std::size_t n = std::size_t(k.batch) * k.cout * lout;
+    std::vector<float> y32(n, -2.f), y1(n, -3.f), y2(n, -4.f);
+    p.y = y32.data();
+    Ops<Cpu>::conv1d(p);
+    p.math = MathMode::BF16;
+    p.y = y1.data();
+    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
+    p.y = y2.data();
+    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
+    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
+    if (!cpu::amx_bf16_available()) {
+        CHECK(bit_mismatches(y1, y32) == 0);  // no BF16 kernel for INT8 blocks here: the request computes exactly
+        return;
+    }
+    const double d = double(std::min<std::size_t>(R, 128) + (R + 127) / 128 + 3), g = d * kU32 / (1 - d * kU32);
+    std::size_t bad = 0, bad_rounded = 0, bad_f32 = 0, differ = 0;
+    double worst = 0;
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                double ref = 0, ref_q = 0, ref_qr = 0, mag = 0, mag_q = 0, mag_qr = 0, quant = 0, tiny = 0;
+                for (int c = 0; c < k.cin; ++c)
+                    for (int kk = 0; kk < k.kernel; ++kk) {
+                        const int src = t * k.stride + kk - k.pad;
+                        if (src < 0 || src >= k.lin) continue;
+                        const std::size_t wi = std::size_t(o) * R + std::size_t(c) * k.kernel + kk;
+                        const double xv = x[(std::size_t(b) * k.cin + c) * k.lin + src], xr = rne_bf16(xv);
+                        ref += w.value[wi] * xv;
+                        mag += std::fabs(w.value[wi] * xv);
+                        ref_q += q.deq[wi] * xv;
+                        mag_q += std::fabs(q.deq[wi] * xv);
+                        ref_qr += q.deq[wi] * xr;
+                        mag_qr += std::fabs(q.deq[wi] * xr);
+                        quant += 0.5 * q.step[std::size_t(o)] * std::fabs(xv);
+                        tiny += kTiny * (std::fabs(q.deq[wi]) + std::fabs(xv) + 1);
+                    }
+                const std::size_t i = (std::size_t(b) * k.cout + o) * lout + t;
+                const double bo = bias[std::size_t(o)], got = y1[i];
+                const double acc = g * (mag_qr + std::fabs(bo)) + tiny + 16 * kTiny;
+                const double bnd_q = (kU + g * (1 + kU)) * mag_q + g * std::fabs(bo) + tiny + 16 * kTiny;
+                bad_rounded += !(std::fabs(got - (ref_qr + bo)) <= acc);
+                bad += !(std::fabs(got - (ref_q + bo)) <= bnd_q);
+                const double err = std::fabs(got - (ref + bo)), bnd = quant + bnd_q + kTolRef * mag;
+                bad_f32 += !(err <= bnd);
+                if (bnd > 0) worst = std::max(worst, err / bnd);
+                differ += y1[i] != y32[i];
+            }
+    INFO("worst |y - y_f32 weights| / bound " << worst << ", " << differ << " of " << n << " outputs differ from F32 math");
+    CHECK(bad_rounded == 0);
+    CHECK(bad == 0);
+    CHECK(bad_f32 == 0);
+    if (R > 1) CHECK(differ > 0);  // the BF16 kernel really ran (random data: rounding the activations moves outputs)
+    MESSAGE("conv1d on INT8 blocks, BF16 math (AMX): largest |y - y_f32| / (quantisation + BF16 bound) = " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("conv1d on INT8 blocks under MathMode::BF16: AMX tiles within the BF16 bound of the dequantised weights, else exact") {
+    if (!packs_conv()) return;  // INT8 blocks are refused at load there (checked above)
+    MESSAGE("kernel set " << cpu::kernel_set_name() << std::string(cpu::amx_bf16_available() ? ": INT8 x BF16 on AMX tiles" : ": INT8 x BF16 computes exactly"));
+    // Columns 1..75 (one or two 16-row column tiles, passes of 32, fewer columns for long rows), odd reductions (a
+    // half pair), reductions that are not a multiple of 32 steps (a partial last tile) or longer than a 128-step slice,
+    // an odd number of 16-output blocks (a unit of one block), outputs not a multiple of 16, the longest PushT row,
+    // and a call large enough for the OpenMP split (4 x 16 columns x 2560 steps x 70 outputs: two threads, two passes).
+    const ConvCase cases[] = {{1, 1, 1, 1, 1, 1, 0},    {2, 3, 7, 5, 3, 1, 1},     {1, 37, 129, 16, 5, 1, 2},
+                              {1, 13, 33, 17, 5, 1, 2}, {3, 7, 37, 7, 3, 2, 1},    {1, 40, 17, 31, 3, 1, 1},
+                              {5, 6, 9, 16, 5, 1, 2},   {3, 50, 45, 25, 5, 1, 2},  {1, 2048, 40, 4, 5, 1, 2},
+                              {2, 520, 48, 8, 5, 1, 2}, {1, 512, 2, 16, 1, 1, 0},  {4, 512, 70, 16, 5, 1, 2}};
+    std::uint32_t seed = 8500;
+    for (const auto& k : cases)
+        for (DType dt : {DType::F32, DType::BF16}) run_conv1d_int8_bf16(k, dt, seed += 10);
 }

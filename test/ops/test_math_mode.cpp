@@ -18,6 +18,7 @@
 #endif
 
 #include "flowedge/workspace.hpp"
+#include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
@@ -76,7 +77,7 @@ struct Ref {
     double bound_rounded_g(double g, double b) const { return g * (mag_rounded + std::fabs(b)) + tiny + 16 * kTiny; }
 };
 
-struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; };
+using fe_test::ConvCase;
 
 /// Which kernel a packed BF16 check_conv runs for its BF16 request: Ops<Cpu>::conv1d's choice, or one of the two
 /// packed BF16-block kernels of the AVX-512 set called directly.
@@ -89,20 +90,15 @@ enum class BhKernel { Dispatch, Vector, Amx };
 std::vector<float> check_conv(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false,
                               BhKernel kernel = BhKernel::Dispatch) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(int(dt));
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(k.cout, seed + 1);
     const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, dt, seed + 2, 0.3f);
     const std::size_t ny = std::size_t(k.batch) * k.cout * lout;
     std::vector<float> y_f32(ny, -7.f), y_tf32(ny, 7.f), y_bf16(ny, 7.f);
-    Conv1dParams p;
-    p.x = x.data();
-    p.w = WeightRef{w.bytes.data(), dt};
+    Conv1dParams p = fe_test::conv1d_params(k, x.data(), WeightRef{w.bytes.data(), dt}, bias.data());
     const auto pw = packed ? Ops<Cpu>::prepare_weight(Storage::ConvWeight, p.w, Shape{k.cout, k.cin, k.kernel}, "test weight") : nullptr;
     if (pw) p.w = WeightRef{nullptr, dt, pw.get()};
-    p.bias = bias.data();
-    p.batch = k.batch; p.in_channels = k.cin; p.out_channels = k.cout; p.in_length = k.lin; p.out_length = lout;
-    p.kernel = k.kernel; p.stride = k.stride; p.pad = k.pad;
     p.y = y_f32.data();
     Ops<Cpu>::conv1d(p);
     p.math = MathMode::TF32;

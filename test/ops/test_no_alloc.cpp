@@ -1,5 +1,6 @@
 // Proves the CPU ops never touch the heap: a replaced global operator new counts every allocation while a
-// batch of every op (including the large, parallel and chunked conv paths) runs.
+// batch of every op (including the large, parallel and chunked conv paths) runs, on row-major weights and on every
+// packed weight form prepared at load.
 #include <doctest/doctest.h>
 
 #include "../support/counting_new.hpp"
@@ -124,4 +125,85 @@ TEST_CASE("a batch of Ops<Cpu> calls performs zero heap allocations") {
     }
     CHECK(fe_test::g_operator_new_calls.load() == before_new);
     CHECK(Memory<Cpu>::allocation_count().load() == before_mem);
+}
+
+TEST_CASE("Ops<Cpu> on weights packed at load performs zero heap allocations on every packed conv path") {
+    // The packed kernels (AVX2 and AVX-512 sets) keep their panels, B-tile buffers and sums on the stack: exact F32 /
+    // BF16 / INT8 blocks, MathMode::BF16 on BF16 blocks (vdpbf16ps and AMX tdpbf16ps), W8A8 (vpdpbusd and AMX tdpbusd)
+    // and INT8 blocks under MathMode::BF16 (AMX, int8 widened per tile). Ops<Cpu>::conv1d runs the process's choice;
+    // the AMX and vector kernels are also called directly so one run covers both where the CPU has AMX.
+    const cpu::Isa isa = cpu::active_isa();
+    if (isa != cpu::Isa::Avx2 && isa != cpu::Isa::Avx512) {
+        MESSAGE("kernel set " << cpu::kernel_set_name() << " packs no conv weights");
+        return;
+    }
+    // Load: the weights of a 1024 -> 1024, kernel-5 Conv1d in every packed form, an INT8 ConvTranspose1d and an INT8
+    // streamed Linear.
+    std::vector<float> x(1024 * 64, 0.25f), y(1024 * 128), w(1024 * 1024 * 5, 0.01f), small(4096, 0.5f);
+    std::vector<std::uint16_t> w16(1024 * 1024 * 5, 0x3c00);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 13) - 6) * 0.125f;  // varied columns (W8A8 ranges)
+    const Shape conv{1024, 1024, 5};
+    auto prepare = [](Storage s, WeightRef r, const Shape& shape, WeightQuant q) {
+        return Ops<Cpu>::prepare_weight(s, r, shape, "test weight", q);
+    };
+    const auto f32 = prepare(Storage::ConvWeight, {w.data(), DType::F32}, conv, WeightQuant::None);
+    const auto bf = prepare(Storage::ConvWeight, {w16.data(), DType::BF16}, conv, WeightQuant::None);
+    const auto i8 = prepare(Storage::ConvWeight, {w.data(), DType::F32}, conv, WeightQuant::Int8);
+    const auto w8 = cpu::w8a8_available() ? prepare(Storage::ConvWeight, {w.data(), DType::F32}, conv, WeightQuant::W8A8) : nullptr;
+    const auto t8 = prepare(Storage::ConvTransposeWeight, {w.data(), DType::F32}, Shape{1024, 1024, 4}, WeightQuant::Int8);
+    const auto l8 = prepare(Storage::StreamedMatrix, {w.data(), DType::F32}, Shape{2048, 1024}, WeightQuant::Int8);
+    const std::size_t before_new = fe_test::g_operator_new_calls.load();
+    const std::size_t before_mem = Memory<Cpu>::allocation_count().load();
+
+    int calls = 0;
+    for (int rep = 0; rep < 2; ++rep)
+        for (int batch : {1, 16}) {  // 4 columns (the PushT L = 4 convs, parallel), 64 columns (two AMX passes of 32)
+            Conv1dParams c;
+            c.x = x.data(); c.bias = small.data(); c.y = y.data(); c.batch = batch;
+            c.in_channels = 1024; c.out_channels = 1024; c.in_length = 4; c.out_length = 4; c.kernel = 5; c.pad = 2;
+            for (const auto* pw : {f32.get(), bf.get(), i8.get(), w8.get()}) {
+                if (!pw) continue;
+                c.w = {nullptr, pw == bf.get() ? DType::BF16 : DType::F32, pw};
+                for (MathMode m : {MathMode::F32, MathMode::BF16}) {
+                    c.math = m;
+                    Ops<Cpu>::conv1d(c);
+                    ++calls;
+                }
+            }
+#if defined(FLOWEDGE_CPU_X86)
+            if (isa == cpu::Isa::Avx512) {
+                namespace dot = cpu::avx512::packed_dot;
+                c.math = MathMode::BF16;
+                const auto* bh = static_cast<const bf16*>(cpu::packed_weight({nullptr, DType::BF16, bf.get()})->data());
+                const auto* q8 = static_cast<const cpu::avx2::Int8Blocks*>(cpu::packed_weight({nullptr, DType::F32, i8.get()})->data());
+                if (cpu::bf16_math_available()) dot::conv1d_bh(c, bh), ++calls;
+                if (cpu::amx_bf16_available()) {
+                    dot::amx::conv1d_bh_amx(c, bh);
+                    dot::amx::conv1d_int8_bh_amx(c, q8->data);
+                    calls += 2;
+                }
+                if (w8) {
+                    const auto* q = static_cast<const cpu::avx2::Int8Blocks*>(cpu::packed_weight({nullptr, DType::F32, w8.get()})->data());
+                    dot::conv1d_w8a8(c, q->data), ++calls;
+                    if (cpu::amx_int8_available()) dot::amx::conv1d_w8a8_amx(c, q->data), ++calls;
+                }
+            }
+#endif
+            ConvTranspose1dParams t;
+            t.x = x.data(); t.w = {nullptr, DType::F32, t8.get()}; t.bias = small.data(); t.y = y.data(); t.batch = batch;
+            t.in_channels = 1024; t.out_channels = 1024; t.in_length = 4; t.out_length = 8; t.kernel = 4; t.stride = 2; t.pad = 1;
+            Ops<Cpu>::conv_transpose1d(t);
+            LinearParams l;
+            l.x = x.data(); l.w = {nullptr, DType::F32, l8.get()}; l.bias = small.data(); l.y = y.data();
+            l.rows = batch; l.in = 1024; l.out = 2048;
+            for (MathMode m : {MathMode::F32, MathMode::BF16}) {
+                l.math = m;
+                Ops<Cpu>::linear(l);
+            }
+            calls += 3;
+        }
+    const std::size_t after_new = fe_test::g_operator_new_calls.load(), after_mem = Memory<Cpu>::allocation_count().load();
+    MESSAGE("kernel set " << cpu::kernel_set_name() << ": " << calls << " calls on packed weights");
+    CHECK(after_new == before_new);
+    CHECK(after_mem == before_mem);
 }

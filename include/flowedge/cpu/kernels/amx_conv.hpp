@@ -1,8 +1,9 @@
 // Conv1d on AMX tiles (AVX-512 set, on CPUs with AMX whose tile state Linux granted: cpu::amx_bf16_available(),
-// cpu::amx_int8_available()): the two dot-product modes of packed_conv_dot.hpp, on the same packed blocks and panels
-// of rounded / quantised activations, with one tile instruction doing 16 columns x 16 outputs x 32 (BF16) or 64
-// (INT8) reduction steps where vdpbf16ps / vpdpbusd do 16 outputs x 2 or 4 steps. At batch 1 the U-Net's convs are
-// bound by the FMA ports on the vector kernels; on tiles they are bound by the weight stream.
+// cpu::amx_int8_available()): the two dot-product modes of packed_conv_dot.hpp, and MathMode::BF16 on INT8 weight-only
+// blocks (no vector kernel: widening int8 to BF16 costs about what vdpbf16ps would save over the F32 FMAs), on the
+// same packed blocks and panels of rounded / quantised activations, with one tile instruction doing 16 columns x 16
+// outputs x 32 (BF16) or 64 (INT8) reduction steps where vdpbf16ps / vpdpbusd do 16 outputs x 2 or 4 steps. At batch
+// 1 the U-Net's convs are bound by the FMA ports on the vector kernels; on tiles they are bound by the weight stream.
 //   Tiles (palette 1): C accumulators 0-3 (column tile 0: outputs [0, 16) and [16, W); column tile 1 the same), A
 //   (activations: up to 16 columns x 64 bytes of one reduction tile) 4 and 7 for column tiles 0 and 1, B (weights:
 //   16 rows of 64 / 32 bytes) 5 and 6 for the two output groups. Up to 32 columns per pass; each thread configures
@@ -13,6 +14,11 @@
 //     of outputs 16..23, both into a small L1 buffer that is tile-loaded (double-buffered). Each output is summed in
 //     tdpbf16ps chains of 128 steps (4 tiles), stored and added to a running total: the same order and depth as the
 //     vector kernel (docs/numerics.md, CPU BF16 bound).
+//   MathMode::BF16 on INT8 weight-only blocks (16 outputs, one signed byte per step): the BF16 pair panel above; per
+//     step pair the block's two 16-byte steps are widened (int8 -> int32 -> float, whose high half is the exact BF16)
+//     into one 64-byte B row in the L1 buffer, so the stream stays 1 byte per weight. Two blocks per pass share each A
+//     tile (B tiles 5 and 6). Sums as for BF16 blocks, then each output's total times its row scale (the INT8 kernel's
+//     epilogue).
 //   W8A8 (blocks of 32 outputs, steps in quads): a W8A8 block row of one quad is 128 bytes (outputs 0..15, 16..31),
 //     so the two B tiles load in place with a 128-byte stride (16 quads = 64 steps per tile; the last, partial tile
 //     through a zero-padded buffer); the activation panel holds each column's unsigned bytes contiguously. tdpbusd
@@ -80,6 +86,28 @@ inline BhPlan bh_plan(const Conv1dParams& p) {
     return {int(std::min<std::size_t>({std::size_t(p.batch) * std::size_t(p.out_length), std::size_t(kMaxCols), fit})), pairs, ld};
 }
 
+/// This thread's columns (an even split of [0, nn)) of the BF16 pair panel of the pass at column n0: row c is column
+/// n0 + c in reduction order (pair q = elements 2q, 2q + 1), rounded 32 at a time (vcvtne2ps2bf16), zeros after it
+/// up to ld pairs. The A tiles of conv1d_bh_amx and conv1d_int8_bh_amx.
+inline void bh_panel_columns(const Conv1dParams& p, int n0, int nn, std::uint32_t* panel, std::size_t ld, int tid, int nth) {
+    for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
+        bf16* row = reinterpret_cast<bf16*>(panel + std::size_t(c) * ld);
+        alignas(64) float tmp[32];
+        int fill = 0;
+        std::size_t at = 0;
+        im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) {
+            tmp[fill++] = v;
+            if (fill == 32) {
+                store_bh_n(row + at, tmp, 32);
+                at += 32;
+                fill = 0;
+            }
+        });
+        if (fill) store_bh_n(row + at, tmp, fill), at += 32;
+        std::fill(row + at, row + 2 * ld, bf16{});
+    }
+}
+
 /// This thread's share of conv1d_bh_amx: its panel columns, then its output blocks. panel: shared, [column][ld pairs].
 inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel, const BhPlan& pl, int tid, int nth) {
     constexpr int W = kBhWidth;
@@ -96,24 +124,7 @@ inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel,
         if (n0 > 0) {
 #pragma omp barrier
         }
-        for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-            // As BF16 elements the row is the column in reduction order (pair q = elements 2q, 2q + 1), rounded 32
-            // at a time (vcvtne2ps2bf16), zeros after it.
-            bf16* row = reinterpret_cast<bf16*>(panel + std::size_t(c) * ld);
-            alignas(64) float tmp[32];
-            int fill = 0;
-            std::size_t at = 0;
-            im2col_column(p, n0 + c, 0, p.in_channels, [&](int, float v) {
-                tmp[fill++] = v;
-                if (fill == 32) {
-                    store_bh_n(row + at, tmp, 32);
-                    at += 32;
-                    fill = 0;
-                }
-            });
-            if (fill) store_bh_n(row + at, tmp, fill), at += 32;
-            std::fill(row + at, row + 2 * ld, bf16{});
-        }
+        bh_panel_columns(p, n0, nn, panel, ld, tid, nth);
 #pragma omp barrier
         if (b0 == b1) continue;
         const int m1 = nn - 16;
@@ -191,6 +202,134 @@ inline void conv1d_bh_amx(const Conv1dParams& p, const bf16* wp) {
     alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
 #pragma omp parallel if (par)
     bh_part(p, wp, panel, pl, thread_index(), thread_count());
+}
+
+// ---- MathMode::BF16 on INT8 weight-only blocks ------------------------------------------------------------------
+
+inline constexpr int kI8Width = avx2::kConvBlockWidth<std::int8_t>;  // 16 outputs per block
+static_assert(kI8Width == 16, "one INT8 block is one 16-column B tile");
+
+/// The B row of one step pair of an INT8 block: dword o = BF16(q[j][o]) | BF16(q[j + 1][o]) << 16 from the block's
+/// steps j (w, 16 signed bytes) and j + 1 (w + 16). |q| <= 127 widens to a float whose low 16 bits are zero, so its
+/// BF16 is its high half, exactly: step j + 1 is the float itself, step j the float shifted down.
+inline __m512i int8_pair_row(const std::int8_t* w) {
+    const __m512i lo = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)))));
+    const __m512i hi = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)))));
+    return _mm512_or_si512(hi, _mm512_srli_epi32(lo, 16));
+}
+/// The same for a last, half-used pair (step j only; j + 1 would read the block's scales).
+inline __m512i int8_half_row(const std::int8_t* w) {
+    const __m512i lo = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)))));
+    return _mm512_srli_epi32(lo, 16);
+}
+
+/// This thread's share of conv1d_int8_bh_amx: its panel columns, then its pairs of output blocks (B tiles 5 and 6).
+/// panel: shared, [column][ld pairs].
+inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_t* panel, const BhPlan& pl, int tid, int nth) {
+    constexpr int W = 2 * kI8Width;  // outputs per unit: two blocks
+    const int Cout = p.out_channels, N = p.batch * p.out_length;
+    const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), P = pl.pairs, ld = pl.ld, tiles = ld / kTileRows;
+    const std::size_t block_bytes = std::size_t(kI8Width) * avx2::packed_conv_steps<std::int8_t>(R);
+    const int blocks = (Cout + kI8Width - 1) / kI8Width, units = (blocks + 1) / 2;
+    const int u0 = int(std::int64_t(units) * tid / nth), u1 = int(std::int64_t(units) * (tid + 1) / nth);
+    alignas(64) std::uint32_t bbuf[2][2][kTileRows * 16];  // B rows of the two blocks, double-buffered
+    alignas(64) float slice[kMaxCols * W], tot[kMaxCols * W];
+    for (int n0 = 0; n0 < N; n0 += pl.ns) {
+        const int nn = std::min(pl.ns, N - n0);
+        if (n0 > 0) {
+#pragma omp barrier
+        }
+        bh_panel_columns(p, n0, nn, panel, ld, tid, nth);
+#pragma omp barrier
+        if (u0 == u1) continue;
+        const int m1 = nn - 16;
+        const long lda = long(ld * sizeof(std::uint32_t));
+        const TileConfig cfg = pass_config(nn, 64);
+        load_config(cfg);
+        // Tile t's B rows of block v into bbuf[t % 2][v], widened from 32 bytes per row (2 KiB ahead prefetched in
+        // each block's stream); zero rows past the reduction.
+        auto convert = [&](const std::int8_t* wb, int v, std::size_t t) {
+            const std::size_t q0 = t * kTileRows;
+            const int nq = int(std::min<std::size_t>(kTileRows, P - q0));
+            std::uint32_t* dst = bbuf[t % 2][v];
+            const std::int8_t* w = wb + q0 * 2 * kI8Width;
+            int q = 0;
+            for (; q < nq && 2 * (q0 + std::size_t(q)) + 1 < R; ++q, w += 2 * kI8Width) {
+                if (q % 2 == 0) __builtin_prefetch(w + avx2::kPackPrefetchBytes, 0, 3);
+                _mm512_store_si512(dst + 16 * q, int8_pair_row(w));
+            }
+            if (q < nq) _mm512_store_si512(dst + 16 * q, int8_half_row(w)), ++q;  // odd R: the last step alone
+            for (; q < kTileRows; ++q) _mm512_store_si512(dst + 16 * q, _mm512_setzero_si512());
+        };
+        for (int u = u0; u < u1; ++u) {
+            const int ob = 2 * u;
+            const bool two = ob + 1 < blocks;
+            const std::int8_t* wb0 = wp + std::size_t(ob) * block_bytes;
+            const std::int8_t* wb1 = wb0 + block_bytes;
+            std::fill(tot, tot + std::size_t(nn) * W, 0.f);
+            // Tile t + 1's B rows are written while tile t's tdpbf16ps run (as in bh_part).
+            convert(wb0, 0, 0);
+            if (two) convert(wb1, 1, 0);
+            for (std::size_t t = 0; t < tiles; ++t) {
+                if (t % kSliceTiles == 0) {
+                    FLOWEDGE_TILE_ZERO(0);
+                    FLOWEDGE_TILE_ZERO(1);
+                    if (m1 > 0) {
+                        FLOWEDGE_TILE_ZERO(2);
+                        FLOWEDGE_TILE_ZERO(3);
+                    }
+                }
+                if (t + 1 < tiles) {
+                    convert(wb0, 0, t + 1);
+                    if (two) convert(wb1, 1, t + 1);
+                }
+                const std::size_t q0 = t * kTileRows;
+                FLOWEDGE_TILE_LOAD(5, bbuf[t % 2][0], 64);
+                FLOWEDGE_TILE_LOAD(4, panel + q0, lda);
+                FLOWEDGE_TILE_DPBF16PS(0, 4, 5);
+                if (two) {
+                    FLOWEDGE_TILE_LOAD(6, bbuf[t % 2][1], 64);
+                    FLOWEDGE_TILE_DPBF16PS(1, 4, 6);
+                }
+                if (m1 > 0) {
+                    FLOWEDGE_TILE_LOAD(7, panel + 16 * ld + q0, lda);
+                    FLOWEDGE_TILE_DPBF16PS(2, 7, 5);
+                    if (two) FLOWEDGE_TILE_DPBF16PS(3, 7, 6);
+                }
+                if ((t + 1) % kSliceTiles == 0 || t + 1 == tiles) {  // the end of a 128-step slice: into the total
+                    FLOWEDGE_TILE_STORE(0, slice, W * 4);
+                    FLOWEDGE_TILE_STORE(1, slice + 16, W * 4);
+                    if (m1 > 0) {
+                        FLOWEDGE_TILE_STORE(2, slice + 16 * W, W * 4);
+                        FLOWEDGE_TILE_STORE(3, slice + 16 * W + 16, W * 4);
+                    }
+                    for (std::size_t i = 0; i < std::size_t(nn) * W; ++i) tot[i] += slice[i];
+                }
+            }
+            // The exact INT8 kernel's epilogue: each output's total times its row scale, then the bias.
+            const int o0 = ob * kI8Width, o1 = std::min(Cout, o0 + W);
+            const float* s0 = avx2::int8_block_scales(wb0, R);
+            const float* s1 = two ? avx2::int8_block_scales(wb1, R) : s0;
+            for (int c = 0; c < nn; ++c)
+                for (int o = o0; o < o1; ++o) {
+                    const int l = o - o0;
+                    conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(l)] * (l < kI8Width ? s0[l] : s1[l - kI8Width]), true);
+                }
+        }
+        release_tiles();
+    }
+}
+
+/// Conv1d under MathMode::BF16 on INT8 weight-only blocks (LoadOptions::quantize = Int8), on tdpbf16ps: the BF16
+/// pair panel of conv1d_bh_amx against the int8 weights widened to BF16 B rows per tile as they are streamed (exact:
+/// the blocks stay 1 byte per weight in memory), sums in 128-step slices added to a running total, then each output's
+/// total times its row scale and the bias. Needs bh_plan(p).ns > 0.
+inline void conv1d_int8_bh_amx(const Conv1dParams& p, const std::int8_t* wp) {
+    const BhPlan pl = bh_plan(p);
+    [[maybe_unused]] const bool par = double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
+    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
+#pragma omp parallel if (par)
+    int8_bh_part(p, wp, panel, pl, thread_index(), thread_count());
 }
 
 // ---- WeightQuant::W8A8 ------------------------------------------------------------------------------------------

@@ -208,9 +208,11 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 
 /// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 and AVX-512 sets; int8: the
 /// avx2::Int8Blocks of INT8 or W8A8 blocks), or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on
-/// vdpbf16ps (AVX-512 set with AVX512_BF16: row-major weights, and BF16 blocks; F32, F16 and INT8 blocks stay exact).
+/// vdpbf16ps (AVX-512 set with AVX512_BF16: row-major weights, and BF16 blocks; F32 and F16 blocks stay exact).
 /// BF16 blocks under MathMode::BF16 and W8A8 blocks run on AMX tiles where cpu::amx_bf16_available() /
-/// amx_int8_available() (amx_conv.hpp), else on the vector dot-product kernels.
+/// amx_int8_available() (amx_conv.hpp), else on the vector dot-product kernels. INT8 weight-only blocks under
+/// MathMode::BF16 run on AMX tiles (int8 widened to BF16 per tile) where cpu::amx_bf16_available(), and exactly (the
+/// widening F32 kernel) everywhere else.
 inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf16) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
@@ -220,11 +222,17 @@ inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf
     }
 #elif FLOWEDGE_ISA_AVX512
     if (blocks) {
-        if (int8 && static_cast<const ::flowedge::cpu::avx2::Int8Blocks*>(blocks)->w8a8) {
-            const std::int8_t* q = static_cast<const ::flowedge::cpu::avx2::Int8Blocks*>(blocks)->data;
-            if (::flowedge::cpu::amx_int8_available()) packed_dot::amx::conv1d_w8a8_amx(p, q);
-            else packed_dot::conv1d_w8a8(p, q);
-            return;
+        if (int8) {
+            const auto* q = static_cast<const ::flowedge::cpu::avx2::Int8Blocks*>(blocks);
+            if (q->w8a8) {
+                if (::flowedge::cpu::amx_int8_available()) packed_dot::amx::conv1d_w8a8_amx(p, q->data);
+                else packed_dot::conv1d_w8a8(p, q->data);
+                return;
+            }
+            if (bf16 && p.math == MathMode::BF16 && ::flowedge::cpu::amx_bf16_available() && packed_dot::amx::bh_plan(p).ns > 0) {
+                packed_dot::amx::conv1d_int8_bh_amx(p, q->data);
+                return;
+            }
         }
         if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0) {
             const auto* wb = static_cast<const ::flowedge::bf16*>(blocks);
