@@ -479,7 +479,7 @@ stage_act() {
     grep -E "ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_conv2d_cuda.log" | tee -a "$OUT/act.txt"
     "$BUILD/test/ops/ops_math_mode" -tc='linear_gemm*' > "$LOGS/act_linear_gemm_cuda.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_linear_gemm_cuda.log" | grep -E "variant 0|ERROR|CHECK|test cases" \
-        | tail -n 20 | tee -a "$OUT/act.txt""
+        | tail -n 20 | tee -a "$OUT/act.txt"
     # The bench runs before the sanitizers so that a call running out of time still brings the numbers back.
     if ls .whl/*.whl > /dev/null 2>&1; then
         act_bench_480x640 || rc=$?
