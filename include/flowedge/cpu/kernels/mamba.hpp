@@ -65,6 +65,24 @@ inline __m512 scan_softplus(__m512 x) {
 }
 #endif
 
+#if FLOWEDGE_ISA_AVX512
+/// Lane k: sum over n of sn[k][n] C[n], for the 16 state vectors of a 16-channel block (vsum16's transpose-add tree,
+/// whose first level adds lanes 2i and 2i+1 of unpacked pairs; C is unpacked once per token the same way, so that
+/// level is a mul and an fma on the states instead of 2 muls and an add).
+/// clo = unpacklo(C, C), chi = unpackhi(C, C).
+inline __m512 scan_dot16(const __m512 (&sn)[16], __m512 clo, __m512 chi) {
+    __m512 s[8], u[4];
+    for (int k = 0; k < 8; ++k)
+        s[k] = _mm512_fmadd_ps(_mm512_unpackhi_ps(sn[2 * k], sn[2 * k + 1]), chi,
+                               _mm512_mul_ps(_mm512_unpacklo_ps(sn[2 * k], sn[2 * k + 1]), clo));
+    for (int m = 0; m < 4; ++m)
+        u[m] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * m], s[2 * m + 1], 0x44), _mm512_shuffle_ps(s[2 * m], s[2 * m + 1], 0xEE));
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+#endif
+
 /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`. The SIMD sets take a block
 /// of channels at a time through every token (the block's taps are arranged once, not once per token) and apply the
 /// SiLU in registers; the multiply-add order per output is the scalar loop's (bias, then taps 0..K-1).
@@ -198,11 +216,12 @@ inline void selective_scan(const SelectiveScanParams& p) {
         int c = 0;
 #if FLOWEDGE_ISA_AVX512
         if (S == 16) {
-            // 16 channels at a time: one vector of states per channel, the 16 C-weighted state vectors
-            // reduced together (vsum16), then D skip and SiLU(z) gate as vectors. Per chunk of channels, the
+            // 16 channels at a time: one vector of states per channel, the 16 state vectors weighted by C and
+            // reduced together (scan_dot16), then D skip and SiLU(z) gate as vectors. Per chunk of channels, the
             // per-channel terms (dt log2(e), dt u, the gate; softplus of dt when asked) are computed first, as
             // independent vectors that pipeline, so the blocks' chains only broadcast them.
             const __m512 vB = _mm512_loadu_ps(Bt), vC = _mm512_loadu_ps(Ct);
+            const __m512 clo = _mm512_unpacklo_ps(vC, vC), chi = _mm512_unpackhi_ps(vC, vC);
             const float* zt = p.z + std::size_t(t) * ldz;
             alignas(64) float dt2[kScanChunk], du[kScanChunk], gate[kScanChunk];
             while (c + 16 <= C) {
@@ -218,8 +237,8 @@ inline void selective_scan(const SelectiveScanParams& p) {
                 for (int c0 = c; c < c_end; c += 16) {
                     const std::size_t tc0 = std::size_t(t) * C + c;
                     const int j0 = c - c0;
-                    __m512 prod[16];
-                    // Unrolled (GCC otherwise keeps a loop that stores prod[] to the stack and reloads p.A and
+                    __m512 sn[16];
+                    // Unrolled (GCC otherwise keeps a loop that stores the state vectors to the stack and reloads p.A and
                     // p.state each iteration, as the state stores may alias p).
                     float* const st0 = p.state + std::size_t(c) * 16;
                     const float* const a0 = p.A + std::size_t(c) * 16;
@@ -232,12 +251,11 @@ inline void selective_scan(const SelectiveScanParams& p) {
                         float* st = st0 + std::size_t(k) * 16;
                         const __m512 decay = scan_exp2_nonpositive(
                             _mm512_mul_ps(_mm512_set1_ps(dt2[j0 + k]), _mm512_loadu_ps(a0 + std::size_t(k) * 16)));
-                        const __m512 sn = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(du[j0 + k]), vB));
-                        _mm512_storeu_ps(st, sn);
-                        prod[k] = _mm512_mul_ps(sn, vC);
+                        sn[k] = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(du[j0 + k]), vB));
+                        _mm512_storeu_ps(st, sn[k]);
                     }
                     const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
-                    const __m512 yv = _mm512_fmadd_ps(dv, _mm512_loadu_ps(p.u + tc0), vsum16(prod));
+                    const __m512 yv = _mm512_fmadd_ps(dv, _mm512_loadu_ps(p.u + tc0), scan_dot16(sn, clo, chi));
                     _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, _mm512_load_ps(gate + j0)));
                 }
             }
