@@ -274,6 +274,18 @@ TEST_CASE("conv2d on packed weights (Storage::Conv2dWeight): encoder shapes, cut
         {1, 3, 4, 6, 6, 3, 3, 4, 4, 0, 0},         // stride past the kernel
         {1, 2, 3, 5, 5, 5, 5, 1, 1, 2, 2},         // kernel as large as the padded input allows
     };
+    // Wide maps: the AVX-512 band path (no im2col panel; kernels/conv2d_packed.hpp), its row blocks, channel chunks,
+    // stride phases and dropped row-end positions.
+    const Conv2dCase wide[] = {
+        {1, 3, 64, 100, 128, 7, 7, 2, 2, 3, 3},    // stem at a wide frame -> 50x64: blocks of 3 rows, a last of 2
+        {1, 64, 64, 30, 40, 3, 3, 1, 1, 1, 1},     // layer1-like: 6 blocks of 5 rows
+        {1, 300, 16, 20, 40, 3, 3, 1, 1, 1, 1},    // 300 input channels: the band in two channel chunks
+        {1, 16, 1500, 4, 40, 1, 1, 1, 1, 0, 0},    // 94 output vectors: one-row blocks, accumulators in two slabs
+        {2, 5, 33, 17, 31, 3, 3, 2, 2, 1, 1},      // stride 2, odd input, batch 2, a group of 2 vectors and 1
+        {1, 4, 8, 12, 34, 2, 2, 2, 2, 0, 0},       // 2x2 stride 2: four phases, no dropped positions
+        {1, 6, 20, 9, 40, 3, 5, 1, 1, 1, 2},       // non-square kernel and padding
+        {1, 24, 40, 31, 64, 3, 1, 2, 2, 1, 0},     // 3x1 stride 2: two row phases, one column phase
+    };
     std::uint32_t seed = 9900;
     int n = 0;
     for (int threads : {1, 3}) {
@@ -283,6 +295,9 @@ TEST_CASE("conv2d on packed weights (Storage::Conv2dWeight): encoder shapes, cut
                 run_conv2d<Cpu>(encoder[0], dt, A::Relu, true, false, seed += 10, true);
                 run_conv2d<Cpu>(encoder[5], dt, A::Relu, true, true, seed += 10, true);
             }
+            for (const auto& k : wide) run_conv2d<Cpu>(k, DType::F32, kActs[std::size_t(n) % std::size(kActs)], n % 2 == 0, n % 3 != 1, seed += 10, true), ++n;
+            run_conv2d<Cpu>(wide[1], DType::BF16, A::Relu, true, true, seed += 10, true);
+            run_conv2d<Cpu>(wide[4], DType::F16, A::Relu, true, false, seed += 10, true);
             for (const auto& k : odd)
                 for (DType dt : kAllDtypes) {
                     const Activation act = kActs[std::size_t(n) % std::size(kActs)];
