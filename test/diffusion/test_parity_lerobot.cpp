@@ -237,7 +237,7 @@ TEST_CASE("INT8 weights (LoadOptions::quantize): against LeRobot F32 and against
     CHECK(check_within(e, e32, kInt8Bound, "INT8") > 0.0);  // the weights really were quantised
     // INT8 weights under MathMode::BF16: where the CPU has AMX-BF16 the Conv1d weights run on tdpbf16ps (int8 widened
     // exactly to BF16, the activations rounded to BF16: the INT8 error plus BF16 math's activation term); elsewhere
-    // the INT8 blocks compute exactly. Stated bound 1e-1 (measured: see the log and docs/numerics.md).
+    // the INT8 blocks compute exactly. The bound covers both error terms (docs/numerics.md, CPU INT8 weight bound).
     constexpr double kInt8Bf16MathBound = 1e-1;
     h.set_math(MathMode::BF16);
     const Errors eb = measure(h, "INT8 weights, BF16 math");

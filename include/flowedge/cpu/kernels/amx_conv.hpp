@@ -49,6 +49,27 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 inline void load_config(const TileConfig& c) { asm volatile("ldtilecfg %0" ::"m"(c) : "memory"); }
 inline void release_tiles() { asm volatile("tilerelease" ::: "memory"); }
 
+/// Zeroes the accumulator tiles: 0 and 1 (columns 0..15 of the pass), with `lower` also 2 and 3 (columns 16..31).
+inline void zero_accumulators(bool lower) {
+    FLOWEDGE_TILE_ZERO(0);
+    FLOWEDGE_TILE_ZERO(1);
+    if (lower) {
+        FLOWEDGE_TILE_ZERO(2);
+        FLOWEDGE_TILE_ZERO(3);
+    }
+}
+/// Stores the accumulator tiles into c, [column][w] 4-byte sums (tiles 1 / 3 at output 16, tiles 2 / 3 at column 16).
+template <class T>
+inline void store_accumulators(T* c, int w, bool lower) {
+    static_assert(sizeof(T) == 4, "tdpbf16ps / tdpbusd accumulate 4-byte sums");
+    FLOWEDGE_TILE_STORE(0, c, w * 4);
+    FLOWEDGE_TILE_STORE(1, c + 16, w * 4);
+    if (lower) {
+        FLOWEDGE_TILE_STORE(2, c + 16 * w, w * 4);
+        FLOWEDGE_TILE_STORE(3, c + 16 * w + 16, w * 4);
+    }
+}
+
 /// Columns per pass: two column tiles of 16.
 inline constexpr int kMaxCols = 32;
 
@@ -157,14 +178,7 @@ inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel,
             // tile loads read them.
             convert(wb, 0);
             for (std::size_t t = 0; t < tiles; ++t) {
-                if (t % kSliceTiles == 0) {
-                    FLOWEDGE_TILE_ZERO(0);
-                    FLOWEDGE_TILE_ZERO(1);
-                    if (m1 > 0) {
-                        FLOWEDGE_TILE_ZERO(2);
-                        FLOWEDGE_TILE_ZERO(3);
-                    }
-                }
+                if (t % kSliceTiles == 0) zero_accumulators(m1 > 0);
                 if (t + 1 < tiles) convert(wb, t + 1);
                 const std::size_t q0 = t * kTileRows;
                 FLOWEDGE_TILE_LOAD(5, blo[t % 2], 64);
@@ -178,12 +192,7 @@ inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel,
                     FLOWEDGE_TILE_DPBF16PS(3, 7, 6);
                 }
                 if ((t + 1) % kSliceTiles == 0 || t + 1 == tiles) {  // the end of a 128-step slice: into the total
-                    FLOWEDGE_TILE_STORE(0, slice, W * 4);
-                    FLOWEDGE_TILE_STORE(1, slice + 16, W * 4);
-                    if (m1 > 0) {
-                        FLOWEDGE_TILE_STORE(2, slice + 16 * W, W * 4);
-                        FLOWEDGE_TILE_STORE(3, slice + 16 * W + 16, W * 4);
-                    }
+                    store_accumulators(slice, W, m1 > 0);
                     for (std::size_t i = 0; i < std::size_t(nn) * W; ++i) tot[i] += slice[i];
                 }
             }
@@ -271,14 +280,7 @@ inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint
             convert(wb0, 0, 0);
             if (two) convert(wb1, 1, 0);
             for (std::size_t t = 0; t < tiles; ++t) {
-                if (t % kSliceTiles == 0) {
-                    FLOWEDGE_TILE_ZERO(0);
-                    FLOWEDGE_TILE_ZERO(1);
-                    if (m1 > 0) {
-                        FLOWEDGE_TILE_ZERO(2);
-                        FLOWEDGE_TILE_ZERO(3);
-                    }
-                }
+                if (t % kSliceTiles == 0) zero_accumulators(m1 > 0);
                 if (t + 1 < tiles) {
                     convert(wb0, 0, t + 1);
                     if (two) convert(wb1, 1, t + 1);
@@ -297,12 +299,7 @@ inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint
                     if (two) FLOWEDGE_TILE_DPBF16PS(3, 7, 6);
                 }
                 if ((t + 1) % kSliceTiles == 0 || t + 1 == tiles) {  // the end of a 128-step slice: into the total
-                    FLOWEDGE_TILE_STORE(0, slice, W * 4);
-                    FLOWEDGE_TILE_STORE(1, slice + 16, W * 4);
-                    if (m1 > 0) {
-                        FLOWEDGE_TILE_STORE(2, slice + 16 * W, W * 4);
-                        FLOWEDGE_TILE_STORE(3, slice + 16 * W + 16, W * 4);
-                    }
+                    store_accumulators(slice, W, m1 > 0);
                     for (std::size_t i = 0; i < std::size_t(nn) * W; ++i) tot[i] += slice[i];
                 }
             }
@@ -414,12 +411,7 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
         };
         for (int ob = b0; ob < b1; ++ob) {
             const std::int8_t* wb = wp + std::size_t(ob) * w8a8_block_bytes(R);
-            FLOWEDGE_TILE_ZERO(0);
-            FLOWEDGE_TILE_ZERO(1);
-            if (m1 > 0) {
-                FLOWEDGE_TILE_ZERO(2);
-                FLOWEDGE_TILE_ZERO(3);
-            }
+            zero_accumulators(m1 > 0);
             convert(wb, 0);
             for (std::size_t t = 0; t < tiles; ++t) {
                 const std::size_t q0 = t * kTileRows;
@@ -435,12 +427,7 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
                     FLOWEDGE_TILE_DPBUSD(3, 7, 6);
                 }
             }
-            FLOWEDGE_TILE_STORE(0, acc, W * 4);
-            FLOWEDGE_TILE_STORE(1, acc + 16, W * 4);
-            if (m1 > 0) {
-                FLOWEDGE_TILE_STORE(2, acc + 16 * W, W * 4);
-                FLOWEDGE_TILE_STORE(3, acc + 16 * W + 16, W * 4);
-            }
+            store_accumulators(acc, W, m1 > 0);
             const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
             const std::int32_t* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
             const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
