@@ -5,6 +5,7 @@
 #include "flowedge/cpu/kernels/eigen_gemm.hpp"
 #include "flowedge/cpu/kernels/packed_conv.hpp"
 #include "flowedge/cpu/kernels/packed_linear.hpp"
+#include "flowedge/cpu/kernels/packed_gemm.hpp"
 #include "flowedge/cpu/kernels/conv1d.hpp"
 #include "flowedge/cpu/kernels/conv_transpose1d.hpp"
 #include "flowedge/cpu/kernels/linear.hpp"
