@@ -8,12 +8,14 @@
 // core x threads, as bench/rgb_encoder_bench does) next to each thread count's latency and each part's.
 //
 // Usage: act_bench FOLDER [--ref DIR] [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] [--math f32|tf32|bf16]
-//                  [--chunks N] [--threads 1,2] [--json FILE]
+//                  [--chunks N] [--threads 1,2] [--json FILE] [--profile]
 //   --math: ActPolicy::set_math before the reference comparison and the timing (default f32, exact).
 //   --ref DIR: compare every step's chunk with DIR/chunks.npy (observations DIR/<key>.npy), max abs in normalised units.
 //   --rebuild-from SRC: first write FOLDER from a fixture committed without its weights (manifest.json +
 //   constants.safetensors).
 //   --threads LIST: CPU thread counts to time, in order (default: the OpenMP default only).
+//   --profile: CUDA only: after the warm-up, one chunk between cudaProfilerStart / Stop and no timing, for
+//   `ncu --profile-from-start off --graph-profiling node` (the per-kernel table of one chunk).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -110,7 +112,7 @@ struct SyntheticObservation {
 
 template <Backend B>
 int run(const std::string& folder, const LoadOptions& lo, MathMode math, const std::string& ref, int n_chunks,
-        const std::vector<int>& threads, const std::string& json_path, const std::string& device) {
+        const std::vector<int>& threads, const std::string& json_path, const std::string& device, bool profile = false) {
     const bool cpu = std::is_same_v<B, Cpu>;
     auto t_load = std::chrono::steady_clock::now();
     ActPolicy<B> p = ActPolicy<B>::load(folder, {.load = lo});
@@ -145,6 +147,17 @@ int run(const std::string& folder, const LoadOptions& lo, MathMode math, const s
     for (const int t : threads) {
         if (t > 0) bench::set_threads(t);
         for (int i = 0; i < 3; ++i) p.predict_action_chunk(obs, chunk);
+#ifdef FLOWEDGE_WITH_CUDA
+        if constexpr (std::is_same_v<B, Cuda>) {
+            if (profile) {
+                cuda::profiler_start();
+                p.predict_action_chunk(obs, chunk);  // returns once the chunk is on the host
+                cuda::profiler_stop();
+                std::printf("  one chunk profiled (math %s)\n", math_mode_name(math));
+                return 0;
+            }
+        }
+#endif
         // Wall time per chunk, and at 1 thread also the thread's CPU time (see bench::thread_cpu_ms).
         const bool one = cpu && t == 1;
         std::vector<double> ms, cpu_ms;
@@ -230,6 +243,7 @@ int run(const std::string& folder, const LoadOptions& lo, MathMode math, const s
 int main(int argc, char** argv) {
     std::string folder, rebuild, ref, device = "cpu", dtype = "file", math = "f32", json_path;
     int n_chunks = 200;
+    bool profile = false;
     std::vector<int> threads{0};  // 0: the OpenMP default
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -244,6 +258,7 @@ int main(int argc, char** argv) {
         else if (a == "--math") math = next();
         else if (a == "--chunks") n_chunks = std::max(8, std::atoi(next().c_str()));
         else if (a == "--json") json_path = next();
+        else if (a == "--profile") profile = true;
         else if (a == "--threads") {
             threads.clear();
             std::stringstream list(next());
@@ -252,7 +267,7 @@ int main(int argc, char** argv) {
         else if (!a.empty() && a[0] != '-' && folder.empty()) folder = a;
         else {
             std::fprintf(stderr, "usage: act_bench FOLDER [--ref DIR] [--rebuild-from SRC] [--device cpu|cuda] [--dtype f32|bf16|f16] "
-                                 "[--math f32|tf32|bf16] [--chunks N] [--threads 1,2] [--json FILE]\n");
+                                 "[--math f32|tf32|bf16] [--chunks N] [--threads 1,2] [--json FILE] [--profile]\n");
             return 2;
         }
     }
@@ -270,13 +285,14 @@ int main(int argc, char** argv) {
         const MathMode mode = parse_math_mode(math);
         if (device == "cuda") {
 #ifdef FLOWEDGE_WITH_CUDA
-            return run<Cuda>(folder, lo, mode, ref, n_chunks, std::vector<int>{0}, json_path, cuda::device_description());
+            return run<Cuda>(folder, lo, mode, ref, n_chunks, std::vector<int>{0}, json_path, cuda::device_description(), profile);
 #else
             std::fprintf(stderr, "act_bench: this build has no CUDA backend\n");
             return 2;
 #endif
         }
         if (device != "cpu") throw Error("flowedge: act_bench: unknown --device '" + device + "' (expected cpu or cuda)");
+        if (profile) throw Error("flowedge: act_bench: --profile needs --device cuda (it brackets one chunk for ncu)");
         return run<Cpu>(folder, lo, mode, ref, n_chunks, threads, json_path, std::string("cpu, ") + cpu::kernel_set_name() + " kernels");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());

@@ -59,6 +59,11 @@
 #             and act_bench on it: chunk error vs LeRobot and chunk latency, CUDA F32 weights at math f32 / tf32 /
 #             bf16, BF16 weights at f32, and the CPU -> $OUT/act_bench_cuda_<weights>_<math>.json, act_bench_cpu.json,
 #             act_lerobot_info.json. About 6 minutes after the build.
+#   prof      ncu per-kernel tables (clocks left alone, graph nodes one by one): one ACT chunk (act_bench --profile on
+#             .bench-fixtures/act_bench, a weightless copy of tools/make_reference_act.py --bench's folder) at math
+#             PROF_ACT_MATHS (default "f32 tf32 bf16"), and one PushT encoder call (policy_bench --encoder-only 1);
+#             time, DRAM bytes, SM / memory throughput, grid, registers and active warps per kernel
+#             -> $OUT/ncu_act_<math>.csv, ncu_encoder.csv, and the per-kernel summaries in $OUT/prof.txt
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -469,6 +474,33 @@ stage_rt() {
     return "$rc"
 }
 
+stage_prof() {
+    local rc=0 ncu act=/tmp/act_prof fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image}
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    BUILD_TARGETS="act_bench policy_bench" stage_build || return $?
+    local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    metrics+=,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size
+    metrics+=,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+    local ncu_run=("$ncu" --clock-control none --graph-profiling node --csv --metrics "$metrics")
+    if [ -d .bench-fixtures/act_bench ]; then
+        [ -f "$act/model.safetensors" ] || "$BUILD/act_bench" "$act" --rebuild-from .bench-fixtures/act_bench --device cuda --chunks 8 \
+            > "$LOGS/prof_act_rebuild.log" 2>&1 || rc=$?
+        for math in ${PROF_ACT_MATHS:-f32 tf32 bf16}; do
+            "${ncu_run[@]}" --profile-from-start off "$BUILD/act_bench" "$act" --device cuda --math "$math" --profile \
+                > "$OUT/ncu_act_$math.csv" 2> "$LOGS/prof_act_$math.err" || rc=$?
+            python3 tools/ncu_kernel_summary.py "$OUT/ncu_act_$math.csv" 40 --all 2>&1 | tee -a "$OUT/prof.txt"
+        done
+    else
+        echo "no .bench-fixtures/act_bench: no ACT profile" | tee -a "$OUT/prof.txt"
+    fi
+    [ -f /tmp/dp_pusht_image/model.safetensors ] || [ ! -d "$fix" ] || "$BUILD/policy_bench" /tmp/dp_pusht_image --rebuild-from "$fix" \
+        --device cuda --encoder-only 1 > "$LOGS/prof_encoder_rebuild.log" 2>&1 || rc=$?
+    "${ncu_run[@]}" "$BUILD/policy_bench" /tmp/dp_pusht_image --device cuda --encoder-only 1 > "$OUT/ncu_encoder.csv" \
+        2> "$LOGS/prof_encoder.err" || rc=$?
+    python3 tools/ncu_kernel_summary.py "$OUT/ncu_encoder.csv" 40 2>&1 | tee -a "$OUT/prof.txt"
+    return "$rc"
+}
+
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
     BUILD_TARGETS="act_policy act_bench ops_conv2d ops_math_mode" stage_build || return $?
@@ -539,8 +571,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

@@ -5,7 +5,9 @@ The CSV comes from (on the GPU machine; clocks left alone, kernels inside CUDA g
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --graph-profiling node \\
       build-cuda/diffusion_sample MODEL 1 --device cuda --repeats 1 --batch B [--math tf32|bf16] [--dtype bf16]
 That runs the 1-step sample twice (warm-up + one timed call), so the second half of the kernels is one U-Net call.
-Usage: tools/ncu_kernel_summary.py FILE.csv [TOP]
+With --all every kernel of the CSV counts (a bench that brackets the one call it wants with cudaProfilerStart / Stop,
+e.g. act_bench --profile under ncu --profile-from-start off). Other metrics in the CSV are ignored here.
+Usage: tools/ncu_kernel_summary.py FILE.csv [TOP] [--all]
 """
 import collections
 import csv
@@ -14,14 +16,18 @@ import sys
 
 
 def main() -> int:
-    path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    args = [a for a in sys.argv[1:] if a != "--all"]
+    every = "--all" in sys.argv[1:]
+    path = args[0]
+    top = int(args[1]) if len(args) > 1 else 20
     rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
     hdr, rows = rows[0], rows[1:]
-    ik, iv, iu = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+    ik, iv, iu, im = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit"), hdr.index("Metric Name")
+    rows = [r for r in rows if r[im] == "gpu__time_duration.sum"]
     scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
     per = [(r[ik], float(r[iv].replace(",", "")) * scale[r[iu]]) for r in rows]
-    per = per[len(per) // 2:]  # the timed call
+    if not every:
+        per = per[len(per) // 2:]  # the timed call
     agg = collections.OrderedDict()
     for name, us in per:
         key = re.sub(r"\(.*", "", name).replace("void ", "").replace("flowedge::<unnamed>::", "")[:90]

@@ -1,6 +1,7 @@
 // The CUDA runtime wrapper of flowedge::cuda: errors with file:line, counted device allocations with a
 // failure-injection hook, stream-ordered copies, device queries and the Graph<Cuda> capture machinery.
 #include <cxxabi.h>
+#include <cuda_profiler_api.h>
 
 #include <algorithm>
 #include <atomic>
@@ -209,6 +210,9 @@ void fill_zero(void* dst, std::size_t bytes, Stream s) {
 }
 
 void synchronize(Stream s) { FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(detail::resolve(s))); }
+
+void profiler_start() { FLOWEDGE_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { FLOWEDGE_CUDA_CHECK(cudaProfilerStop()); }
 
 void* stream_create_high_priority() {
     int least = 0, greatest = 0;  // numerically lower is more urgent: greatest is the smallest number

@@ -53,6 +53,11 @@ void copy_device(void* dst, const void* src, std::size_t bytes, Stream s);
 void fill_zero(void* dst, std::size_t bytes, Stream s);
 void synchronize(Stream s);
 
+/// Start / stop the profiler's collection (cudaProfilerStart / Stop): a bench brackets the one call it wants profiled,
+/// run under `ncu --profile-from-start off`. Throws flowedge::Error on failure.
+void profiler_start();
+void profiler_stop();
+
 /// A new non-blocking stream at the device's most urgent priority (the real-time option of a model: its kernels are
 /// scheduled ahead of other streams' pending work). Throws flowedge::Error on failure.
 void* stream_create_high_priority();
