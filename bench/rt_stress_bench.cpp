@@ -11,7 +11,9 @@
 // Usage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
 //          [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]
 //          [--high-priority-stream] [--pinned-staging] [--occupants] [--isolate-system] [--label NAME] [--json FILE]
-//          [--samples FILE]
+//          [--samples FILE] [--blocking-sync]
+//   --blocking-sync: CUDA only: GPU waits sleep instead of spinning (cuda::set_blocking_sync before loading), to tell
+//   whether a spinning loop thread's time slices are the tail under CPU load.
 //   --occupants: sample which other tasks run on the --cpus over the run (their CPU time there, by name);
 //   --isolate-system: move every other process's threads off the --cpus for the run (restored after). Diagnostics
 //   for a tail made of preemptions (bench/cpu_occupancy.hpp); the per-state time of the loop CPUs is always reported.
@@ -59,6 +61,7 @@ struct Args {
     double seconds = 0, period_ms = 0;
     bool lock_memory = false, prefault = false, isolate_cpus = false, high_priority_stream = false, pinned_staging = false;
     bool occupants = false, isolate_system = false;  // diagnostics (cpu_occupancy.hpp); need --cpus
+    bool blocking_sync = false;                      // CUDA: sleeping GPU waits (an experiment, not an option yet)
 };
 
 /// Nearest-rank percentile of sorted `v`.
@@ -265,7 +268,8 @@ int run(const Args& a, const std::string& device_name) {
             {"bench", "rt_stress"}, {"label", a.label}, {"folder", a.folder}, {"device", device_name}, {"threads", threads},
             {"ticks", ms.size()}, {"wall_s", wall_s}, {"period_ms", a.period_ms}, {"warmup_ticks", warm},
             {"options", {{"lock_memory", a.lock_memory}, {"prefault", a.prefault}, {"cpus", o.cpus}, {"isolate_cpus", a.isolate_cpus}, {"rt_priority", a.rt_priority},
-                         {"high_priority_stream", a.high_priority_stream}, {"pinned_staging", a.pinned_staging}}},
+                         {"high_priority_stream", a.high_priority_stream}, {"pinned_staging", a.pinned_staging},
+                         {"blocking_sync", a.blocking_sync}}},
             {"applied", {{"memory_locked", rep.memory_locked}, {"prefaulted", rep.prefaulted}, {"prefaulted_bytes", rep.prefaulted_bytes},
                          {"threads_placed", rep.threads_placed}, {"threads_moved", rep.threads_moved}, {"high_priority_stream", rep.high_priority_stream},
                          {"pinned_staging", rep.pinned_staging}}},
@@ -319,6 +323,7 @@ int main(int argc, char** argv) {
             else if (s == "--pinned-staging") a.pinned_staging = true;
             else if (s == "--occupants") a.occupants = true;
             else if (s == "--isolate-system") a.isolate_system = true;
+            else if (s == "--blocking-sync") a.blocking_sync = true;
             else if (s == "--label") a.label = next();
             else if (s == "--json") a.json_path = next();
             else if (s == "--samples") a.samples_path = next();
@@ -329,7 +334,7 @@ int main(int argc, char** argv) {
                          "%s\nusage: rt_stress_bench FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]\n"
                          "         [--warmup N] [--period-ms P] [--lock-memory] [--prefault] [--cpus LIST] [--isolate-cpus] [--rt-priority P]\n"
                          "         [--high-priority-stream] [--pinned-staging] [--occupants] [--isolate-system] [--label NAME]\n"
-                         "         [--json FILE] [--samples FILE]\n",
+                         "         [--json FILE] [--samples FILE] [--blocking-sync]\n",
                          e.what());
             return 2;
         }
@@ -345,6 +350,7 @@ int main(int argc, char** argv) {
         if (!a.rebuild.empty()) testsupport::rebuild_lerobot_fixture(a.rebuild, a.folder);
         if (a.device == "cuda") {
 #ifdef FLOWEDGE_WITH_CUDA
+            if (a.blocking_sync) cuda::set_blocking_sync();
             return run<Cuda>(a, cuda::device_description());
 #else
             std::fprintf(stderr, "rt_stress_bench: this build has no CUDA backend\n");
@@ -352,6 +358,7 @@ int main(int argc, char** argv) {
 #endif
         }
         if (a.device != "cpu") throw Error("flowedge: rt_stress_bench: unknown --device '" + a.device + "' (expected cpu or cuda)");
+        if (a.blocking_sync) throw Error("flowedge: rt_stress_bench: --blocking-sync needs --device cuda");
         return run<Cpu>(a, std::string("cpu, ") + cpu::kernel_set_name() + " kernels");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());

@@ -6,7 +6,8 @@
 #
 # Usage: bench/run_rt_stress.sh FOLDER [--rebuild-from SRC] [--device cpu|cuda] [--threads N] [--ticks N | --seconds S]
 #                              [--bench PATH] [--out DIR] [--tag NAME] [--cases "quiet_off quiet_on stress_off stress_on"]
-#                              (also stress_diag: options on + --occupants; stress_sys: + --isolate-system)
+#                              (also stress_diag: options on + --occupants; stress_sys: + --isolate-system;
+#                              stress_block / quiet_block (CUDA): options on + --blocking-sync + --occupants)
 #   --tag NAME: files are rt_stress_<device>_NAME.* (a machine or a smoke run kept apart from the GPU box's numbers).
 # Env: RT_CPUS (CPUs of the loop: default 2,3 / 2 (cuda) when the host has >= 4 cores, else its last N cores),
 #      RT_PRIORITY (SCHED_FIFO priority with the options on; default 80, 0 = none), STRESS_VM_BYTES (per vm worker,
@@ -105,6 +106,7 @@ for c in $cases; do
         *_on) args+=("${on[@]}") ;;
         *_diag) args+=("${on[@]}" --occupants) ;;
         *_sys) args+=("${on[@]}" --isolate-system --occupants) ;;
+        *_block) args+=("${on[@]}" --blocking-sync --occupants) ;;
     esac
     case $c in stress_*) start_stress ;; esac
     commands+=("$bench ${args[*]}")

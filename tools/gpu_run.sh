@@ -57,8 +57,9 @@
 #             wheels carried in .whl (as the lerobot stage), tools/make_reference_act.py --bench /tmp/act_bench (one
 #             480x640 camera at LeRobot's default sizes; LeRobot's own CPU chunk time in /tmp/act_bench_ref/info.json)
 #             and act_bench on it: chunk error vs LeRobot and chunk latency, CUDA F32 weights at math f32 / tf32 /
-#             bf16, BF16 weights at f32, and the CPU -> $OUT/act_bench_cuda_<weights>_<math>.json, act_bench_cpu.json,
-#             act_lerobot_info.json. About 6 minutes after the build.
+#             bf16, BF16 weights at f32, the previous paths for the A/B (exact kernels; previous attention tiling + flat
+#             im2col: *_prev.json), and the CPU (ACT_CPU=0 skips it) -> $OUT/act_bench_cuda_<weights>_<math>.json,
+#             act_bench_cpu.json, act_lerobot_info.json. About 6 minutes after the build.
 #   prof      ncu per-kernel tables (clocks left alone, graph nodes one by one): one ACT chunk (act_bench --profile on
 #             .bench-fixtures/act_bench, a weightless copy of tools/make_reference_act.py --bench's folder) at math
 #             PROF_ACT_MATHS (default "f32 tf32 bf16"), and one PushT encoder call (policy_bench --encoder-only 1);
@@ -509,6 +510,10 @@ stage_act() {
     # The library GEMM conv2d and linear paths (TF32/BF16 math, F32 with f32_gemm) against the double reference.
     "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/act_conv2d_cuda.log" 2>&1 || rc=$?
     grep -E "ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_conv2d_cuda.log" | tee -a "$OUT/act.txt"
+    # The previous attention tiling and im2col kernel, still selectable for the A/B, against the same references.
+    FLOWEDGE_CUDA_ATTN_TILE16=1 FLOWEDGE_CUDA_IM2COL_FLAT=1 "$bin" -tc="$cuda_cases" -tce='ActPolicy*' > "$LOGS/act_ops_prev_cuda.log" 2>&1 || rc=$?
+    FLOWEDGE_CUDA_IM2COL_FLAT=1 "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" >> "$LOGS/act_ops_prev_cuda.log" 2>&1 || rc=$?
+    grep -E "ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_ops_prev_cuda.log" | sed 's/^/previous kernels: /' | tee -a "$OUT/act.txt"
     "$BUILD/test/ops/ops_math_mode" -tc='linear_gemm*' > "$LOGS/act_linear_gemm_cuda.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped" -A1 "$LOGS/act_linear_gemm_cuda.log" | grep -E "variant 0|ERROR|CHECK|test cases" \
         | tail -n 20 | tee -a "$OUT/act.txt"
@@ -538,9 +543,16 @@ act_bench_480x640() {
         "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype "$dt" --math "$math" \
             --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_${dt}_${math}.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     done
-    # The previous F32 path (the exact CUDA-core kernels, no library GEMM) in the same call, for the A/B.
+    # The previous paths in the same call, for the A/B: the exact CUDA-core kernels (no library GEMM) at F32, and the
+    # previous attention tiling + flat im2col kernel at F32 and TF32.
     FLOWEDGE_CUDA_NO_LT=1 "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda --dtype f32 --math f32 \
         --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_f32_f32_no_lt.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
+    for math in f32 tf32; do
+        FLOWEDGE_CUDA_ATTN_TILE16=1 FLOWEDGE_CUDA_IM2COL_FLAT=1 "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cuda \
+            --dtype f32 --math $math --chunks ${ACT_CHUNKS:-500} --json "$OUT/act_bench_cuda_f32_${math}_prev.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
+    done
+    # ACT_CPU=0: no CPU rows (a short call).
+    [ "${ACT_CPU:-1}" = 0 ] && return "$rc"
     OMP_PROC_BIND=close OMP_PLACES=cores "$BUILD/act_bench" /tmp/act_bench --ref /tmp/act_bench_ref --device cpu --chunks 20 \
         --threads 1,2 --json "$OUT/act_bench_cpu.json" 2>&1 | tee -a "$OUT/act.txt" || rc=$?
     return "$rc"

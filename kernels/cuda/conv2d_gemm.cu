@@ -41,7 +41,9 @@
 namespace flowedge::cuda {
 namespace {
 
-constexpr int kIm2colThreads = 256;
+constexpr int kIm2colThreads = 256;   ///< the flat kernel's block
+constexpr int kIm2colColumns = 128;   ///< panel columns (kk) per block of the column kernel
+constexpr int kIm2colPixels = 32;     ///< consecutive pixels per block of the column kernel
 constexpr int kEpilogueThreads = 256;
 
 /// The GEMM conv2d_gemm would run for p, if any (weight dtype x math, see the file comment).
@@ -74,11 +76,47 @@ Conv2dGemmLayout conv2d_gemm_layout(const Conv2dParams& p) {
     return l;
 }
 
-/// panel[p][kk] for image b, one thread per element, consecutive threads along kk (coalesced writes; the reads of
-/// one patch row are consecutive x columns for stride 1). Rounded to the GEMM's operand type.
+/// One panel element rounded to the GEMM's operand type.
 template <class P, bool Tf32>
-__global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_kernel(const Conv2dParams p, int b, P* __restrict__ panel,
-                                                                       std::int64_t n_elements) {
+__device__ __forceinline__ P to_panel(float val) {
+    if constexpr (std::is_same_v<P, __nv_bfloat16>) return __float2bfloat16_rn(val);
+    else if constexpr (Tf32) return lt::round_tf32(val);
+    else return val;
+}
+
+/// panel[p][kk] for image b: a thread owns one column kk (input channel i, tap u, v: divided out once) and walks
+/// kIm2colPixels consecutive pixels p of its block, stepping (r, q) without dividing; consecutive threads take
+/// consecutive kk, so each pixel's row of the panel is written coalesced. (The flat kernel below divided a 64-bit
+/// element index per element and was bound by that integer work: ~0.3 TB/s on ACT's layer1 panels.)
+template <class P, bool Tf32>
+__global__ void __launch_bounds__(kIm2colColumns) conv2d_im2col_kernel(const Conv2dParams p, int b, P* __restrict__ panel) {
+    detail::pdl_wait();
+    const int khw = p.kernel_h * p.kernel_w, kg = p.in_channels * khw;
+    const int kk = int(blockIdx.x) * kIm2colColumns + int(threadIdx.x);
+    if (kk >= kg) return;
+    const int i = kk / khw, uv = kk - i * khw;
+    const int u = uv / p.kernel_w, v = uv - u * p.kernel_w;
+    const float* __restrict__ xc = p.x + (std::size_t(b) * p.in_channels + i) * p.in_h * p.in_w;
+    const int pixels = p.out_h * p.out_w;
+    for (int p0 = int(blockIdx.y) * kIm2colPixels; p0 < pixels; p0 += int(gridDim.y) * kIm2colPixels) {
+        int r = p0 / p.out_w, q = p0 - r * p.out_w;
+        const int p1 = min(p0 + kIm2colPixels, pixels);
+        for (int pix = p0; pix < p1; ++pix) {
+            const int row = r * p.stride_h + u - p.pad_h, col = q * p.stride_w + v - p.pad_w;
+            const float val = (row >= 0 && row < p.in_h && col >= 0 && col < p.in_w) ? xc[std::size_t(row) * p.in_w + col] : 0.f;
+            panel[std::size_t(pix) * kg + kk] = to_panel<P, Tf32>(val);
+            if (++q == p.out_w) {
+                q = 0;
+                ++r;
+            }
+        }
+    }
+}
+
+/// The previous panel kernel (one thread per element, flat index), kept for the A/B under FLOWEDGE_CUDA_IM2COL_FLAT=1.
+template <class P, bool Tf32>
+__global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_flat_kernel(const Conv2dParams p, int b, P* __restrict__ panel,
+                                                                            std::int64_t n_elements) {
     detail::pdl_wait();
     const int khw = p.kernel_h * p.kernel_w, kg = p.in_channels * khw;
     const float* __restrict__ xb = p.x + std::size_t(b) * p.in_channels * p.in_h * p.in_w;
@@ -90,11 +128,13 @@ __global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_kernel(const Con
         const int u = uv / p.kernel_w, v = uv - u * p.kernel_w;
         const int row = r * p.stride_h + u - p.pad_h, col = q * p.stride_w + v - p.pad_w;
         const float val = (row >= 0 && row < p.in_h && col >= 0 && col < p.in_w) ? xb[(std::size_t(i) * p.in_h + row) * p.in_w + col] : 0.f;
-        if constexpr (std::is_same_v<P, __nv_bfloat16>) panel[e] = __float2bfloat16_rn(val);
-        else if constexpr (Tf32) panel[e] = lt::round_tf32(val);
-        else panel[e] = val;
+        panel[e] = to_panel<P, Tf32>(val);
     }
 }
+
+/// Builds image b's panel with the column kernel (or the flat one under FLOWEDGE_CUDA_IM2COL_FLAT=1).
+template <class P, bool Tf32>
+void launch_im2col(const Conv2dParams& p, int b, void* panel, std::int64_t pix, std::int64_t kg, cudaStream_t st);
 
 /// y = act(y + bias[o] + residual) over the whole batch, in place (y holds the GEMM's products), float.
 __global__ void __launch_bounds__(kEpilogueThreads) conv2d_gemm_epilogue_kernel(const Conv2dParams p, std::int64_t n_elements) {
@@ -113,6 +153,18 @@ __global__ void __launch_bounds__(kEpilogueThreads) conv2d_gemm_epilogue_kernel(
 unsigned grid_for(std::int64_t n, int threads) {
     const std::int64_t blocks = (n + threads - 1) / threads;
     return unsigned(std::min<std::int64_t>(blocks, std::int64_t(detail::sm_count()) * 32));
+}
+
+template <class P, bool Tf32>
+void launch_im2col(const Conv2dParams& p, int b, void* panel, std::int64_t pix, std::int64_t kg, cudaStream_t st) {
+    if (detail::env_flag("FLOWEDGE_CUDA_IM2COL_FLAT")) {
+        detail::launch_pdl(conv2d_im2col_flat_kernel<P, Tf32>, dim3(grid_for(pix * kg, kIm2colThreads)), dim3(kIm2colThreads), 0, st, p,
+                           b, static_cast<P*>(panel), pix * kg);
+        return;
+    }
+    const std::int64_t pixel_blocks = std::min<std::int64_t>((pix + kIm2colPixels - 1) / kIm2colPixels, 65535);
+    const dim3 grid(unsigned((kg + kIm2colColumns - 1) / kIm2colColumns), unsigned(pixel_blocks));
+    detail::launch_pdl(conv2d_im2col_kernel<P, Tf32>, grid, dim3(kIm2colColumns), 0, st, p, b, static_cast<P*>(panel));
 }
 
 }  // namespace
@@ -134,7 +186,7 @@ bool conv2d_gemm(const Conv2dParams& p, Stream s) {
     if (!p.scratch || p.scratch_bytes < sl.total || !detail::aligned(p.scratch, lt::kAlign)) return false;
     const std::int64_t pix = std::int64_t(p.out_h) * p.out_w, kg = std::int64_t(p.in_channels) * p.kernel_h * p.kernel_w;
     const std::int64_t panel_elements = pix * kg, y_elements = std::int64_t(p.batch) * p.out_channels * pix;
-    if (pix >= (std::int64_t(1) << 31) || kg >= (std::int64_t(1) << 31) || panel_elements >= (std::int64_t(1) << 40)) return false;
+    if (pix >= (std::int64_t(1) << 30) || kg >= (std::int64_t(1) << 31) || panel_elements >= (std::int64_t(1) << 40)) return false;
     const cudaStream_t st = detail::resolve(s);
     auto* base = static_cast<unsigned char*>(p.scratch);
     void* panel = base;
@@ -154,16 +206,9 @@ bool conv2d_gemm(const Conv2dParams& p, Stream s) {
     g.align_d = std::min(lt::pointer_alignment(p.y), lt::pointer_alignment(reinterpret_cast<const void*>(image_y * sizeof(float))));
     for (int b = 0; b < p.batch; ++b) {
         float* y = p.y + b * image_y;
-        const unsigned grid = grid_for(panel_elements, kIm2colThreads);
-        if (kind == lt::GemmKind::Tf32)
-            detail::launch_pdl(conv2d_im2col_kernel<float, true>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
-                               static_cast<float*>(panel), panel_elements);
-        else if (kind == lt::GemmKind::F32)
-            detail::launch_pdl(conv2d_im2col_kernel<float, false>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
-                               static_cast<float*>(panel), panel_elements);
-        else
-            detail::launch_pdl(conv2d_im2col_kernel<__nv_bfloat16, false>, dim3(grid), dim3(kIm2colThreads), 0, st, p, b,
-                               static_cast<__nv_bfloat16*>(panel), panel_elements);
+        if (kind == lt::GemmKind::Tf32) launch_im2col<float, true>(p, b, panel, pix, kg, st);
+        else if (kind == lt::GemmKind::F32) launch_im2col<float, false>(p, b, panel, pix, kg, st);
+        else launch_im2col<__nv_bfloat16, false>(p, b, panel, pix, kg, st);
         FLOWEDGE_CUDA_CHECK_LAUNCH("conv2d_im2col");
         // The first image decides: without a handle or an algorithm nothing is written to y. Later images run the
         // same cached plan on the same handle, so they cannot decline once the first ran.

@@ -211,6 +211,8 @@ void fill_zero(void* dst, std::size_t bytes, Stream s) {
 
 void synchronize(Stream s) { FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(detail::resolve(s))); }
 
+void set_blocking_sync() { FLOWEDGE_CUDA_CHECK(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)); }
+
 void profiler_start() { FLOWEDGE_CUDA_CHECK(cudaProfilerStart()); }
 void profiler_stop() { FLOWEDGE_CUDA_CHECK(cudaProfilerStop()); }
 

@@ -1,7 +1,7 @@
 // The transformer ops (op_params_transformer.hpp) on CUDA, ACT's encoder and decoder at batch 1:
 // layer_norm: one block of 256 threads per row; x + residual formed in float32, mean and variance in double (as the
 //   CPU), y = float((t - mean) * rstd * gamma + beta) in double.
-// attention: one fused kernel, one block per (query tile of 16, head): the query tile and 32-key tiles of K, then of
+// attention: one fused kernel, one block per (query tile of 8, head): the query tile and 64-key tiles of K, then of
 //   V, pass through shared memory; the tile's scores [16, n_kv] stay in shared memory between the passes. Scores are
 //   float32 dots (fmaf over head_dim), softmax is exact: max-subtracted expf, the row sum in double, its reciprocal
 //   rounded to float; the output accumulates p_j v_j with fmaf in key order (the CPU's order), then scales by the
@@ -53,16 +53,28 @@ __global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(LayerNormParam
 // ---- attention ----
 
 constexpr int kAttnThreads = 128;
-constexpr int kAttnQueries = 16;      ///< queries per block
-constexpr int kAttnKeys = 32;         ///< keys (and values) per shared-memory tile
 constexpr int kAttnMaxHeadDim = 256;  ///< bounds the per-thread output accumulators
-constexpr int kAttnOutPerThread = kAttnQueries * kAttnMaxHeadDim / kAttnThreads;
+
+/// A block's tile: Q queries of one head, K keys (and values) per shared-memory tile. The default (8, 64) gives ACT's
+/// 302-token encoder 304 blocks of 128 threads, and each thread four independent score chains and four output
+/// chains; (16, 32), the previous tiling (152 blocks, one chain per thread), stays for the A/B under
+/// FLOWEDGE_CUDA_ATTN_TILE16=1. Either way every score and every output is the same float sequence.
+template <int Q, int K>
+struct AttnTile {
+    static constexpr int queries = Q, keys = K;
+    static constexpr int groups = kAttnThreads / K;        ///< query groups: thread tid scores key tid % K
+    static constexpr int per_thread = Q / groups;          ///< queries a thread scores against its key
+    static_assert(kAttnThreads % K == 0 && K % 32 == 0 && Q % groups == 0);
+};
+using AttnTileDefault = AttnTile<8, 64>;
+using AttnTile16 = AttnTile<16, 32>;
 
 /// Dynamic shared memory of one attention block: q tile, k/v tile (rows padded to head_dim + 1 floats so that a
 /// warp reading one column of consecutive rows hits distinct banks), the scores and the reciprocal row sums.
+template <class T>
 std::size_t attention_smem_bytes(int n_kv, int head_dim) {
     const std::size_t row = std::size_t(head_dim) + 1;
-    return sizeof(float) * (kAttnQueries * row + kAttnKeys * row + std::size_t(kAttnQueries) * n_kv + kAttnQueries);
+    return sizeof(float) * (T::queries * row + T::keys * row + std::size_t(T::queries) * n_kv + T::queries);
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -71,40 +83,57 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/// MaxDh: the largest head_dim the instance serves (64, ACT's, or kAttnMaxHeadDim): it sizes the output accumulators.
+template <class T, int MaxDh>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionParams p) {
+    constexpr int kOut = T::queries * MaxDh / kAttnThreads;  // outputs per thread
+    static_assert(kOut >= 1 && T::queries * MaxDh % kAttnThreads == 0);
     detail::pdl_wait();
     extern __shared__ float smem[];
+    constexpr int QB = T::queries, KB = T::keys;
     const int dh = p.head_dim, row = dh + 1, width = p.n_heads * dh;
     const int ldq = p.ld_q ? p.ld_q : width, ldk = p.ld_k ? p.ld_k : width;
     const int ldv = p.ld_v ? p.ld_v : width, ldo = p.ld_out ? p.ld_out : width;
-    const int i0 = blockIdx.x * kAttnQueries, nq = min(kAttnQueries, p.n_q - i0);
+    const int i0 = blockIdx.x * QB, nq = min(QB, p.n_q - i0);
     const std::size_t col = std::size_t(blockIdx.y) * std::size_t(dh);
-    float* q_s = smem;                              // [kAttnQueries][row]
-    float* kv_s = q_s + kAttnQueries * row;         // [kAttnKeys][row]
-    float* score = kv_s + kAttnKeys * row;          // [kAttnQueries][n_kv]
-    float* inv_sum = score + kAttnQueries * p.n_kv;  // [kAttnQueries]
+    float* q_s = smem;                              // [QB][row]
+    float* kv_s = q_s + QB * row;                   // [KB][row]
+    float* score = kv_s + KB * row;                 // [QB][n_kv]
+    float* inv_sum = score + QB * p.n_kv;           // [QB]
     const int tid = threadIdx.x;
 
-    for (int e = tid; e < nq * dh; e += kAttnThreads) {
+    // Rows past nq are zeros: the score loop reads them (and discards their dots).
+    for (int e = tid; e < QB * dh; e += kAttnThreads) {
         const int r = e / dh, t = e - r * dh;
-        q_s[r * row + t] = p.q[std::size_t(i0 + r) * ldq + col + t];
+        q_s[r * row + t] = r < nq ? p.q[std::size_t(i0 + r) * ldq + col + t] : 0.f;
     }
-    // Scores: scale * (q . k) for every (query, key) of the tile, one K tile at a time.
-    for (int j0 = 0; j0 < p.n_kv; j0 += kAttnKeys) {
-        const int kt = min(kAttnKeys, p.n_kv - j0);
+    // Scores: scale * (q . k) for every (query, key) of the tile, one K tile at a time. Thread tid takes key
+    // jj = tid % KB against queries g, g + groups, ... (g = tid / KB): one load of k[jj][t] feeds per_thread
+    // independent fmaf chains, each over t in order.
+    const int jj = tid % KB, g = tid / KB;
+    for (int j0 = 0; j0 < p.n_kv; j0 += KB) {
+        const int kt = min(KB, p.n_kv - j0);
         __syncthreads();  // the previous tile has been read (and, the first time, q_s written)
         for (int e = tid; e < kt * dh; e += kAttnThreads) {
             const int r = e / dh, t = e - r * dh;
             kv_s[r * row + t] = p.k[std::size_t(j0 + r) * ldk + col + t];
         }
         __syncthreads();
-        for (int pair = tid; pair < nq * kt; pair += kAttnThreads) {
-            const int qi = pair / kt, jj = pair - qi * kt;
-            const float* a = q_s + qi * row;
+        if (jj < kt) {
+            float dot[T::per_thread];
+#pragma unroll
+            for (int m = 0; m < T::per_thread; ++m) dot[m] = 0.f;
             const float* b = kv_s + jj * row;
-            float dot = 0.f;
-            for (int t = 0; t < dh; ++t) dot = fmaf(a[t], b[t], dot);
-            score[qi * p.n_kv + j0 + jj] = p.scale * dot;
+            for (int t = 0; t < dh; ++t) {
+                const float bt = b[t];
+#pragma unroll
+                for (int m = 0; m < T::per_thread; ++m) dot[m] = fmaf(q_s[(g + m * T::groups) * row + t], bt, dot[m]);
+            }
+#pragma unroll
+            for (int m = 0; m < T::per_thread; ++m) {
+                const int qi = g + m * T::groups;
+                if (qi < nq) score[qi * p.n_kv + j0 + jj] = p.scale * dot[m];
+            }
         }
     }
     __syncthreads();
@@ -125,38 +154,58 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionParams
         if (lane == 0) inv_sum[qi] = float(1.0 / sum);
     }
     // Weighted sum of the values, one V tile at a time; thread tid owns outputs tid + k * kAttnThreads of the
-    // [nq, head_dim] tile.
-    float acc[kAttnOutPerThread];
+    // [nq, head_dim] tile, each an fmaf chain in key order; the key loop is outside the output loop so that a
+    // thread's chains advance together.
+    float acc[kOut];
+    int s_row[kOut], v_col[kOut];  // output k's score row offset and head column; s_row < 0: no such output
 #pragma unroll
-    for (int k = 0; k < kAttnOutPerThread; ++k) acc[k] = 0.f;
-    for (int j0 = 0; j0 < p.n_kv; j0 += kAttnKeys) {
-        const int kt = min(kAttnKeys, p.n_kv - j0);
+    for (int k = 0; k < kOut; ++k) {
+        const int o = tid + k * kAttnThreads, qi = o / dh;
+        acc[k] = 0.f;
+        s_row[k] = o < nq * dh ? qi * p.n_kv : -1;
+        v_col[k] = o - qi * dh;
+    }
+    for (int j0 = 0; j0 < p.n_kv; j0 += KB) {
+        const int kt = min(KB, p.n_kv - j0);
         __syncthreads();  // the previous tile has been read (the first time: the softmax pass is done)
         for (int e = tid; e < kt * dh; e += kAttnThreads) {
             const int r = e / dh, t = e - r * dh;
             kv_s[r * row + t] = p.v[std::size_t(j0 + r) * ldv + col + t];
         }
         __syncthreads();
+        for (int j = 0; j < kt; ++j) {
 #pragma unroll
-        for (int k = 0; k < kAttnOutPerThread; ++k) {
-            const int o = tid + k * kAttnThreads;
-            if (o < nq * dh) {
-                const int qi = o / dh, t = o - qi * dh;
-                const float* s = score + qi * p.n_kv + j0;
-                float a = acc[k];
-                for (int jj = 0; jj < kt; ++jj) a = fmaf(s[jj], kv_s[jj * row + t], a);
-                acc[k] = a;
-            }
+            for (int k = 0; k < kOut; ++k)
+                if (s_row[k] >= 0) acc[k] = fmaf(score[s_row[k] + j0 + j], kv_s[j * row + v_col[k]], acc[k]);
         }
     }
 #pragma unroll
-    for (int k = 0; k < kAttnOutPerThread; ++k) {
-        const int o = tid + k * kAttnThreads;
-        if (o < nq * dh) {
-            const int qi = o / dh, t = o - qi * dh;
-            p.out[std::size_t(i0 + qi) * ldo + col + t] = acc[k] * inv_sum[qi];
-        }
+    for (int k = 0; k < kOut; ++k) {
+        if (s_row[k] < 0) continue;
+        const int qi = (tid + k * kAttnThreads) / dh;
+        p.out[std::size_t(i0 + qi) * ldo + col + v_col[k]] = acc[k] * inv_sum[qi];
     }
+}
+
+/// Checks the tile's shared memory against the device, opts in above 48 KiB and launches.
+template <class T, int MaxDh>
+void launch_attention(const AttentionParams& p, cudaStream_t st) {
+    constexpr std::string_view comp = "cuda attention";
+    const std::size_t smem = attention_smem_bytes<T>(p.n_kv, p.head_dim);
+    const int limit = detail::smem_per_block_optin();
+    if (smem > std::size_t(limit)) [[unlikely]] {
+        const std::size_t fixed = attention_smem_bytes<T>(0, p.head_dim);
+        const long long max_keys = (limit - (long long)fixed) / (long long)(sizeof(float) * T::queries);
+        fail(comp, "too many keys for one block's score tile in shared memory" +
+                       expected_got("n_kv <= " + std::to_string(max_keys) + " at head_dim " + std::to_string(p.head_dim), p.n_kv));
+    }
+    // Above the 48 KiB default a kernel must opt in to its dynamic shared memory (a plain attribute, legal while a
+    // graph captures).
+    if (smem > 48 * 1024)
+        FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<T, MaxDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const dim3 grid(unsigned((p.n_q + T::queries - 1) / T::queries), unsigned(p.n_heads));
+    detail::launch_pdl(attention_kernel<T, MaxDh>, grid, dim3(kAttnThreads), smem, st, p);
+    FLOWEDGE_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 
 // ---- gelu, transpose, position_embedding_2d ----
@@ -235,21 +284,10 @@ void attention(const AttentionParams& p, Stream s) {
              "head_dim too large for the per-thread accumulators" + expected_got("<= " + std::to_string(kAttnMaxHeadDim), p.head_dim));
     if (p.n_q == 0) return;
     check(p.q && p.k && p.v && p.out, comp, "null q, k, v or out pointer");
-    const std::size_t smem = attention_smem_bytes(p.n_kv, p.head_dim);
-    const int limit = detail::smem_per_block_optin();
-    if (smem > std::size_t(limit)) [[unlikely]] {
-        const std::size_t fixed = attention_smem_bytes(0, p.head_dim);
-        const long long max_keys = (limit - (long long)fixed) / (long long)(sizeof(float) * kAttnQueries);
-        fail(comp, "too many keys for one block's score tile in shared memory" +
-                       expected_got("n_kv <= " + std::to_string(max_keys) + " at head_dim " + std::to_string(p.head_dim), p.n_kv));
-    }
-    // Above the 48 KiB default a kernel must opt in to its dynamic shared memory (a plain attribute, legal while a
-    // graph captures).
-    if (smem > 48 * 1024)
-        FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    const dim3 grid(unsigned((p.n_q + kAttnQueries - 1) / kAttnQueries), unsigned(p.n_heads));
-    detail::launch_pdl(attention_kernel, grid, dim3(kAttnThreads), smem, detail::resolve(s), p);
-    FLOWEDGE_CUDA_CHECK_LAUNCH("attention_kernel");
+    const cudaStream_t st = detail::resolve(s);
+    if (detail::env_flag("FLOWEDGE_CUDA_ATTN_TILE16")) launch_attention<AttnTile16, kAttnMaxHeadDim>(p, st);
+    else if (p.head_dim <= 64) launch_attention<AttnTileDefault, 64>(p, st);
+    else launch_attention<AttnTileDefault, kAttnMaxHeadDim>(p, st);
 }
 
 void gelu(const GeluParams& p, Stream s) {

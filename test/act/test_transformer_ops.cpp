@@ -102,9 +102,10 @@ TEST_CASE_TEMPLATE("attention matches a double reference: odd head widths, strid
     struct Case {
         int n_q, n_kv, heads, dim, ld_extra;
     };
-    // 302 x 302 x 8 x 64: ACT's encoder at one 480x640 camera; 100 x 602: the decoder's cross-attention at two.
+    // 302 x 302 x 8 x 64: ACT's encoder at one 480x640 camera; 100 x 602: the decoder's cross-attention at two;
+    // 9 x 2000: a score tile past the 48 KiB shared-memory default.
     for (const Case c : {Case{37, 301, 5, 13, 0}, Case{12, 29, 6, 8, 7}, Case{302, 302, 8, 64, 0}, Case{100, 602, 8, 64, 0},
-                         Case{1, 1, 3, 5, 3}, Case{17, 40, 2, 256, 0}}) {
+                         Case{1, 1, 3, 5, 3}, Case{17, 40, 2, 256, 0}, Case{9, 2000, 2, 64, 0}}) {
         const int W = c.heads * c.dim, ld = W + c.ld_extra;
         const auto q = randn(std::size_t(c.n_q) * ld, 10, 1.5f), k = randn(std::size_t(c.n_kv) * ld, 11, 1.5f);
         const auto v = randn(std::size_t(c.n_kv) * ld, 12);

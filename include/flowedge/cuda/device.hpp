@@ -53,6 +53,12 @@ void copy_device(void* dst, const void* src, std::size_t bytes, Stream s);
 void fill_zero(void* dst, std::size_t bytes, Stream s);
 void synchronize(Stream s);
 
+/// Makes every later wait on this process's device sleep until the GPU signals instead of spinning
+/// (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)); call it before the first model is loaded. A spinning
+/// wait keeps the thread runnable for the whole GPU time, so under CPU contention the scheduler time-slices it;
+/// a sleeping one is woken with priority. Throws flowedge::Error on failure.
+void set_blocking_sync();
+
 /// Start / stop the profiler's collection (cudaProfilerStart / Stop): a bench brackets the one call it wants profiled,
 /// run under `ncu --profile-from-start off`. Throws flowedge::Error on failure.
 void profiler_start();
