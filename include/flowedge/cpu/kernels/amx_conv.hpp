@@ -107,6 +107,18 @@ inline BhPlan bh_plan(const Conv1dParams& p) {
     return {int(std::min<std::size_t>({std::size_t(p.batch) * std::size_t(p.out_length), std::size_t(kMaxCols), fit})), pairs, ld};
 }
 
+/// The driver of the BF16-panel kernels (conv1d_bh_amx, conv1d_int8_bh_amx): the plan, one panel on this stack
+/// shared by the team, and each thread's part (its panel columns, then its output blocks).
+template <class T>
+inline void bh_parallel(const Conv1dParams& p, const T* wp,
+                        void (*part)(const Conv1dParams&, const T*, std::uint32_t*, const BhPlan&, int, int)) {
+    const BhPlan pl = bh_plan(p);
+    [[maybe_unused]] const bool par = double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
+    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
+#pragma omp parallel if (par)
+    part(p, wp, panel, pl, thread_index(), thread_count());
+}
+
 /// This thread's columns (an even split of [0, nn)) of the BF16 pair panel of the pass at column n0: row c is column
 /// n0 + c in reduction order (pair q = elements 2q, 2q + 1), rounded 32 at a time (vcvtne2ps2bf16), zeros after it
 /// up to ld pairs. The A tiles of conv1d_bh_amx and conv1d_int8_bh_amx.
@@ -205,13 +217,7 @@ inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel,
 }
 
 /// Conv1d under MathMode::BF16 on BF16 blocks, on tdpbf16ps (see the file comment). Needs bh_plan(p).ns > 0.
-inline void conv1d_bh_amx(const Conv1dParams& p, const bf16* wp) {
-    const BhPlan pl = bh_plan(p);
-    [[maybe_unused]] const bool par = double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
-    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
-#pragma omp parallel if (par)
-    bh_part(p, wp, panel, pl, thread_index(), thread_count());
-}
+inline void conv1d_bh_amx(const Conv1dParams& p, const bf16* wp) { bh_parallel(p, wp, bh_part); }
 
 // ---- MathMode::BF16 on INT8 weight-only blocks ------------------------------------------------------------------
 
@@ -321,13 +327,7 @@ inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint
 /// pair panel of conv1d_bh_amx against the int8 weights widened to BF16 B rows per tile as they are streamed (exact:
 /// the blocks stay 1 byte per weight in memory), sums in 128-step slices added to a running total, then each output's
 /// total times its row scale and the bias. Needs bh_plan(p).ns > 0.
-inline void conv1d_int8_bh_amx(const Conv1dParams& p, const std::int8_t* wp) {
-    const BhPlan pl = bh_plan(p);
-    [[maybe_unused]] const bool par = double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
-    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
-#pragma omp parallel if (par)
-    int8_bh_part(p, wp, panel, pl, thread_index(), thread_count());
-}
+inline void conv1d_int8_bh_amx(const Conv1dParams& p, const std::int8_t* wp) { bh_parallel(p, wp, int8_bh_part); }
 
 // ---- WeightQuant::W8A8 ------------------------------------------------------------------------------------------
 
