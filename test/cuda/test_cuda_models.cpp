@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -474,6 +475,27 @@ TEST_CASE("graph census: a captured 10-step DDIM sample is one graph of kernel n
     CHECK(c.memcpy_nodes == 0);       // the state is set by the layout transpose (a kernel), not a copy
 }
 
+/// dp_small inputs at `batch`: the fixture's cond rows cycled with a smooth perturbation (so rows differ), uniform
+/// noise in [-1.7, 1.7] from `seed`.
+struct BatchInputs {
+    std::vector<float> cond, noise;
+};
+BatchInputs batch_inputs(const DpData& d, const DiffusionHead<Cuda>& h, int batch, unsigned seed) {
+    BatchInputs in;
+    in.cond.resize(std::size_t(batch) * h.config().global_cond_dim);
+    for (std::size_t i = 0; i < in.cond.size(); ++i) in.cond[i] = d.cond[i % d.cond.size()] + 0.25f * std::sin(0.37f * float(i));
+    in.noise = random_vec(std::size_t(batch) * h.config().horizon * h.config().action_dim, seed, -1.7f, 1.7f);
+    return in;
+}
+
+/// Launches of kernels whose demangled name contains `kernel` in a graph census.
+int census_count(const cuda::GraphCensus& c, std::string_view kernel) {
+    int n = 0;
+    for (const auto& [name, count] : c.kernels)
+        if (name.find(kernel) != std::string::npos) n += count;
+    return n;
+}
+
 TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 256) runs on the library's F32 GEMM, within the whole-head "
           "tolerance of the CPU head") {
     // dp_small at batch 16: its length-16 convs have batch*length = 256, so under the default F32 math they take
@@ -482,20 +504,13 @@ TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 256) runs on the l
     const DpData d;
     auto gpu = DiffusionHead<Cuda>::load(kDpFolder, {}, kB);
     auto cpu = DiffusionHead<Cpu>::load(kDpFolder, {}, kB);
-    const std::size_t per = std::size_t(gpu.config().horizon) * gpu.config().action_dim;
-    std::vector<float> cond(std::size_t(kB) * gpu.config().global_cond_dim), noise(std::size_t(kB) * per);
-    for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = d.cond[i % d.cond.size()] + 0.25f * std::sin(0.37f * float(i));
-    const auto nz = random_vec(noise.size(), 4343u, -1.7f, 1.7f);
-    for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = nz[i];
+    const auto [cond, noise] = batch_inputs(d, gpu, kB, 4343u);
     const SampleOptions o{.steps = 10, .scheduler = Scheduler::Ddim};
     std::vector<float> g(noise.size()), c(noise.size());
     cuda::set_graph_census(true);
     gpu.sample_normalized(cond, noise, g, o, kB);
-    const cuda::GraphCensus census = cuda::last_graph_census();
+    const int im2col = census_count(cuda::last_graph_census(), "conv1d_im2col_kernel");
     cuda::set_graph_census(false);
-    int im2col = 0;
-    for (const auto& [name, n] : census.kernels)
-        if (name.find("conv1d_im2col_kernel") != std::string::npos) im2col += n;
     if (std::getenv("FLOWEDGE_CUDA_NO_LT") == nullptr) CHECK(im2col > 0);
     cpu.sample_normalized(cond, noise, c, o, kB);
     const double e = max_abs_diff(g, c);
@@ -517,11 +532,7 @@ TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at 
     auto h = DiffusionHead<Cuda>::load(kDpFolder, {}, kB);
     auto hw = DiffusionHead<Cuda>::load(kDpFolder, {.weight_dtype = DType::BF16}, kB);
     auto hh = DiffusionHead<Cuda>::load(kDpFolder, {.weight_dtype = DType::F16}, kB);
-    const std::size_t per = std::size_t(h.config().horizon) * h.config().action_dim;
-    std::vector<float> cond(std::size_t(kB) * h.config().global_cond_dim), noise(std::size_t(kB) * per);
-    for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = d.cond[i % d.cond.size()] + 0.25f * std::sin(0.37f * float(i));
-    const auto nz = random_vec(noise.size(), 4242u, -1.7f, 1.7f);
-    for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = nz[i];
+    const auto [cond, noise] = batch_inputs(d, h, kB, 4242u);
     const SampleOptions o{.steps = 10, .scheduler = Scheduler::Ddim};
     auto run = [&](DiffusionHead<Cuda>& head) {
         std::vector<float> out(noise.size());
@@ -537,11 +548,8 @@ TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at 
     const auto tf32 = run(h);
     // F32 weights at batch*length >= 256 go through the cuBLASLt GEMM (kernels/cuda/gemm_lt.cu), whose im2col
     // and transpose kernels show in the captured graph (unless FLOWEDGE_CUDA_NO_LT=1 forces conv_mma.cu).
-    const cuda::GraphCensus census = cuda::last_graph_census();
+    const int im2col = census_count(cuda::last_graph_census(), "conv1d_im2col_kernel");
     cuda::set_graph_census(false);
-    int im2col = 0;
-    for (const auto& [name, n] : census.kernels)
-        if (name.find("conv1d_im2col_kernel") != std::string::npos) im2col += n;
     if (std::getenv("FLOWEDGE_CUDA_NO_LT") == nullptr) CHECK(im2col > 0);
     h.set_math(MathMode::BF16);
     const auto bf16m = run(h);
