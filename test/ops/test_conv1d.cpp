@@ -1,6 +1,7 @@
 // conv1d on every backend vs a naive double-accumulating loop (padding, stride, every weight dtype, the CPU's chunked
 // and parallel paths, the CUDA row/tiled/generic paths and the PushT U-Net shapes), a non-CPU backend also vs
 // Ops<Cpu>; the CPU's packed weight layout; and the shared argument checks.
+#include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
@@ -8,7 +9,7 @@ using namespace optest;
 
 namespace {
 
-struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
+using fe_test::ConvCase;
 
 /// packed: CPU only, the weights in the packed layout (WeightRef::packed) instead of [out, in, kernel].
 /// w_skip > 0 stores the weights w_skip elements past the start of their allocation (a misaligned weight pointer:
@@ -17,7 +18,7 @@ template <class B>
 void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = false, int w_skip = 0) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(k.pad);
     CAPTURE(dtype_name(dt)); CAPTURE(packed); CAPTURE(w_skip);
-    const int lout = (k.lin + 2 * k.pad - k.kernel) / k.stride + 1;
+    const int lout = k.conv_out();
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(k.cout, seed + 1);
     const std::size_t nw = std::size_t(k.cout) * k.cin * k.kernel;
@@ -44,25 +45,14 @@ void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
     const std::size_t w_off = std::size_t(w_skip) * dtype_size(dt);
     Dev<float, B> dx(x), db(bias), dy(ny);
     DevWeights<B> dw(w);
-    Conv1dParams p;
-    p.x = dx.ptr();
-    p.w = {dw.d.ptr() + w_off, dt};
+    Conv1dParams p = fe_test::conv1d_params(k, dx.ptr(), {dw.d.ptr() + w_off, dt}, k.bias ? db.ptr() : nullptr);
     std::unique_ptr<PreparedWeight> pw;
     if (packed) {
         REQUIRE(w_skip == 0);
         pw = packed_conv_bytes(w, k.cout);
         p.w = {nullptr, dt, pw.get()};
     }
-    p.bias = k.bias ? db.ptr() : nullptr;
     p.y = dy.ptr();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
     Ops<B>::conv1d(p);
     const auto got = dy.host(ny);
     check_all(got, ref, scale, 2e-6, "conv1d");

@@ -1,6 +1,7 @@
 // conv_transpose1d on every backend vs the scatter definition in double (every weight dtype, output padding, strides,
 // the CPU's parallel/chunked paths, the CUDA tiled and generic paths, the PushT upsamples), a non-CPU backend also vs
 // Ops<Cpu>; the CPU's packed weight layout; and the shared argument checks.
+#include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
 
@@ -8,14 +9,14 @@ using namespace optest;
 
 namespace {
 
-struct ConvCase { int batch, cin, cout, lin, kernel, stride, pad; bool bias; };
+using fe_test::ConvCase;
 
 /// packed: CPU only, the weights packed as the kernel-1 Conv1d [out*kernel, in] (Storage::ConvTransposeWeight).
 template <class B>
 void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_t seed, bool packed = false) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(k.stride); CAPTURE(k.pad);
     CAPTURE(out_pad); CAPTURE(dtype_name(dt)); CAPTURE(packed);
-    const int lout = (k.lin - 1) * k.stride - 2 * k.pad + k.kernel + out_pad;
+    const int lout = k.transpose_out() + out_pad;
     const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
     const auto bias = random_vec(k.cout, seed + 1);
     const HostWeights w = make_weights(std::size_t(k.cin) * k.cout * k.kernel, dt, seed + 2, 0.3f);
@@ -46,24 +47,14 @@ void run_conv_transpose1d(const ConvCase& k, int out_pad, DType dt, std::uint32_
         if (s == 0.0) s = 1e-30;  // outputs with no contribution and no bias must be exactly zero
     Dev<float, B> dx(x), db(bias), dy(random_vec(ny, seed + 9));  // garbage in y: every output must be written
     DevWeights<B> dw(w);
-    ConvTranspose1dParams p;
-    p.x = dx.ptr();
-    p.w = dw.ref();
+    ConvTranspose1dParams p = fe_test::conv_transpose1d_params(k, dx.ptr(), dw.ref(), k.bias ? db.ptr() : nullptr);
+    p.out_length = lout;
     std::unique_ptr<PreparedWeight> pw;
     if (packed) {
         pw = packed_conv_transpose_bytes(w, k.cin, k.cout, k.kernel);
         p.w = {nullptr, dt, pw.get()};
     }
-    p.bias = k.bias ? db.ptr() : nullptr;
     p.y = dy.ptr();
-    p.batch = k.batch;
-    p.in_channels = k.cin;
-    p.out_channels = k.cout;
-    p.in_length = k.lin;
-    p.out_length = lout;
-    p.kernel = k.kernel;
-    p.stride = k.stride;
-    p.pad = k.pad;
     Ops<B>::conv_transpose1d(p);
     const auto got = dy.host(ny);
     check_all(got, ref, scale, 2e-6, "conv_transpose1d");

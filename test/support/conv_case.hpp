@@ -1,5 +1,6 @@
 // One Conv1d / ConvTranspose1d shape for the op tests that run it through several kernels and references
-// (test/ops: int8_weights, math_mode), and the params struct that describes it, so each test states only what differs.
+// (test/ops: conv1d, conv_transpose1d, int8_weights, math_mode), and the params struct that describes it, so each
+// test states only what differs.
 #pragma once
 #include "flowedge/op_params.hpp"
 
@@ -8,6 +9,7 @@ namespace fe_test {
 /// x: [batch, cin, lin]; Conv1d weight [cout, cin, kernel] (ConvTranspose1d: [cin, cout, kernel]).
 struct ConvCase {
     int batch, cin, cout, lin, kernel, stride, pad;
+    bool bias = true;  ///< for tests that run the op with and without a bias (the params take the pointer)
     /// Conv1d output length (PyTorch's formula, dilation 1).
     int conv_out() const { return (lin + 2 * pad - kernel) / stride + 1; }
     /// ConvTranspose1d output length (no output padding).
