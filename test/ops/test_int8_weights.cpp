@@ -72,14 +72,39 @@ std::unique_ptr<PreparedWeight> int8_weight(Storage s, const HostWeights& w, con
 
 using fe_test::ConvCase;
 
+/// The inputs of a Conv1d case on [cout, cin, kernel] weights of dtype dt: x, bias and the weights from seed, seed + 1,
+/// seed + 2, and their quantisation per output row (R = cin * kernel values).
+struct Conv1dInputs {
+    std::vector<float> x, bias;
+    HostWeights w;
+    Quantised q;
+    std::size_t R;
+};
+Conv1dInputs conv1d_inputs(const ConvCase& k, DType dt, std::uint32_t seed) {
+    const std::size_t R = std::size_t(k.cin) * k.kernel;
+    HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
+    Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    return {random_vec(std::size_t(k.batch) * k.cin * k.lin, seed), random_vec(std::size_t(k.cout), seed + 1), std::move(w),
+            std::move(q), R};
+}
+
+/// y of `op(p)` at 1 thread, and CHECKs that 2 threads give the same bits (every packed kernel is deterministic for
+/// any thread count). n outputs; p.y is set here.
+template <class Params, class Op>
+std::vector<float> run_one_and_two_threads(Params& p, std::size_t n, Op op) {
+    std::vector<float> y1(n, -3.f), y2(n, -4.f);
+    p.y = y1.data();
+    with_threads(1, [&] { op(p); });
+    p.y = y2.data();
+    with_threads(2, [&] { op(p); });
+    CHECK(bit_mismatches(y1, y2) == 0);
+    return y1;
+}
+
 void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
     const int lout = k.conv_out();
-    const std::size_t R = std::size_t(k.cin) * k.kernel;
-    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
-    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
-    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
-    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    const auto [x, bias, w, q, R] = conv1d_inputs(k, dt, seed);
     Refs refs(std::size_t(k.batch) * k.cout * lout);
     for (int b = 0; b < k.batch; ++b)
         for (int o = 0; o < k.cout; ++o)
@@ -96,13 +121,7 @@ void run_conv1d_int8(const ConvCase& k, DType dt, std::uint32_t seed) {
             }
     const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
     Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
-    std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
-    p.y = y1.data();
-    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
-    p.y = y2.data();
-    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
-    refs.check(y1, "conv1d on INT8 blocks");
-    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
+    refs.check(run_one_and_two_threads(p, refs.ref.size(), [](const Conv1dParams& c) { Ops<Cpu>::conv1d(c); }), "conv1d on INT8 blocks");
 }
 
 void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
@@ -132,13 +151,7 @@ void run_conv_transpose1d_int8(const ConvCase& k, std::uint32_t seed) {
             }
     const auto pw = int8_weight(Storage::ConvTransposeWeight, w, Shape{k.cin, k.cout, K});
     ConvTranspose1dParams p = fe_test::conv_transpose1d_params(k, x.data(), {nullptr, DType::F32, pw.get()}, bias.data());
-    std::vector<float> y1(refs.ref.size(), -3.f), y2(refs.ref.size(), -4.f);
-    p.y = y1.data();
-    with_threads(1, [&] { Ops<Cpu>::conv_transpose1d(p); });
-    p.y = y2.data();
-    with_threads(2, [&] { Ops<Cpu>::conv_transpose1d(p); });
-    refs.check(y1, "conv_transpose1d on INT8 blocks");
-    CHECK(bit_mismatches(y1, y2) == 0);
+    refs.check(run_one_and_two_threads(p, refs.ref.size(), [](const ConvTranspose1dParams& c) { Ops<Cpu>::conv_transpose1d(c); }), "conv_transpose1d on INT8 blocks");
 }
 
 }  // namespace
@@ -269,11 +282,7 @@ namespace {
 void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
     const int lout = k.conv_out();
-    const std::size_t R = std::size_t(k.cin) * k.kernel;
-    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
-    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
-    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
-    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    const auto [x, bias, w, q, R] = conv1d_inputs(k, dt, seed);
     const std::size_t n = std::size_t(k.batch) * k.cout * lout;
     std::vector<double> ref(n), mag(n), ref_q(n), mag_q(n), bound(n);
     std::vector<float> col(R), col_q(R);
@@ -307,11 +316,7 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
         }
     const auto pw = Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{k.cout, k.cin, k.kernel}, "test weight", WeightQuant::W8A8);
     Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
-    std::vector<float> y1(n, -3.f), y2(n, -4.f);
-    p.y = y1.data();
-    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
-    p.y = y2.data();
-    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
+    const std::vector<float> y1 = run_one_and_two_threads(p, n, [](const Conv1dParams& c) { Ops<Cpu>::conv1d(c); });
     check_all(y1, ref_q, mag_q, kTolRef, "conv1d on W8A8 blocks vs the quantised weights and activations");
     double worst = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -320,7 +325,6 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
         if (bound[i] > 0) worst = std::max(worst, d / bound[i]);
     }
     MESSAGE("conv1d on W8A8 blocks: largest |y - y_f32| / quantisation bound = " << worst);
-    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
 }
 
 }  // namespace
@@ -436,23 +440,15 @@ void run_conv1d_int8_bf16(const ConvCase& k, DType dt, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.lin); CAPTURE(k.kernel); CAPTURE(dtype_name(dt));
     constexpr double kU = 1.0 / 256, kU32 = 1.0 / 16777216, kTiny = 2.3509887016445750e-38;
     const int lout = k.conv_out();
-    const std::size_t R = std::size_t(k.cin) * k.kernel;
-    const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed);
-    const auto bias = random_vec(std::size_t(k.cout), seed + 1);
-    const HostWeights w = make_weights(std::size_t(k.cout) * R, dt, seed + 2, 0.3f);
-    const Quantised q = quantise(w.value, std::size_t(k.cout), R, [&](std::size_t r, std::size_t j) { return r * R + j; });
+    const auto [x, bias, w, q, R] = conv1d_inputs(k, dt, seed);
     const auto pw = int8_weight(Storage::ConvWeight, w, Shape{k.cout, k.cin, k.kernel});
     Conv1dParams p = fe_test::conv1d_params(k, x.data(), {nullptr, dt, pw.get()}, bias.data());
     const std::size_t n = std::size_t(k.batch) * k.cout * lout;
-    std::vector<float> y32(n, -2.f), y1(n, -3.f), y2(n, -4.f);
+    std::vector<float> y32(n, -2.f);
     p.y = y32.data();
     Ops<Cpu>::conv1d(p);
     p.math = MathMode::BF16;
-    p.y = y1.data();
-    with_threads(1, [&] { Ops<Cpu>::conv1d(p); });
-    p.y = y2.data();
-    with_threads(2, [&] { Ops<Cpu>::conv1d(p); });
-    CHECK(bit_mismatches(y1, y2) == 0);  // deterministic for any thread count
+    const std::vector<float> y1 = run_one_and_two_threads(p, n, [](const Conv1dParams& c) { Ops<Cpu>::conv1d(c); });
     if (!cpu::amx_bf16_available()) {
         CHECK(bit_mismatches(y1, y32) == 0);  // no BF16 kernel for INT8 blocks here: the request computes exactly
         return;
