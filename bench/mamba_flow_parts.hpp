@@ -164,6 +164,7 @@ inline nlohmann::json mamba_flow_parts(MambaFlowPolicy<Cpu>& policy, int L, int 
         sp.channels = di;
         sp.d_state = S;
         sp.dt_softplus = true;
+        sp.y_from = last ? L - 1 : 0;  // act() reads the last layer's y for the last token only (MambaMixer's out_from)
         // Per state: decay = exp(dt A), s = decay s + (dt u) B, y += s C (3 multiply-adds, 1 exp); gate SiLU per channel.
         // A: this layer's -exp(A_log), held by the replay (the model keeps its own copy private).
         std::vector<float> A_copy = A_neg;

@@ -212,6 +212,8 @@ struct CausalConvParams {
 /// B, C: [length, d_state] with row stride ld_bc; z: [length, channels] with row stride ld_z; state: [channels, d_state].
 /// dt_softplus: dt holds dt_proj's output before its softplus and the scan applies softplus (beta 1, threshold 20)
 /// to each dt first (mamba_ssm's delta_softplus), saving a pass over dt.
+/// y_from > 0: rows t < y_from of y may be left unwritten (the state still advances over every token; a backend may
+/// write them anyway), for callers that read only the last rows (Mamba's prefill_last on its last layer).
 struct SelectiveScanParams {
     const float* u = nullptr;
     const float* dt = nullptr;
@@ -226,6 +228,7 @@ struct SelectiveScanParams {
     float* y = nullptr;
     int length = 0, channels = 0, d_state = 0;
     bool dt_softplus = false;
+    int y_from = 0;
 };
 
 /// Which reverse-diffusion update DiffusionStepParams performs.

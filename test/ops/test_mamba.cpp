@@ -292,6 +292,19 @@ TEST_CASE_TEMPLATE("selective_scan: d_state 5, 8, 16, 17, lengths 1-5, channels 
                         state_mismatch += std::size_t(std::memcmp(s1.data(), state.data() + std::size_t(c) * S, std::size_t(S) * sizeof(float)) != 0);
                     }
                     CHECK(state_mismatch == 0);
+                    // y_from: rows from y_from on and the final state keep the bits of the full run.
+                    const auto y_full = dy.host(std::size_t(L) * C);
+                    for (int y_from = 1; y_from <= L; ++y_from) {
+                        CAPTURE(y_from);
+                        Dev<float, B> ds2{std::size_t(C) * S}, dy2(std::vector<float>(std::size_t(L) * C, -7.f));
+                        SelectiveScanParams q = p;
+                        q.state = ds2.ptr(); q.y = dy2.ptr(); q.y_from = y_from;
+                        Ops<B>::selective_scan(q);
+                        const auto y2 = dy2.host(std::size_t(L) * C);
+                        const std::size_t off = std::size_t(y_from) * C;
+                        CHECK(std::memcmp(y2.data() + off, y_full.data() + off, (y_full.size() - off) * sizeof(float)) == 0);
+                        CHECK(std::memcmp(ds2.host(std::size_t(C) * S).data(), state.data(), state.size() * sizeof(float)) == 0);
+                    }
                 }
 }
 

@@ -98,8 +98,8 @@ public:
 
     /// h[t, :] += mixer(n)[t, :] for `length` tokens, continuing from conv_state/ssm_state (zero them for a
     /// fresh sequence). n, h: [length, d_model] on B; conv_state: [d_conv-1, d_inner]; ssm_state: [d_inner, d_state].
-    /// out_from > 0: only rows t >= out_from of h get the residual (out_proj runs on those rows only; the states
-    /// still advance over every token), for callers that need just the last rows.
+    /// out_from > 0: only rows t >= out_from of h get the residual (the scan's output and out_proj are computed for
+    /// those rows only; the states still advance over every token), for callers that need just the last rows.
     void forward(Context<B>& ctx, const float* n, float* h, int length, float* conv_state, float* ssm_state,
                  int out_from = 0) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);
@@ -145,6 +145,7 @@ public:
         sp.channels = di;
         sp.d_state = S;
         sp.dt_softplus = kScanSoftplus;
+        sp.y_from = out_from;
         Ops<B>::selective_scan(sp, ctx.stream);
 
         const std::size_t skip = std::size_t(out_from);

@@ -205,7 +205,9 @@ inline float scan_dt(const SelectiveScanParams& p, std::size_t tc) {
 #endif
 }
 
-/// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state.
+/// Mamba-1 selective scan with D skip and SiLU(z) gate (see SelectiveScanParams), continuing from state. Rows
+/// t < p.y_from advance the state only (no C-weighted sum, gate or y store); the state's and the other rows' bits do
+/// not depend on y_from.
 inline void selective_scan(const SelectiveScanParams& p) {
     const int C = p.channels, S = p.d_state;
     const std::size_t ldbc = p.ld_bc ? std::size_t(p.ld_bc) : std::size_t(S);
@@ -213,6 +215,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
     for (int t = 0; t < p.length; ++t) {
         const float* Bt = p.B + std::size_t(t) * ldbc;
         const float* Ct = p.C + std::size_t(t) * ldbc;
+        const bool want_y = t >= p.y_from;
         int c = 0;
 #if FLOWEDGE_ISA_AVX512
         if (S == 16) {
@@ -232,7 +235,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
                     const __m512 dtv = p.dt_softplus ? scan_softplus(dt_raw) : dt_raw;
                     _mm512_store_ps(dt2 + (j - c), _mm512_mul_ps(dtv, _mm512_set1_ps(1.44269504088896341f)));
                     _mm512_store_ps(du + (j - c), _mm512_mul_ps(dtv, _mm512_loadu_ps(p.u + tc)));
-                    _mm512_store_ps(gate + (j - c), mamba_silu(_mm512_loadu_ps(zt + j)));
+                    if (want_y) _mm512_store_ps(gate + (j - c), mamba_silu(_mm512_loadu_ps(zt + j)));
                 }
                 for (int c0 = c; c < c_end; c += 16) {
                     const std::size_t tc0 = std::size_t(t) * C + c;
@@ -254,6 +257,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
                         sn[k] = _mm512_fmadd_ps(decay, _mm512_loadu_ps(st), _mm512_mul_ps(_mm512_set1_ps(du[j0 + k]), vB));
                         _mm512_storeu_ps(st, sn[k]);
                     }
+                    if (!want_y) continue;
                     const __m512 dv = p.D ? _mm512_loadu_ps(p.D + c) : _mm512_setzero_ps();
                     const __m512 yv = _mm512_fmadd_ps(dv, _mm512_loadu_ps(p.u + tc0), scan_dot16(sn, clo, chi));
                     _mm512_storeu_ps(p.y + tc0, _mm512_mul_ps(yv, _mm512_load_ps(gate + j0)));
@@ -294,6 +298,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
                     _mm256_storeu_ps(st + 8, s1);
                     prod[k] = _mm256_fmadd_ps(s1, vC1, _mm256_mul_ps(s0, vC0));
                 }
+                if (!want_y) continue;
                 // h[k] = [lanes l + l+4 of prod[k] | of prod[k+4]] (l = 0..3), then pairs within 128-bit halves.
                 __m256 h[4];
                 for (int k = 0; k < 4; ++k)
@@ -347,6 +352,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
                 s[n] = sn;
                 acc += sn * Ct[n];
             }
+            if (!want_y) continue;
             const float d = p.D ? p.D[c] : 0.f;
             p.y[tc] = (acc + d * uv) * silu(p.z[std::size_t(t) * ldz + c]);
         }
