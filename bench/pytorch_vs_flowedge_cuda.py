@@ -5,7 +5,7 @@ torch.compile) vs flowedge (F32, BF16, F16 weights) on the same weights, conditi
 
 Usage: bench/pytorch_vs_flowedge_cuda.py MODEL.flowedge.safetensors [--batches 1 8 64] [--runs N] [--steps 10]
            [--json bench/results/dp_cuda_vs_pytorch.json] [--md bench/results/dp_cuda_vs_pytorch.md]
-           [--flowedge-path DIR] [--no-compile] [--no-tf32] [--compile-budget-s S]
+           [--flowedge-path DIR] [--no-compile] [--no-tf32] [--compile-budget-s S] [--png FILE]
 
 Latency = host wall time of one call from numpy condition/noise to numpy actions (inputs copied to the device, the
 N-step sampler, result copied back), the way a robot control loop calls a policy; p50/p99/max over --runs calls after
@@ -173,6 +173,8 @@ def main() -> int:
     ap.add_argument("--flowedge-path", default=None, help="folder with the flowedge package or the built _flowedge")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--png", default=None, help="samples/s vs batch per row, against the card's compute and bandwidth roofs "
+                    "(bench/plot_batch_throughput.py; needs matplotlib)")
     ap.add_argument("--torch-unet", choices=["auto", "ours"], default="auto",
                     help="auto: LeRobot's U-Net module when lerobot is importable, else bench/torch_dp_unet.py")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -236,6 +238,14 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - any failure is reported, the other variants still run
             compile_note = f"torch.compile failed: {type(e).__name__}: {e}"
 
+    # Multiply-add work of one U-Net call per sample (torch's FLOP counter: convolutions, ConvTranspose, linears),
+    # for the throughput roofs of --png.
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        unet(torch.zeros(1, cfg.horizon, cfg.action_dim, device=dev), torch.full((1,), 10, dtype=torch.long, device=dev),
+             torch.zeros(1, cfg.global_cond_dim, device=dev))
+    unet_gflop = fc.get_total_flops() / 1e9
+
     smi = nvidia_smi()
     meta = {
         "bench": "dp_cuda_vs_pytorch", "model": os.path.relpath(os.path.abspath(args.model), ROOT),
@@ -243,7 +253,7 @@ def main() -> int:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "flowedge_version": flowedge.__version__, "flowedge_commit": git_commit(), "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch_unet": impl, "unet_parameters": n_params, "scheduler": "ddim", "steps": args.steps,
+        "torch_unet": impl, "unet_parameters": n_params, "unet_gflop_per_sample": unet_gflop, "scheduler": "ddim", "steps": args.steps,
         "runs": args.runs, "warmup": args.warmup, "seed": args.seed, "tf32": False, "torch_dtype": "float32",
         "timing": "host wall time per call, numpy in -> numpy out (H2D inputs, sampler, D2H output)",
         "diff_units": "normalised actions (sampler output before MIN_MAX un-normalisation), max abs",
@@ -340,6 +350,11 @@ def main() -> int:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as f:
                 f.write(text)
+    if args.png:
+        if not args.json:
+            print("pytorch_vs_flowedge_cuda: --png needs --json (the plot reads it)", file=sys.stderr)
+            return 2
+        subprocess.run([sys.executable, os.path.join(HERE, "plot_batch_throughput.py"), args.json, "--png", args.png], check=False)
     return 1 if failures else 0
 
 
