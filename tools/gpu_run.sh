@@ -19,7 +19,9 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on the small-config GPU tests
 #   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`), then
 #             bench/pytorch_vs_flowedge_cuda.py: PyTorch eager / CUDA graph / torch.compile vs flowedge F32/BF16/F16
-#             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3)
+#             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3); samples/s vs
+#             batch against the roofs in dp_cuda_vs_pytorch.png (issue 21's sweep: PYTORCH_ARGS="--batches 8 16 32 64
+#             128 256 --maths f32 tf32 bf16 --dtypes f32 bf16")
 #   lerobot   issue 7 on the GPU: LeRobot + gym-pusht from carried wheels (.whl, see below) into /tmp/site_lerobot,
 #             `FLOWEDGE_BACKEND=cuda pip install .` (sm_90) into /tmp/site_flowedge, models/dp_pusht made by LeRobot
 #             itself (tools/make_reference_diffusion.py --pusht --policy-only), then flowedge-lerobot-replay --device
@@ -298,7 +300,7 @@ stage_pytorch() {
     ls "$BUILD_PY"/python/_flowedge*
     python3 bench/pytorch_vs_flowedge_cuda.py models/diffusion_pusht.flowedge.safetensors \
         --flowedge-path "$BUILD_PY/python" --json "$OUT/dp_cuda_vs_pytorch.json" --md "$OUT/dp_cuda_vs_pytorch.md" \
-        ${PYTORCH_ARGS:-} 2>&1 | tee "$OUT/dp_cuda_vs_pytorch.txt"
+        --png "$OUT/dp_cuda_vs_pytorch.png" ${PYTORCH_ARGS:-} 2>&1 | tee "$OUT/dp_cuda_vs_pytorch.txt"
     rc=${PIPESTATUS[0]}
     # Also into the checkout, ready to commit with the other results.
     [ -f "$OUT/dp_cuda_vs_pytorch.json" ] && cp "$OUT/dp_cuda_vs_pytorch.json" "$OUT/dp_cuda_vs_pytorch.md" bench/results/
