@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -42,9 +43,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Max |flowedge - LeRobot| over every step's chunk of the reference episode in `ref` (frames uint8 HWC).
+/// Max |flowedge - LeRobot| over every step's chunk of the reference episode in `ref` (frames uint8 HWC); `bits`
+/// gets an FNV-1a hash of every chunk's float bits (equal hashes: two builds computed the same chunks).
 template <Backend B>
-double reference_error(ActPolicy<B>& p, const fs::path& ref) {
+double reference_error(ActPolicy<B>& p, const fs::path& ref, std::uint64_t& bits) {
     const auto state = io::read_npy_f32(ref / (p.state_key() + ".npy"));
     const auto chunks = io::read_npy_f32(ref / "chunks.npy");
     std::vector<float> env;
@@ -55,6 +57,7 @@ double reference_error(ActPolicy<B>& p, const fs::path& ref) {
     const std::size_t CA = std::size_t(p.config().chunk_size) * std::size_t(p.action_dim());
     std::vector<float> chunk(CA);
     double worst = 0;
+    bits = 1469598103934665603ull;
     for (std::size_t t = 0; t < T; ++t) {
         std::vector<PolicyFrame> f;
         for (std::size_t c = 0; c < frames.size(); ++c) {
@@ -65,7 +68,12 @@ double reference_error(ActPolicy<B>& p, const fs::path& ref) {
         const PolicyObservation obs{std::span<const float>(state.data.data() + t * S, S),
                                     E ? std::span<const float>(env.data() + t * E, E) : std::span<const float>{}, f};
         p.predict_action_chunk(obs, chunk);
-        for (std::size_t i = 0; i < CA; ++i) worst = std::max(worst, std::fabs(double(chunk[i]) - double(chunks.data[t * CA + i])));
+        for (std::size_t i = 0; i < CA; ++i) {
+            worst = std::max(worst, std::fabs(double(chunk[i]) - double(chunks.data[t * CA + i])));
+            std::uint32_t u;
+            std::memcpy(&u, &chunk[i], sizeof u);
+            bits = (bits ^ u) * 1099511628211ull;
+        }
     }
     return worst;
 }
@@ -136,9 +144,12 @@ int run(const std::string& folder, const LoadOptions& lo, MathMode math, const s
         out["loadavg_before"] = bench::read_loadavg();
     }
     if (!ref.empty()) {
-        const double err = reference_error(p, ref);
-        std::printf("  chunks vs LeRobot (%s): max abs %.3g normalised\n", ref.c_str(), err);
+        std::uint64_t bits = 0;
+        const double err = reference_error(p, ref, bits);
+        std::printf("  chunks vs LeRobot (%s): max abs %.3g normalised; chunk bits hash %016llx\n", ref.c_str(), err,
+                    static_cast<unsigned long long>(bits));
         out["max_abs_vs_lerobot"] = err;
+        out["chunk_bits_fnv1a"] = bits;
     }
     const SyntheticObservation synthetic(p);
     const PolicyObservation obs = synthetic.view();

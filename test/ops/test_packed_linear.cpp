@@ -378,3 +378,23 @@ TEST_CASE("packed linear: calls above 2^22 multiply-adds split outputs over thre
             check_rows_independent(pk, c, y1, m);  // 1-row calls stay on one thread: same bits again
         }
 }
+
+TEST_CASE("packed linear, exact math: many-row GEMM (panel copies, both loop orders, k slices, edge tiles) keeps each row's bits") {
+    if (!PackedLinear::available()) return;
+    // in > out (k slices outer) and in <= out (output groups outer); in not a multiple of the 128-step slices; out
+    // ending inside a block and a group; row counts leaving partial row tiles; strided rows (seed / 16 odd).
+    struct Shape {
+        int rows, in, out;
+    };
+    std::uint32_t seed = 900;
+    for (const Shape sh : {Shape{41, 700, 200}, Shape{23, 300, 1100}, Shape{100, 257, 257}})
+        for (int k = 0; k < 2; ++k) {
+            const Case c(DType::F32, sh.rows, sh.in, sh.out, seed);
+            seed += 17;
+            PackedLinear pk;
+            pk.pack({c.w.bytes.data(), DType::F32}, sh.in, sh.out, MathMode::F32);
+            const auto y = run_packed(pk, c, MathMode::F32);
+            check_outputs(c, y, [&](int r, int o) { return exact_ref(c, r, o, gamma_seq(sh.in)); }, "packed GEMM");
+            check_rows_independent(pk, c, y, MathMode::F32);
+        }
+}

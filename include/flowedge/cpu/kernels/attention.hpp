@@ -110,6 +110,25 @@ inline bool attention_blocked(const AttentionParams& p) {
     return p.n_kv <= kAttnBlockMaxKeys && p.head_dim <= kAttnBlockMaxHeadDim && p.head_dim % kLanes == 0;
 }
 
+/// Vector helpers of the softmax: std::max(m, s) per lane, and float lanes widened to double in halves.
+#if FLOWEDGE_ISA_AVX512
+using VecD = __m512d;
+inline VecF attn_vmax(VecF m, VecF s) { return _mm512_max_ps(s, m); }
+inline VecD vzero_d() { return _mm512_setzero_pd(); }
+inline VecD vadd_d(VecD a, VecD b) { return _mm512_add_pd(a, b); }
+inline VecD widen_lo(VecF v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+inline VecD widen_hi(VecF v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+inline void vstore_d(double* p, VecD v) { _mm512_storeu_pd(p, v); }
+#else
+using VecD = __m256d;
+inline VecF attn_vmax(VecF m, VecF s) { return _mm256_max_ps(s, m); }
+inline VecD vzero_d() { return _mm256_setzero_pd(); }
+inline VecD vadd_d(VecD a, VecD b) { return _mm256_add_pd(a, b); }
+inline VecD widen_lo(VecF v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+inline VecD widen_hi(VecF v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+inline void vstore_d(double* p, VecD v) { _mm256_storeu_pd(p, v); }
+#endif
+
 /// st[j][i] = scale * sum_d qt[d][i] k[j][d] for J keys (d in order, one chain per score). k: key 0's head columns.
 template <int J>
 inline void attention_scores_tile(const float* qt, const float* k, std::size_t ldk, int dh, float scale, float* st) {
@@ -178,26 +197,39 @@ inline void attention_block(const AttentionParams& p, int h, int i0, int i1) {
     const std::size_t col = std::size_t(h) * std::size_t(dh);
     alignas(64) float qt[kAttnBlockMaxHeadDim * kAttnBlock];
     alignas(64) float st[kAttnBlockMaxKeys * kAttnBlock];
-    for (int d = 0; d < dh; ++d)
-        for (int i = 0; i < kAttnBlock; ++i)
-            qt[std::size_t(d) * kAttnBlock + std::size_t(i)] = i < nq ? p.q[std::size_t(i0 + i) * ldq + col + std::size_t(d)] : 0.f;
+    // Query by query: each reads its head slice contiguously (one strided store per element).
+    for (int i = 0; i < kAttnBlock; ++i) {
+        const float* q = p.q + std::size_t(i0 + i) * ldq + col;
+        for (int d = 0; d < dh; ++d) qt[std::size_t(d) * kAttnBlock + std::size_t(i)] = i < nq ? q[d] : 0.f;
+    }
     for (int j = 0; j < p.n_kv; j += kAttnScoreKeys)
         attention_scores_tile_n(std::min(kAttnScoreKeys, p.n_kv - j), qt, p.k + std::size_t(j) * ldk + col, ldk, dh, p.scale,
                                 st + std::size_t(j) * kAttnBlock);
-    alignas(64) float neg_max[kAttnBlock], inv[kAttnBlock];
-    double sum[kAttnBlock];
-    for (int i = 0; i < kAttnBlock; ++i) {
-        float mx = -INFINITY;
-        for (int j = 0; j < p.n_kv; ++j) mx = std::max(mx, st[std::size_t(j) * kAttnBlock + std::size_t(i)]);
-        neg_max[i] = -mx;
-        sum[i] = 0;
-    }
+    // Softmax per query (lane), vectors over the block's queries: the max over the keys (std::max(m, s) in key
+    // order, as max_ps(s, m) returns m unless s > m), then exp(s - max) and its sum in double, each lane's sum in
+    // key order (two or four lanes of doubles per float vector).
+    constexpr int kQv = kAttnBlock / kLanes;  // query vectors per block
+    VecF mx[kQv];
+    for (int v = 0; v < kQv; ++v) mx[v] = vset1(-INFINITY);
+    for (int j = 0; j < p.n_kv; ++j)
+        for (int v = 0; v < kQv; ++v) mx[v] = attn_vmax(mx[v], vload(st + std::size_t(j) * kAttnBlock + std::size_t(v) * kLanes));
+    VecF neg_max[kQv];
+    for (int v = 0; v < kQv; ++v) neg_max[v] = vmul(mx[v], vset1(-1.f));
+    VecD sum[2 * kQv];
+    for (int v = 0; v < 2 * kQv; ++v) sum[v] = vzero_d();
     for (int j = 0; j < p.n_kv; ++j) {
         float* sj = st + std::size_t(j) * kAttnBlock;
-        for (int v = 0; v < kAttnBlock; v += kLanes) vstore(sj + v, vexp(vadd(vload(sj + v), vload(neg_max + v))));
-        for (int i = 0; i < kAttnBlock; ++i) sum[i] += sj[i];
+        for (int v = 0; v < kQv; ++v) {
+            const VecF e = vexp(vadd(vload(sj + v * kLanes), neg_max[v]));
+            vstore(sj + v * kLanes, e);
+            sum[2 * v] = vadd_d(sum[2 * v], widen_lo(e));
+            sum[2 * v + 1] = vadd_d(sum[2 * v + 1], widen_hi(e));
+        }
     }
-    for (int i = 0; i < kAttnBlock; ++i) inv[i] = float(1.0 / sum[i]);
+    alignas(64) double sums[kAttnBlock];
+    alignas(64) float inv[kAttnBlock];
+    for (int v = 0; v < 2 * kQv; ++v) vstore_d(sums + v * (kLanes / 2), sum[v]);
+    for (int i = 0; i < kAttnBlock; ++i) inv[i] = float(1.0 / sums[i]);
     const int head_vecs = dh / kLanes;
     for (int r0 = 0; r0 < nq; r0 += kAttnPvRows)
         for (int t0 = 0; t0 < head_vecs; t0 += kAttnPvVecs)

@@ -7,27 +7,36 @@ namespace packed {
 /// Many rows (an ACT encoder's ~300 tokens, its decoder's 100 queries) on the F32 layout with one chain per output:
 /// a register-blocked GEMM. A tile holds kGemmRows rows x kGemmVecs output vectors of accumulators (AVX-512: 6 x 4 = 24
 /// of 32 zmm; AVX2: 4 x 3 = 12 of 16 ymm), and each k step loads the tile's weight vectors once and multiplies them
-/// by each row's broadcast x[r][k]. Output groups are the outer loop and row tiles the inner one, so a group's
-/// weight panel (kGemmVecs vectors x kGemmDepth k steps) is read from L2 by every row tile while x streams through;
-/// longer reductions (the FFN's second linear, in = 3200) run in k slices of kGemmDepth whose partial sums go through
-/// y (exact: the chain continues from the stored float). Each output is bias + sum over k in k order in one chain,
-/// the arithmetic of tile<F32, 1, ...>: the same bits at any row count.
+/// by each row's broadcast x[r][k]. The weights of a group of kGemmVecs vectors over a k slice (its panel) are
+/// copied contiguous onto the stack once and then read from L1 by every row tile: in place, a group's k steps are a
+/// block's width (1 KiB) apart, so its lines fall in a quarter of L1's sets and each row tile would read the panel
+/// from L2 again. The next panel is prefetched into L2 while the row tiles run (a chunk's weights come from L3).
+/// Partial sums of a k slice go through y (exact: the chain continues from the stored float). Each output is bias +
+/// sum over k in k order in one chain, the arithmetic of tile<F32, 1, ...>: the same bits at any row count.
 inline constexpr int kGemmRows = kRegisters >= 32 ? 6 : 4;
 inline constexpr int kGemmVecs = kRegisters >= 32 ? 4 : 3;
-/// k steps per slice: a panel of kGemmVecs vectors x 256 floats (64 KiB on AVX-512) and the rows' x slices (~300 KiB
-/// at 300 rows) stay in a 1 MiB L2.
+/// k steps per slice of the in-place path (FLOWEDGE_CPU_GEMM_NO_PANEL=1): a panel of kGemmVecs vectors x 256 floats
+/// (64 KiB on AVX-512) and the rows' x slices (~300 KiB at 300 rows) stay in L2.
 inline constexpr int kGemmDepth = 256;
+/// k steps per slice of the panel path: kGemmVecs vectors x 128 k steps (32 KiB on AVX-512) stay in a 48 KiB L1 with
+/// the row tile's x slices (96 and 160-192 measured slower or the same, bench/results/act_cpu.md act-cpu3).
+inline constexpr int kGemmPanelDepth = 128;
 
-/// R rows x V vectors from vector v0 of block b over k in [k0, k1): starts from the bias (k0 == 0) or the partial
-/// sums in y, ends with the epilogue (k1 == in) or stores the partial sums (exact, as the next slice reloads them).
+/// FLOWEDGE_CPU_GEMM_NO_PANEL=1 reads the weights in place (kGemmDepth slices): the old path of an A/B run.
+inline bool gemm_panel_enabled() {
+    static const bool on = [] {
+        const char* off = std::getenv("FLOWEDGE_CPU_GEMM_NO_PANEL");
+        return !(off && off[0] == '1');
+    }();
+    return on;
+}
+
+/// R rows x V vectors of outputs from obase over k in [k0, k1): w is the tile's first weight vector at k = k0, k
+/// steps ks floats apart. Starts from the bias (k0 == 0) or the partial sums in y, ends with the epilogue (k1 == in)
+/// or stores the partial sums (exact, as the next slice reloads them).
 template <int R, int V>
-inline void gemm_tile(const Call& c, int r0, int b, int v0, int k0, int k1) {
+inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1) {
     const LinearParams& p = *c.p;
-    const int vb = std::min(kPackBlockVecs, c.out_vecs - b * kPackBlockVecs);  // vectors in this block
-    const std::size_t ks = std::size_t(vb) * kLanes;                            // floats per k step
-    const float* w = static_cast<const float*>(c.w) + std::size_t(b) * kPackBlockVecs * kLanes * std::size_t(c.ksteps) +
-                     std::size_t(v0) * kLanes;
-    const int obase = (b * kPackBlockVecs + v0) * kLanes;
     VecF acc[R][V];
     for (int v = 0; v < V; ++v) {
         const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
@@ -39,7 +48,7 @@ inline void gemm_tile(const Call& c, int r0, int b, int v0, int k0, int k1) {
     }
     const float* x = p.x + std::size_t(r0) * c.ldx;
     for (int k = k0; k < k1; ++k) {
-        const float* wk = w + std::size_t(k) * ks;
+        const float* wk = w + std::size_t(k - k0) * ks;
         VecF wv[V];
         for (int v = 0; v < V; ++v) wv[v] = vload(wk + v * kLanes);
         for (int r = 0; r < R; ++r) {
@@ -62,28 +71,120 @@ inline void gemm_tile(const Call& c, int r0, int b, int v0, int k0, int k1) {
 
 /// gemm_tile for a runtime (rows, vectors) in [1, kGemmRows] x [1, kGemmVecs].
 template <int R = kGemmRows, int V = kGemmVecs>
-inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int b, int v0, int k0, int k1) {
+inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1) {
     if constexpr (R > 1) {
-        if (nr < R) return gemm_tile_n<R - 1, V>(nr, nv, c, r0, b, v0, k0, k1);
+        if (nr < R) return gemm_tile_n<R - 1, V>(nr, nv, c, r0, obase, w, ks, k0, k1);
     }
     if constexpr (V > 1) {
-        if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, b, v0, k0, k1);
+        if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, obase, w, ks, k0, k1);
     }
-    gemm_tile<R, V>(c, r0, b, v0, k0, k1);
+    gemm_tile<R, V>(c, r0, obase, w, ks, k0, k1);
 }
 
-/// All rows of a call against output vectors [c.vbeg, c.vend): groups of kGemmVecs vectors, each k slice over every
-/// row tile. An accumulate call is not sliced (y holds what it adds to).
+/// One group of the call: nv (<= kGemmVecs) vectors from vector v0 of block b. The group's weights: first vector at
+/// k = 0 and the stride between k steps.
+struct GemmGroup {
+    const float* w;
+    std::size_t ks;
+    int obase, nv;
+};
+inline GemmGroup gemm_group(const Call& c, int b, int v0, int nv) {
+    const int vb = std::min(kPackBlockVecs, c.out_vecs - b * kPackBlockVecs);  // vectors in this block
+    return {static_cast<const float*>(c.w) + std::size_t(b) * kPackBlockVecs * kLanes * std::size_t(c.ksteps) + std::size_t(v0) * kLanes,
+            std::size_t(vb) * kLanes, (b * kPackBlockVecs + v0) * kLanes, nv};
+}
+
+/// The groups of a call in order: block b, first vector v0 within it, over output vectors [c.vbeg, c.vend).
+struct GemmGroupIt {
+    const Call* c;
+    int b, v0;
+    int lo() const { return std::max(0, c->vbeg - b * kPackBlockVecs); }
+    int hi() const { return std::min({kPackBlockVecs, c->out_vecs - b * kPackBlockVecs, c->vend - b * kPackBlockVecs}); }
+    bool valid() const { return b * kPackBlockVecs < c->vend && v0 < hi(); }
+    GemmGroup group() const { return gemm_group(*c, b, v0, std::min(kGemmVecs, hi() - v0)); }
+    static GemmGroupIt first(const Call& c) {
+        GemmGroupIt it{&c, c.vbeg / kPackBlockVecs, 0};
+        it.v0 = it.lo();
+        return it;
+    }
+    GemmGroupIt next() const {
+        GemmGroupIt it = *this;
+        it.v0 += kGemmVecs;
+        if (it.v0 >= hi()) {
+            ++it.b;
+            it.v0 = it.lo();
+        }
+        return it;
+    }
+};
+
+/// A slice of a group the panel path copies next (k0 == k1: none): its lines are prefetched into L2 while the current
+/// slice's row tiles run, so the copy does not wait on L3 (the weights of a chunk do not stay in L2).
+struct GemmNext {
+    GemmGroup g{};
+    int k0 = 0, k1 = 0;
+};
+
+/// Every row tile of group g over k in [k0, k1), the weights copied first into `panel` (contiguous, nv vectors per k
+/// step, L1-resident while the row tiles read it); next's weights prefetched, a share before each row tile.
+inline void gemm_group_slice(const Call& c, const GemmGroup& g, int k0, int k1, float* panel, const GemmNext& next) {
+    const std::size_t pk = std::size_t(g.nv) * kLanes;
+    for (int k = k0; k < k1; ++k) {
+        const float* src = g.w + std::size_t(k) * g.ks;
+        float* dst = panel + std::size_t(k - k0) * pk;
+        for (int v = 0; v < g.nv; ++v) vstore(dst + v * kLanes, vload(src + v * kLanes));
+    }
+    const LinearParams& p = *c.p;
+    const int tiles = (p.rows + kGemmRows - 1) / kGemmRows, steps = next.k1 - next.k0;
+    // Bytes of one k step of the next group: nv vectors, one or more 64-byte lines.
+    const int step_bytes = next.g.nv * kLanes * int(sizeof(float));
+    for (int t = 0; t < tiles; ++t) {
+        for (int k = next.k0 + steps * t / tiles; k < next.k0 + steps * (t + 1) / tiles; ++k) {
+            const char* src = reinterpret_cast<const char*>(next.g.w + std::size_t(k) * next.g.ks);
+            for (int o = 0; o < step_bytes; o += 64) _mm_prefetch(src + o, _MM_HINT_T1);
+        }
+        const int r0 = t * kGemmRows, nr = std::min(kGemmRows, p.rows - r0);
+        gemm_tile_n(nr, g.nv, c, r0, g.obase, panel, pk, k0, k1);
+    }
+}
+
+/// All rows of a call against output vectors [c.vbeg, c.vend), in groups of kGemmVecs vectors. Panel path: k slices
+/// of kGemmPanelDepth, each group's slice copied contiguous once and read by every row tile; the slices are the outer
+/// loop where x is wider than y (in > out: x's slice is read from L2 by every group) and the groups where it is not
+/// (a group's partial sums in y stay in L2 across the slices). An accumulate call is not sliced (y holds what it adds
+/// to) and reads the weights in place, as does the old path (FLOWEDGE_CPU_GEMM_NO_PANEL=1: k slices of kGemmDepth).
 inline void gemm_all_rows(const Call& c) {
     const LinearParams& p = *c.p;
-    const int depth = p.accumulate ? p.in : kGemmDepth;
-    for (int b = c.vbeg / kPackBlockVecs; b * kPackBlockVecs < c.vend; ++b) {
-        const int lo = std::max(0, c.vbeg - b * kPackBlockVecs);
-        const int hi = std::min({kPackBlockVecs, c.out_vecs - b * kPackBlockVecs, c.vend - b * kPackBlockVecs});
-        for (int v0 = lo; v0 < hi; v0 += kGemmVecs)
-            for (int k0 = 0; k0 < p.in; k0 += depth)
+    if (p.accumulate || !gemm_panel_enabled()) {
+        const int depth = p.accumulate ? p.in : kGemmDepth;
+        for (GemmGroupIt it = GemmGroupIt::first(c); it.valid(); it = it.next()) {
+            const GemmGroup g = it.group();
+            for (int k0 = 0; k0 < p.in; k0 += depth) {
+                const int k1 = std::min(p.in, k0 + depth);
                 for (int r0 = 0; r0 < p.rows; r0 += kGemmRows)
-                    gemm_tile_n(std::min(kGemmRows, p.rows - r0), std::min(kGemmVecs, hi - v0), c, r0, b, v0, k0, std::min(p.in, k0 + depth));
+                    gemm_tile_n(std::min(kGemmRows, p.rows - r0), g.nv, c, r0, g.obase, g.w + std::size_t(k0) * g.ks, g.ks, k0, k1);
+            }
+        }
+        return;
+    }
+    alignas(64) float panel[std::size_t(kGemmPanelDepth) * kGemmVecs * kLanes];
+    const auto slice_end = [&](int k0) { return std::min(p.in, k0 + kGemmPanelDepth); };
+    if (p.in > p.out) {
+        for (int k0 = 0; k0 < p.in; k0 += kGemmPanelDepth)
+            for (GemmGroupIt it = GemmGroupIt::first(c); it.valid(); it = it.next()) {
+                GemmNext nx;
+                if (const GemmGroupIt n = it.next(); n.valid()) nx = {n.group(), k0, slice_end(k0)};
+                else if (slice_end(k0) < p.in) nx = {GemmGroupIt::first(c).group(), slice_end(k0), slice_end(slice_end(k0))};
+                gemm_group_slice(c, it.group(), k0, slice_end(k0), panel, nx);
+            }
+    } else {
+        for (GemmGroupIt it = GemmGroupIt::first(c); it.valid(); it = it.next())
+            for (int k0 = 0; k0 < p.in; k0 += kGemmPanelDepth) {
+                GemmNext nx;
+                if (slice_end(k0) < p.in) nx = {it.group(), slice_end(k0), slice_end(slice_end(k0))};
+                else if (const GemmGroupIt n = it.next(); n.valid()) nx = {n.group(), 0, slice_end(0)};
+                gemm_group_slice(c, it.group(), k0, slice_end(k0), panel, nx);
+            }
     }
 }
 
