@@ -86,8 +86,8 @@ __device__ __forceinline__ P to_panel(float val) {
 
 /// panel[p][kk] for image b: a thread owns one column kk (input channel i, tap u, v: divided out once) and walks
 /// kIm2colPixels consecutive pixels p of its block, stepping (r, q) without dividing; consecutive threads take
-/// consecutive kk, so each pixel's row of the panel is written coalesced. (The flat kernel below divided a 64-bit
-/// element index per element and was bound by that integer work: ~0.3 TB/s on ACT's layer1 panels.)
+/// consecutive kk, so each pixel's row of the panel is written coalesced. (The flat kernel below divides a 64-bit
+/// index per element, and that integer work bounds it: docs/kernels/cuda.md.)
 template <class P, bool Tf32>
 __global__ void __launch_bounds__(kIm2colColumns) conv2d_im2col_kernel(const Conv2dParams p, int b, P* __restrict__ panel) {
     detail::pdl_wait();
@@ -132,10 +132,6 @@ __global__ void __launch_bounds__(kIm2colThreads) conv2d_im2col_flat_kernel(cons
     }
 }
 
-/// Builds image b's panel with the column kernel (or the flat one under FLOWEDGE_CUDA_IM2COL_FLAT=1).
-template <class P, bool Tf32>
-void launch_im2col(const Conv2dParams& p, int b, void* panel, std::int64_t pix, std::int64_t kg, cudaStream_t st);
-
 /// y = act(y + bias[o] + residual) over the whole batch, in place (y holds the GEMM's products), float.
 __global__ void __launch_bounds__(kEpilogueThreads) conv2d_gemm_epilogue_kernel(const Conv2dParams p, std::int64_t n_elements) {
     detail::pdl_wait();
@@ -155,6 +151,7 @@ unsigned grid_for(std::int64_t n, int threads) {
     return unsigned(std::min<std::int64_t>(blocks, std::int64_t(detail::sm_count()) * 32));
 }
 
+/// Builds image b's panel with the column kernel (or the flat one under FLOWEDGE_CUDA_IM2COL_FLAT=1).
 template <class P, bool Tf32>
 void launch_im2col(const Conv2dParams& p, int b, void* panel, std::int64_t pix, std::int64_t kg, cudaStream_t st) {
     if (detail::env_flag("FLOWEDGE_CUDA_IM2COL_FLAT")) {

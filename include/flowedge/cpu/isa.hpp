@@ -118,6 +118,12 @@ inline Isa best_isa(const CpuFeatures& f) {
     return Isa::Eigen;
 }
 
+/// True when environment variable `name` is set to exactly `value` (the A/B and escape-hatch switches).
+inline bool env_is(const char* name, std::string_view value) {
+    const char* v = std::getenv(name);
+    return v && std::string_view(v) == value;
+}
+
 /// The kernel set a FLOWEDGE_CPU_ISA value asks for ("scalar", "eigen", "avx2", "avx512"; empty or unset = the best
 /// one). A set the machine cannot run, or an unknown name, is an Error naming the choices.
 inline Isa choose_isa(std::string_view requested, const CpuFeatures& f) {
@@ -147,8 +153,7 @@ inline const IsaState& isa_state() {
         st.isa = choose_isa(env ? std::string_view(env) : std::string_view{}, st.features);
         // AMX extends the AVX-512 set only (FLOWEDGE_CPU_ISA=avx512 keeps it; FLOWEDGE_CPU_AMX=0 turns it off for
         // A/B runs); the permission is asked only where it would be used.
-        const char* amx_env = std::getenv("FLOWEDGE_CPU_AMX");
-        const bool amx_off = amx_env && std::string_view(amx_env) == "0";
+        const bool amx_off = env_is("FLOWEDGE_CPU_AMX", "0");
         st.amx = st.isa == Isa::Avx512 && (st.features.amx_bf16 || st.features.amx_int8) && !amx_off &&
                  request_amx_permission();
         return st;

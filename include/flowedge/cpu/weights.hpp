@@ -232,8 +232,7 @@ inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const Wei
         case Storage::Conv2dWeight: {
             // FLOWEDGE_CPU_CONV2D_NO_PACK=1 keeps the stored layout (the im2col paths): the old path of an A/B run in
             // one process image, as FLOWEDGE_CUDA_CONV2D_NO_KSTREAM does on the GPU.
-            const char* no_pack = std::getenv("FLOWEDGE_CPU_CONV2D_NO_PACK");
-            if (simd && !(no_pack && std::string_view(no_pack) == "1"))
+            if (simd && !env_is("FLOWEDGE_CPU_CONV2D_NO_PACK", "1"))
                 return PackedWeight::conv2d_blocks(w, shape, isa, what);
             return nullptr;
         }

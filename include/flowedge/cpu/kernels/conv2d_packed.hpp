@@ -235,10 +235,7 @@ inline constexpr double kConv2dBandMaxWaste = 0.45;
 
 /// FLOWEDGE_CPU_CONV2D_NO_BAND=1 keeps every conv on the im2col panel: the old path of an A/B run in one binary.
 inline bool conv2d_band_enabled() {
-    static const bool on = [] {
-        const char* off = std::getenv("FLOWEDGE_CPU_CONV2D_NO_BAND");
-        return !(off && off[0] == '1');
-    }();
+    static const bool on = !::flowedge::cpu::env_is("FLOWEDGE_CPU_CONV2D_NO_BAND", "1");
     return on;
 }
 
