@@ -18,6 +18,7 @@
 #include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -68,7 +69,7 @@ double min_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::min
 /// one recorded graph on CUDA, host wall clock around launch + synchronize.
 template <Backend B>
 std::vector<double> encoder_ms(const io::LeRobotDiffusionPolicy& meta, const LoadOptions& lo, const std::vector<std::uint8_t>& frame,
-                               int iters, int warm = 10) {
+                               int iters, int warm = 10, std::vector<float>* features = nullptr) {
     const auto& cam = meta.cameras.at(0);
     DiffusionRgbEncoder<B> enc(rgb_encoder_config_from_lerobot(meta.config, cam.height, cam.width));
     enc.load(meta.head.weights, meta.separate_encoders ? "diffusion.rgb_encoder.0." : "diffusion.rgb_encoder.", lo);
@@ -88,6 +89,10 @@ std::vector<double> encoder_ms(const io::LeRobotDiffusionPolicy& meta, const Loa
         Memory<B>::synchronize(exec.stream());
         if (r >= warm) ms.push_back(ms_since(t0));
     }
+    if (features) {
+        features->resize(std::size_t(enc.feature_dim()));
+        Memory<B>::copy_to_host(features->data(), dfeat.data(), features->size() * sizeof(float));
+    }
     return ms;
 }
 
@@ -99,8 +104,17 @@ int run_encoder_only(const std::string& folder, const LoadOptions& lo, int iters
     if (meta.cameras.empty()) throw Error("flowedge: policy_bench: --encoder-only needs a policy with a camera (got none)");
     std::vector<std::uint8_t> frame(std::size_t(meta.cameras[0].height) * meta.cameras[0].width * 3);
     for (std::size_t i = 0; i < frame.size(); ++i) frame[i] = std::uint8_t((i * 7) & 0xff);
-    const Stats s = stats(encoder_ms<B>(meta, lo, frame, iters, 1));
-    std::printf("encoder of %s on %s:\n", meta.cameras[0].key.c_str(), device_name.c_str());
+    std::vector<float> feat;
+    const Stats s = stats(encoder_ms<B>(meta, lo, frame, iters, 1, &feat));
+    // FNV-1a over the features' float bits: equal hashes = two builds or kernel paths computed the same features.
+    std::uint64_t bits = 1469598103934665603ull;
+    for (const float f : feat) {
+        std::uint32_t u;
+        std::memcpy(&u, &f, sizeof u);
+        for (int b = 0; b < 4; ++b) bits = (bits ^ ((u >> (8 * b)) & 0xffu)) * 1099511628211ull;
+    }
+    std::printf("encoder of %s on %s: %zu features, bits hash %016llx\n", meta.cameras[0].key.c_str(), device_name.c_str(),
+                feat.size(), static_cast<unsigned long long>(bits));
     print("encoder alone, one frame", s);
     return 0;
 }

@@ -504,6 +504,54 @@ stage_prof() {
     return "$rc"
 }
 
+# Issue 19's GPU encoder: the conv op tests and the encoder / policy tests (CUDA instances) on the current kernels and on
+# the previous ones (FLOWEDGE_CUDA_CONV2D_NO_STAGE=1: the stepped output-tile kernel; FLOWEDGE_CUDA_KSTREAM_PREV=1: the
+# previous K-stream depth and gather), then the PushT encoder alone (policy_bench --encoder-only, ENC_ITERS runs, current
+# and previous paths alternated ENC_ROUNDS times, with the features' bits hash), the whole policy's chunk on both, ncu
+# per-kernel table of one encoder call, compute-sanitizer memcheck + racecheck on the conv op test
+# -> $OUT/encoder.txt, encoder_{cur,prev}_r<N>.txt, policy_bench_cuda_f32_{cur,prev}.json, ncu_encoder.csv.
+stage_encoder() {
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' prev="FLOWEDGE_CUDA_CONV2D_NO_STAGE=1 FLOWEDGE_CUDA_KSTREAM_PREV=1"
+    BUILD_TARGETS="policy_bench ops_conv2d diffusion_rgb_encoder diffusion_policy" stage_build || return $?
+    local path e t
+    for path in cur prev; do
+        e=""; [ $path = prev ] && e=$prev
+        env $e "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/enc_conv2d_$path.log" 2>&1 || rc=$?
+        for t in diffusion_rgb_encoder diffusion_policy; do
+            env $e "$BUILD/test/diffusion/$t" -tc="$cuda_cases" > "$LOGS/enc_${t}_$path.log" 2>&1 || rc=$?
+        done
+        grep -hE "MESSAGE|ERROR|CHECK|test cases|skipped" "$LOGS"/enc_*_$path.log | sed "s/^/$path: /" | tee -a "$OUT/encoder.txt"
+    done
+    policy_folder || return $?
+    local r
+    for r in $(seq 1 ${ENC_ROUNDS:-3}); do
+        for path in cur prev; do
+            e=""; [ $path = prev ] && e=$prev
+            env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --encoder-only ${ENC_ITERS:-400} \
+                > "$OUT/encoder_${path}_r$r.txt" 2>&1 || rc=$?
+            sed "s/^/$path r$r: /" "$OUT/encoder_${path}_r$r.txt" | tee -a "$OUT/encoder.txt"
+        done
+    done
+    for path in cur prev; do
+        e=""; [ $path = prev ] && e=$prev
+        env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
+            --json "$OUT/policy_bench_cuda_f32_$path.json" 2>&1 | sed "s/^/$path: /" | tee -a "$OUT/encoder.txt" || rc=$?
+    done
+    local ncu metrics=gpu__time_duration.sum,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    metrics+=,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+    "$ncu" --clock-control none --graph-profiling node --csv --metrics "$metrics" "$BUILD/policy_bench" "$POLICY_FOLDER" \
+        --device cuda --encoder-only 1 > "$OUT/ncu_encoder.csv" 2> "$LOGS/enc_ncu.err" || rc=$?
+    python3 tools/ncu_kernel_summary.py "$OUT/ncu_encoder.csv" 40 2>&1 | tee -a "$OUT/encoder.txt"
+    local san
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/enc_$tool.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/enc_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/encoder.txt"
+    done
+    return "$rc"
+}
+
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
     BUILD_TARGETS="act_policy act_bench ops_conv2d ops_math_mode" stage_build || return $?
@@ -585,8 +633,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
