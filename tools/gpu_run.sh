@@ -67,6 +67,10 @@
 #             PROF_ACT_MATHS (default "f32 tf32 bf16"), and one PushT encoder call (policy_bench --encoder-only 1);
 #             time, DRAM bytes, SM / memory throughput, grid, registers and active warps per kernel
 #             -> $OUT/ncu_act_<math>.csv, ncu_encoder.csv, and the per-kernel summaries in $OUT/prof.txt
+#   encoder   issue 19: the conv2d op test and the encoder / policy tests (CUDA instances), the PushT encoder alone in
+#             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
+#             memcheck + racecheck on the conv op test; ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
+#             -> $OUT/encoder.txt and the files it names
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -504,17 +508,18 @@ stage_prof() {
     return "$rc"
 }
 
-# Issue 19's GPU encoder: the conv op tests and the encoder / policy tests (CUDA instances) on the current kernels and on
-# the previous ones (FLOWEDGE_CUDA_CONV2D_NO_STAGE=1: the stepped output-tile kernel; FLOWEDGE_CUDA_KSTREAM_PREV=1: the
-# previous K-stream depth and gather), then the PushT encoder alone (policy_bench --encoder-only, ENC_ITERS runs, current
-# and previous paths alternated ENC_ROUNDS times, with the features' bits hash), the whole policy's chunk on both, ncu
-# per-kernel table of one encoder call, compute-sanitizer memcheck + racecheck on the conv op test
+# Issue 19's GPU encoder: the conv op tests and the encoder / policy tests (CUDA instances), then the PushT encoder alone
+# (policy_bench --encoder-only, ENC_ITERS runs, ENC_ROUNDS rounds, with the features' bits hash), the whole policy's
+# chunk, ncu per-kernel table of one encoder call, compute-sanitizer memcheck + racecheck on the conv op test. With
+# ENC_PREV_ENV="VAR=1 ..." (the switches that select a previous kernel path) every test and timing also runs under
+# those variables, alternated with the current path, for the A/B
 # -> $OUT/encoder.txt, encoder_{cur,prev}_r<N>.txt, policy_bench_cuda_f32_{cur,prev}.json, ncu_encoder.csv.
 stage_encoder() {
-    local rc=0 cuda_cases='*<flowedge::Cuda>*' prev="FLOWEDGE_CUDA_CONV2D_NO_STAGE=1 FLOWEDGE_CUDA_KSTREAM_PREV=1"
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' prev=${ENC_PREV_ENV:-} paths=cur
+    [ -n "$prev" ] && paths="cur prev"
     BUILD_TARGETS="policy_bench ops_conv2d diffusion_rgb_encoder diffusion_policy" stage_build || return $?
     local path e t
-    for path in cur prev; do
+    for path in $paths; do
         e=""; [ $path = prev ] && e=$prev
         env $e "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/enc_conv2d_$path.log" 2>&1 || rc=$?
         for t in diffusion_rgb_encoder diffusion_policy; do
@@ -525,14 +530,14 @@ stage_encoder() {
     policy_folder || return $?
     local r
     for r in $(seq 1 ${ENC_ROUNDS:-3}); do
-        for path in cur prev; do
+        for path in $paths; do
             e=""; [ $path = prev ] && e=$prev
             env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --encoder-only ${ENC_ITERS:-400} \
                 > "$OUT/encoder_${path}_r$r.txt" 2>&1 || rc=$?
             sed "s/^/$path r$r: /" "$OUT/encoder_${path}_r$r.txt" | tee -a "$OUT/encoder.txt"
         done
     done
-    for path in cur prev; do
+    for path in $paths; do
         e=""; [ $path = prev ] && e=$prev
         env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/policy_bench_cuda_f32_$path.json" 2>&1 | sed "s/^/$path: /" | tee -a "$OUT/encoder.txt" || rc=$?

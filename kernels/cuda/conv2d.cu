@@ -21,13 +21,8 @@
 // at any batch size, run to run. The late ResNet layers (512 x 3 x 3 outputs per image, 9 MB of weights) are weight
 // streams, so S spreads one tile's K over up to 8 SMs; each block also prefetches its weight slice into L2 and loads
 // its first weights before the programmatic-dependent-launch wait (weights never depend on an earlier kernel).
-// With F32 weights, where a block's whole K range fits 100 KiB of shared memory, conv2d_staged_kernel copies all of
-// it at once (cp.async) instead of step by step: the same products in the same order, one memory round trip per
-// block instead of one per step (FLOWEDGE_CUDA_CONV2D_NO_STAGE=1 keeps the stepped kernel: A/B timing).
-#include <algorithm>
 #include <string>
 #include <string_view>
-#include <type_traits>
 
 #include "cluster_splitk.cuh"
 #include "common.cuh"
@@ -43,7 +38,6 @@ constexpr int kGroups = 4;              // K-groups per block
 constexpr int kGroupK = kBK / kGroups;  // k per group per chunk
 constexpr int kStageChunks = 2;         // chunks staged in shared memory per pipeline step
 constexpr int kMaxCluster = 8;          // portable cluster size limit
-constexpr std::size_t kMaxStageBytes = 100 * 1024;  // conv2d_staged_kernel's largest stage: two blocks fit an SM
 
 /// Sizes the host derives once per call.
 struct Conv2dGeom {
@@ -70,94 +64,6 @@ __device__ __forceinline__ void lds(const float* p, float (&out)[N]) {
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
-/// The block's accumulators -> y: the kGroups K-group partial tiles go to `red` (kGroups * BM * BN floats of shared
-/// memory no thread still reads) and are added in group order; in a cluster the ranks' tiles are then added in rank
-/// order (each block finishes 1/S of the tile); then bias, residual and activation, in that order.
-template <int TM, int TN, bool kCluster>
-__device__ __forceinline__ void store_tile(const Conv2dParams& p, const Conv2dGeom& g, float* red,
-                                           const float (&acc)[TM][TN], int grp, int mi, int ni, int m0, int n0) {
-    constexpr int BM = 8 * TM, BN = 8 * TN;
-    const int tid = int(threadIdx.x);
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) red[(grp * BM + mi + i) * BN + ni + j] = acc[i][j];
-    __syncthreads();
-
-    auto finish = [&](int e, float v) {
-        const int m = e / BN, nn = n0 + (e - m * BN), o = m0 + m;
-        if (o >= g.m || nn >= g.n) return;
-        const int b = nn / g.pix, q = nn - b * g.pix;
-        const std::size_t idx = (std::size_t(b) * g.m + o) * g.pix + q;
-        if (p.bias) v += p.bias[o];
-        if (p.residual) v += p.residual[idx];
-        p.y[idx] = detail::apply_act(p.act, v);
-    };
-    if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        for (int e = tid; e < BM * BN; e += kThreads) {
-            float v = red[e];
-#pragma unroll
-            for (int q = 1; q < kGroups; ++q) v += red[q * BM * BN + e];
-            red[e] = v;  // this block's partial tile (each element read and written by the same thread)
-        }
-        // The tile as BM * BN rows of one element: each rank finishes 1/S of its elements (finish checks bounds).
-        detail::cluster_reduce_tile<kThreads>(
-            red, BM * BN, 1, 1, [](int, int) { return true; }, [&](int e, int, float v) { finish(e, v); });
-#endif
-    } else {
-        for (int e = tid; e < BM * BN; e += kThreads) {
-            float v = red[e];
-#pragma unroll
-            for (int q = 1; q < kGroups; ++q) v += red[q * BM * BN + e];
-            finish(e, v);
-        }
-    }
-}
-
-/// Where GEMM column nn = b * pix + q reads its input: image b and the top-left tap of its window (ok: nn < N).
-struct ColumnWindow {
-    const float* xb = nullptr;
-    int ih0 = 0, iw0 = 0;
-    bool ok = false;
-};
-__device__ __forceinline__ ColumnWindow column_window(const Conv2dParams& p, const Conv2dGeom& g, int nn) {
-    ColumnWindow c;
-    c.xb = p.x;
-    c.ok = nn < g.n;
-    if (c.ok) {
-        const int b = nn / g.pix, q = nn - b * g.pix;
-        const int oh = q / p.out_w, ow = q - oh * p.out_w;
-        c.ih0 = oh * p.stride_h - p.pad_h;
-        c.iw0 = ow * p.stride_w - p.pad_w;
-        c.xb = p.x + std::size_t(b) * p.in_channels * p.in_h * p.in_w;
-    }
-    return c;
-}
-
-/// The address of x[b, i, ih, iw] that GEMM row k (< K) of column `col` reads, or null where the tap falls in the
-/// zero padding. KS as in conv2d_kernel.
-template <int KS>
-__device__ __forceinline__ const float* x_tap(const Conv2dParams& p, const Conv2dGeom& g, const ColumnWindow& col, int k) {
-    int i, kh, kw;
-    if constexpr (KS == 1) {
-        i = k, kh = 0, kw = 0;
-    } else if constexpr (KS > 1) {
-        i = k / (KS * KS);
-        const int r2 = k - i * (KS * KS);
-        kh = r2 / KS;
-        kw = r2 - kh * KS;
-    } else {
-        i = k / g.khw;
-        const int r2 = k - i * g.khw;
-        kh = r2 / p.kernel_w;
-        kw = r2 - kh * p.kernel_w;
-    }
-    const int ih = col.ih0 + kh, iw = col.iw0 + kw;
-    if (ih < 0 || ih >= p.in_h || iw < 0 || iw >= p.in_w) return nullptr;
-    return col.xb + (std::size_t(i) * p.in_h + ih) * p.in_w + iw;
-}
 
 /// KS: the square kernel size when it is 1, 3 or 7 (the k -> (i, kh, kw) split by constants), 0 = any kernel.
 /// kCluster: the block is one of gridDim.z blocks of a cluster splitting the chunks of one output tile (sm_90).
@@ -194,7 +100,17 @@ __global__ void __launch_bounds__(kThreads) conv2d_kernel(Conv2dParams p, Conv2d
     // x staging: thread gathers TN elements per chunk for its column n_x at k = kk_x + j * (256 / BN).
     const int n_x = tid % BN, kk_x = tid / BN;
     constexpr int kXRowStep = kThreads / BN;
-    const ColumnWindow col = column_window(p, g, n0 + n_x);
+    const int nn_x = n0 + n_x;
+    const bool col_ok = nn_x < g.n;
+    int ih0 = 0, iw0 = 0;
+    const float* xb = p.x;
+    if (col_ok) {
+        const int b = nn_x / g.pix, q = nn_x - b * g.pix;
+        const int oh = q / p.out_w, ow = q - oh * p.out_w;
+        ih0 = oh * p.stride_h - p.pad_h;
+        iw0 = ow * p.stride_w - p.pad_w;
+        xb = p.x + std::size_t(b) * p.in_channels * p.in_h * p.in_w;
+    }
 
     auto load_w = [&](int c, float (&r)[kStageChunks][TM]) {
 #pragma unroll
@@ -215,8 +131,25 @@ __global__ void __launch_bounds__(kThreads) conv2d_kernel(Conv2dParams p, Conv2d
             for (int j = 0; j < TN; ++j) {
                 const int k = (c + s) * kBK + kk_x + j * kXRowStep;
                 float v = 0.f;
-                if (col.ok && c + s < c_end && k < g.k)
-                    if (const float* src = x_tap<KS>(p, g, col, k)) v = __ldg(src);
+                if (col_ok && c + s < c_end && k < g.k) {
+                    int i, kh, kw;
+                    if constexpr (KS == 1) {
+                        i = k, kh = 0, kw = 0;
+                    } else if constexpr (KS > 1) {
+                        i = k / (KS * KS);
+                        const int r2 = k - i * (KS * KS);
+                        kh = r2 / KS;
+                        kw = r2 - kh * KS;
+                    } else {
+                        i = k / g.khw;
+                        const int r2 = k - i * g.khw;
+                        kh = r2 / p.kernel_w;
+                        kw = r2 - kh * p.kernel_w;
+                    }
+                    const int ih = ih0 + kh, iw = iw0 + kw;
+                    if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w)
+                        v = __ldg(xb + (std::size_t(i) * p.in_h + ih) * p.in_w + iw);
+                }
                 r[s][j] = v;
             }
         }
@@ -292,83 +225,42 @@ __global__ void __launch_bounds__(kThreads) conv2d_kernel(Conv2dParams p, Conv2d
     }
 
     // K-group partial tiles -> shared memory (the staging buffers are free after the last barrier).
-    store_tile<TM, TN, kCluster>(p, g, smem, acc, grp, mi, ni, m0, n0);
-}
-
-/// conv2d_kernel for F32 weights when a block's whole K range fits shared memory (the ResNet18 convs of a PushT-size
-/// image, whose blocks own 5-18 chunks): every weight and gathered input element of the range is copied to shared
-/// memory at once with cp.async (weights before the PDL wait), so the block pays one round of memory latency instead
-/// of one per pipeline step, then multiplies in conv2d_kernel's order (K-group g: k = chunk * 32 + [8g, 8g + 8),
-/// chunks ascending), so the bits are the same. Shared memory: [stage_k][BM + 4] weights (transposed), then
-/// [stage_k][BN] inputs; stage_k = kBK * the largest chunk range of a rank.
-template <int KS, int TM, int TN, bool kCluster>
-__global__ void __launch_bounds__(kThreads) conv2d_staged_kernel(Conv2dParams p, Conv2dGeom g, int stage_k) {
-    constexpr int BM = 8 * TM, BN = 8 * TN;
-    constexpr int kLdW = BM + 4;
-    extern __shared__ __align__(16) float smem_dyn[];
-    float* const ws = smem_dyn;                   // [stage_k][kLdW]
-    float* const xs = smem_dyn + stage_k * kLdW;  // [stage_k][BN]
-
-    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    const int n0 = int(blockIdx.x) * BN, m0 = int(blockIdx.y) * BM;
-    int c_begin = 0, c_end = g.n_chunks;
-    if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        detail::cluster_k_range(g.n_chunks, c_begin, c_end);
-#else
-        __trap();
-#endif
-    }
-    const int k_lo = c_begin * kBK, k_hi = min(g.k, c_end * kBK), kn = (c_end - c_begin) * kBK;
-
-    // Weights (constants) before the PDL wait: warp w copies rows w, w + 8, ..., its lanes along k (coalesced).
-    const float* const w = static_cast<const float*>(p.w.data);
-    for (int m = warp; m < BM; m += kThreads / 32) {
-        const int o = m0 + m;
-        const float* row = w + std::size_t(o < g.m ? o : 0) * g.k;
-        for (int kk = lane; kk < kn; kk += 32) {
-            const bool ok = o < g.m && k_lo + kk < k_hi;
-            detail::cp_async4(ws + kk * kLdW + m, ok ? row + k_lo + kk : w, ok ? 4 : 0);
-        }
-    }
-    detail::cp_async_commit();
-    detail::pdl_wait();  // launched with PDL: x and residual are earlier kernels' outputs
-
-    // The im2col gather: thread (n_x, kk0) copies its column's rows kk0, kk0 + 256 / BN, ... (zero in the padding).
-    {
-        const int n_x = tid % BN;
-        const ColumnWindow col = column_window(p, g, n0 + n_x);
-        for (int kk = tid / BN; kk < kn; kk += kThreads / BN) {
-            const float* src = (col.ok && k_lo + kk < k_hi) ? x_tap<KS>(p, g, col, k_lo + kk) : nullptr;
-            detail::cp_async4(xs + kk * BN + n_x, src ? src : p.x, src ? 4 : 0);
-        }
-    }
-    detail::cp_async_commit();
-    detail::cp_async_wait<0>();
-    __syncthreads();
-
-    const int grp = tid >> 6, t64 = tid & 63;
-    const int mi = (t64 & 7) * TM, ni = (t64 >> 3) * TN;
-    float acc[TM][TN];
+    float* const red = smem;  // [kGroups][BM][BN]
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    for (int c = 0; c < c_end - c_begin; ++c) {
+        for (int j = 0; j < TN; ++j) red[(grp * BM + mi + i) * BN + ni + j] = acc[i][j];
+    __syncthreads();
+
+    auto finish = [&](int e, float v) {
+        const int m = e / BN, nn = n0 + (e - m * BN), o = m0 + m;
+        if (o >= g.m || nn >= g.n) return;
+        const int b = nn / g.pix, q = nn - b * g.pix;
+        const std::size_t idx = (std::size_t(b) * g.m + o) * g.pix + q;
+        if (p.bias) v += p.bias[o];
+        if (p.residual) v += p.residual[idx];
+        p.y[idx] = detail::apply_act(p.act, v);
+    };
+    if constexpr (kCluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int e = tid; e < BM * BN; e += kThreads) {
+            float v = red[e];
 #pragma unroll
-        for (int kk = 0; kk < kGroupK; ++kk) {
-            const int row = c * kBK + grp * kGroupK + kk;
-            float a[TM], bv[TN];
-            lds<TM>(ws + row * kLdW + mi, a);
-            lds<TN>(xs + row * BN + ni, bv);
+            for (int q = 1; q < kGroups; ++q) v += red[q * BM * BN + e];
+            red[e] = v;  // this block's partial tile (each element read and written by the same thread)
+        }
+        // The tile as BM * BN rows of one element: each rank finishes 1/S of its elements (finish checks bounds).
+        detail::cluster_reduce_tile<kThreads>(
+            red, BM * BN, 1, 1, [](int, int) { return true; }, [&](int e, int, float v) { finish(e, v); });
+#endif
+    } else {
+        for (int e = tid; e < BM * BN; e += kThreads) {
+            float v = red[e];
 #pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+            for (int q = 1; q < kGroups; ++q) v += red[q * BM * BN + e];
+            finish(e, v);
         }
     }
-    __syncthreads();  // every staged element read: the partial tiles reuse the memory
-    store_tile<TM, TN, kCluster>(p, g, smem_dyn, acc, grp, mi, ni, m0, n0);
 }
 
 /// Cluster split S of the chunks: a function of the per-image geometry and the device only (never the batch), so
@@ -387,24 +279,6 @@ template <class T, int KS, int TM, int TN>
 void launch_tile(const Conv2dParams& p, const Conv2dGeom& g, int split, cudaStream_t st) {
     constexpr int BM = 8 * TM, BN = 8 * TN;
     const dim3 grid(unsigned((g.n + BN - 1) / BN), unsigned((g.m + BM - 1) / BM), unsigned(split));
-    if constexpr (std::is_same_v<T, float>) {
-        // The staged kernel where the largest rank's K range fits kMaxStageBytes (two blocks per SM).
-        static const bool disabled = detail::env_flag("FLOWEDGE_CUDA_CONV2D_NO_STAGE");
-        const int stage_k = (g.n_chunks + split - 1) / split * kBK;
-        const std::size_t bytes = sizeof(float) * std::size_t(std::max(stage_k * (BM + 4 + BN), kGroups * BM * BN));
-        if (!disabled && bytes <= kMaxStageBytes) {
-            if (bytes > 48 * 1024) {  // above the default a kernel opts in (a plain attribute, legal while capturing)
-                auto kernel = split == 1 ? conv2d_staged_kernel<KS, TM, TN, false> : conv2d_staged_kernel<KS, TM, TN, true>;
-                FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-            }
-            if (split == 1)
-                detail::launch_pdl(conv2d_staged_kernel<KS, TM, TN, false>, grid, dim3(kThreads), bytes, st, p, g, stage_k);
-            else
-                detail::launch_pdl_cluster(conv2d_staged_kernel<KS, TM, TN, true>, grid, dim3(kThreads), bytes, st,
-                                           unsigned(split), p, g, stage_k);
-            return;
-        }
-    }
     if (split == 1) {
         detail::launch_pdl(conv2d_kernel<T, KS, TM, TN, false>, grid, dim3(kThreads), 0, st, p, g);
         return;

@@ -11,7 +11,7 @@
 // along grid z (rank order). Before the programmatic-dependent-launch wait each warp prefetches its weight rows' slab
 // to L2 and loads its first two steps (weights never depend on an earlier kernel); after it the block gathers the
 // im2col columns of its pixels over its K range into shared memory as Xs[pixel][k] (zero outside the image and past
-// the last pixel; all copies in flight at once, cp.async). Lane l then takes the units u = l, l + 32, ...: per unit one 16-byte (F32) or 8-byte (BF16/F16)
+// the last pixel). Lane l then takes the units u = l, l + 32, ...: per unit one 16-byte (F32) or 8-byte (BF16/F16)
 // load per weight row and one 16-byte shared load per pixel, 4 x 4 x 9 FMAs.
 //
 // Numerics (float, deterministic): per lane acc[o][pixel] is one FMA chain over its units in ascending order (k
@@ -33,8 +33,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kOW = 4;              // output channels per warp
 constexpr int kBO = kWarps * kOW;   // output channels per block
-constexpr int kDepthNew = 4;        // weight steps (32 units each) in flight: all of layer4's (<= 5 per rank) but one
-constexpr int kDepthPrev = 2;       // FLOWEDGE_CUDA_KSTREAM_PREV=1: the previous depth and per-element gather (A/B)
+constexpr int kDepth = 2;           // weight steps (32 units each) held in registers ahead of the one multiplied
 constexpr int kMaxSplit = 8;        // portable cluster size limit
 constexpr int kPixels = 9;          // output pixels per image at most (the accumulators are [kOW][kPixels])
 constexpr int kMinK = 2048;         // shorter reductions: conv2d.cu's output tiles are as fast or faster
@@ -50,9 +49,8 @@ struct KGeom {
     int ldx = 0;        // row stride of Xs: 4 * (the largest unit range of a rank), floats
 };
 
-template <class T, bool kCluster, bool kPrev>
+template <class T, bool kCluster>
 __global__ void __launch_bounds__(kThreads) conv2d_kstream_kernel(Conv2dParams p, KGeom g) {
-    constexpr int kDepth = kPrev ? kDepthPrev : kDepthNew;
     constexpr int PT = kPixels;
     extern __shared__ __align__(16) float xs[];  // [PT][ldx]: the im2col columns of the image's pixels
     __shared__ float red[kBO * PT];              // the block's partial tile [kBO][PT]
@@ -107,18 +105,15 @@ __global__ void __launch_bounds__(kThreads) conv2d_kstream_kernel(Conv2dParams p
         const int kr = 4 * n_units;
         for (int e = tid; e < PT * kr; e += kThreads) {
             const int pp = e / kr, kk = e - pp * kr;
-            const float* src = nullptr;
+            float v = 0.f;
             if (pp < n_pix) {
                 const int q = pix0 + pp, oh = q / p.out_w, ow = q - oh * p.out_w;
                 const int k = k_lo + kk, i = k / g.khw, r2 = k - i * g.khw, kh = r2 / p.kernel_w, kw = r2 - kh * p.kernel_w;
                 const int ih = oh * p.stride_h - p.pad_h + kh, iw = ow * p.stride_w - p.pad_w + kw;
-                if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w) src = xb + (std::size_t(i) * p.in_h + ih) * p.in_w + iw;
+                if (ih >= 0 && ih < p.in_h && iw >= 0 && iw < p.in_w) v = __ldg(xb + (std::size_t(i) * p.in_h + ih) * p.in_w + iw);
             }
-            if constexpr (kPrev) xs[pp * g.ldx + kk] = src ? __ldg(src) : 0.f;
-            else cp_async4(xs + pp * g.ldx + kk, src ? src : p.x, src ? 4 : 0);  // all in flight at once; zero in the padding
+            xs[pp * g.ldx + kk] = v;
         }
-        cp_async_commit();
-        cp_async_wait<0>();
     }
     __syncthreads();
 
@@ -180,11 +175,11 @@ __global__ void __launch_bounds__(kThreads) conv2d_kstream_kernel(Conv2dParams p
     }
 }
 
-template <class T, bool kPrev>
+template <class T>
 void launch(const Conv2dParams& p, const KGeom& g, int split, std::size_t smem, cudaStream_t st) {
     const dim3 grid(unsigned((g.m + kBO - 1) / kBO), unsigned(p.batch), unsigned(split));
-    if (split == 1) launch_pdl(conv2d_kstream_kernel<T, false, kPrev>, grid, dim3(kThreads), smem, st, p, g);
-    else launch_pdl_cluster(conv2d_kstream_kernel<T, true, kPrev>, grid, dim3(kThreads), smem, st, unsigned(split), p, g);
+    if (split == 1) launch_pdl(conv2d_kstream_kernel<T, false>, grid, dim3(kThreads), smem, st, p, g);
+    else launch_pdl_cluster(conv2d_kstream_kernel<T, true>, grid, dim3(kThreads), smem, st, unsigned(split), p, g);
 }
 
 }  // namespace
@@ -212,11 +207,7 @@ bool try_conv2d_kstream(const Conv2dParams& p, cudaStream_t st) {
     if (stage_bytes(split) > std::size_t(kMaxSmem)) return false;
     g.ldx = 4 * ((g.units + split - 1) / split);
     const std::size_t smem = stage_bytes(split);
-    static const bool prev = env_flag("FLOWEDGE_CUDA_KSTREAM_PREV");
-    dispatch_dtype(p.w.dtype, [&]<class T>() {
-        if (prev) launch<T, true>(p, g, split, smem, st);
-        else launch<T, false>(p, g, split, smem, st);
-    });
+    dispatch_dtype(p.w.dtype, [&]<class T>() { launch<T>(p, g, split, smem, st); });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv2d_kstream_kernel");
     return true;
 }
