@@ -71,6 +71,8 @@
 #             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
 #             memcheck + racecheck on the conv op test; ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
 #             -> $OUT/encoder.txt and the files it names
+#   flow      issue 20: the fused batch-1 flow solve vs the per-op solve (CUDA tests, mamba_flow_bench alternated with
+#             FLOWEDGE_CUDA_FLOW_UNFUSED=1, PyTorch eager, sanitizers on the fused-solve test) -> $OUT/flow.txt
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -508,6 +510,36 @@ stage_prof() {
     return "$rc"
 }
 
+# Issue 20's Mamba-flow action on the GPU: the fused batch-1 flow solve (kernels/cuda/flow_solve.cu) against the per-op
+# solve: the FlowHead / MambaFlowPolicy CUDA tests (bit-equality of the two, parity with the CPU and PyTorch), then
+# mamba_flow_bench on the demo checkpoint fused and FLOWEDGE_CUDA_FLOW_UNFUSED=1 alternated FLOW_ROUNDS times, PyTorch
+# eager in the same call, compute-sanitizer memcheck / racecheck / synccheck on the fused-solve test
+# -> $OUT/flow.txt, mamba_flow_cuda_{fused,unfused}_r<N>.json, mamba_flow_pytorch_cuda.json
+stage_flow() {
+    local rc=0 r path e
+    BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow" stage_build || return $?
+    mkdir -p models
+    [ -f models/mamba_flow.safetensors ] || "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
+    "$BUILD/test/cuda/cuda_models" -tc='FlowHead*,MambaFlow*,Mamba<Cuda>*' > "$LOGS/flow_tests.log" 2>&1 || rc=$?
+    grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|x " "$LOGS/flow_tests.log" | tee -a "$OUT/flow.txt"
+    for r in $(seq 1 ${FLOW_ROUNDS:-2}); do
+        for path in fused unfused; do
+            e=""; [ $path = unfused ] && e=FLOWEDGE_CUDA_FLOW_UNFUSED=1
+            env $e "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda \
+                --json "$OUT/mamba_flow_cuda_${path}_r$r.json" ${MAMBA_ARGS:-} 2>&1 | sed "s/^/$path r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
+        done
+    done
+    python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json" \
+        2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
+    local san tool
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck synccheck; do
+        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc='*fused batch-1 solve*' > "$LOGS/flow_$tool.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/flow.txt"
+    done
+    return "$rc"
+}
+
 # Issue 19's GPU encoder: the conv op tests and the encoder / policy tests (CUDA instances), then the PushT encoder alone
 # (policy_bench --encoder-only, ENC_ITERS runs, ENC_ROUNDS rounds, with the features' bits hash), the whole policy's
 # chunk, ncu per-kernel table of one encoder call, compute-sanitizer memcheck + racecheck on the conv op test. With
@@ -638,8 +670,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

@@ -161,6 +161,31 @@ struct AxpbyParams {
     float a = 1.f, b = 0.f;
 };
 
+/// Most hidden H x H layers a fused flow solve carries (FlowHead::kMaxLayers).
+inline constexpr int kFlowSolveMaxLayers = 8;
+
+/// Solver steps [first, first + count) of a batch-1 flow-matching solve as one fused op (Ops<Cuda>::flow_solve; the
+/// CPU has none and FlowHead runs its per-op steps there): x <- step(x) with the FlowHead's velocity
+///   h = silu(in_proj @ x + (tproj[j] + c)), h = silu(W_l @ h) for each hidden layer, v = out_proj @ h,
+/// at half-step j = 2k (Heun: + 2k + 2; RK4: + 2k + 1 twice, 2k + 2) and the solver's combinations, each product,
+/// bias and combination evaluated exactly as the single ops do (linear one warp per output, axpby a*x + b*y), so the
+/// result equals FlowHead's per-op solve bit for bit. F32 weights.
+struct FlowSolveParams {
+    float* x = nullptr;            ///< [A]: the state at step `first` in, at step first + count out
+    const float* c = nullptr;      ///< [H]: cond_proj @ condition
+    const float* tproj = nullptr;  ///< [2N + 1, H]: time_proj @ temb(j / 2N) for every half step j
+    const float* in_proj = nullptr;                     ///< [H, A]
+    const float* layers[kFlowSolveMaxLayers] = {};      ///< [H, H] each
+    const float* out_proj = nullptr;                    ///< [A, H]
+    /// Per product (in_proj, layers..., out_proj): whether the single linear op would take its 16-byte vector path
+    /// (its summation order); bit i for product i.
+    std::uint32_t vec_mask = 0;
+    int action_dim = 0, hidden = 0, n_layers = 0;
+    int solver = 0;  ///< 0 Euler, 1 Heun, 2 RK4 (flowedge::Solver)
+    int steps = 0, first = 0, count = 0;
+    float dt = 0.f, half_dt = 0.f, sixth_dt = 0.f;  ///< float(1/N), float(0.5/N), float(1/(6N))
+};
+
 /// Channel concatenation, torch.cat([a, b], dim=1): y[b] = [a[b] ; b[b]].
 /// a: [batch, ca, length]; b: [batch, cb, length]; y: [batch, ca + cb, length].
 struct ConcatParams {

@@ -443,6 +443,54 @@ TEST_CASE("FlowHead<Cuda> matches FlowHead<Cpu> and the PyTorch reference (2e-3 
     CHECK(max_norm_rel(ag, ref1) < 2e-3);
 }
 
+TEST_CASE("FlowHead<Cuda>: the fused batch-1 solve (one cluster kernel) equals the per-op solve bit for bit") {
+    auto fused = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    auto per_op = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    per_op.head().set_fused_solve(false);
+    REQUIRE(fused.head().fused_solve());
+    const int A = fused.action_dim();
+    const std::vector<float> cond = npy(kMfRef / "flow_cond1.npy"), noise = npy(kMfRef / "flow_noise1.npy");
+    for (Solver s : {Solver::Euler, Solver::Heun, Solver::Rk4})
+        for (int n : {1, 3, 10, 64}) {
+            std::vector<float> f(static_cast<std::size_t>(A)), o(f.size()), split(f.size());
+            fused.head().sample(cond, noise, f, s, n);
+            per_op.head().sample(cond, noise, o, s, n);
+            CAPTURE(solver_name(s));
+            CAPTURE(n);
+            CHECK(bitwise_equal(f, o));
+            fused.head().begin(cond, noise, s, n);  // advance() pieces: one fused launch each
+            while (!fused.head().advance(3)) {
+            }
+            fused.head().result(split);
+            CHECK(bitwise_equal(f, split));
+        }
+    // The whole policy (prefill on the per-op kernels, then the fused solve).
+    const std::vector<std::int32_t> t4 = npy_i32(kMfRef / "tokens4.npy");
+    std::vector<float> af(static_cast<std::size_t>(A)), ao(af.size());
+    fused.act(t4, noise, af, Solver::Euler, 10);
+    per_op.act(t4, noise, ao, Solver::Euler, 10);
+    CHECK(bitwise_equal(af, ao));
+    // Switching back and forth re-records the graphs; an active solve refuses the switch.
+    fused.head().set_fused_solve(false);
+    fused.head().sample(cond, noise, af, Solver::Rk4, 10);
+    per_op.head().sample(cond, noise, ao, Solver::Rk4, 10);
+    CHECK(bitwise_equal(af, ao));
+    fused.head().begin(cond, noise, Solver::Euler, 10);
+    CHECK_THROWS_WITH_AS(fused.head().set_fused_solve(true), doctest::Contains("during an active solve"), flowedge::Error);
+    fused.head().cancel();
+    fused.head().set_fused_solve(true);
+    // A whole fused solve is one graph of few kernel nodes (noise copy, cond_proj, the cluster kernel).
+    cuda::set_graph_census(true);
+    fused.head().sample(cond, noise, af, Solver::Heun, 7);  // a new key: captured
+    cuda::set_graph_census(false);
+    int kernels = 0;
+    for (const auto& [name, k] : cuda::last_graph_census().kernels) {
+        MESSAGE(k << " x " << name);
+        kernels += k;
+    }
+    CHECK(kernels <= 3);
+}
+
 TEST_CASE("FlowHead<Cuda> on a caller's stream gives the default-stream result") {
     auto p = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
     const std::vector<float> cond = npy(kMfRef / "flow_cond3.npy"), noise = npy(kMfRef / "flow_noise3.npy");

@@ -20,6 +20,10 @@ void linear(const LinearParams& p, Stream s);
 /// is None or ReLU (None when accumulating), a handle exists (or can be created outside a capture) and the library has
 /// an algorithm; FLOWEDGE_CUDA_NO_LT=1 turns it off.
 bool linear_gemm(const LinearParams& p, Stream s);
+/// A batch-1 flow solve's steps as one thread-block cluster (kernels/cuda/flow_solve.cu): returns false, launching
+/// nothing, where it does not apply (no clusters below sm_90, H not a multiple of the cluster size, the weights larger
+/// than the cluster's shared memory, FLOWEDGE_CUDA_FLOW_UNFUSED=1); the caller then runs the per-op steps.
+bool flow_solve(const FlowSolveParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
 /// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma for F32

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -125,6 +126,20 @@ public:
         m_tcache_steps = 0;
     }
     MathMode math() const { return m_exec.math(); }
+
+    /// Whether a batch-1 solve at F32 math may run as the backend's fused op (CUDA: one thread-block cluster for all
+    /// the steps of an advance(), kernels/cuda/flow_solve.cu) instead of ~6 ops per velocity evaluation; the two give
+    /// the same bits. On by default (FLOWEDGE_CUDA_FLOW_UNFUSED=1 turns the CUDA op off); an Error during an active
+    /// solve; drops the recorded graphs. The per-op path stays for batches, BF16 math and backends without the op.
+    void set_fused_solve(bool on) {
+        if (on == m_fused) return;
+        if (m_active) [[unlikely]]
+            fail("flow_head", "set_fused_solve() during an active solve" + expected_got("no active solve (result() or cancel() first)",
+                                                                                        std::to_string(m_done) + " of " + std::to_string(m_steps) + " steps done"));
+        m_fused = on;
+        m_exec.drop_graphs();
+    }
+    bool fused_solve() const { return m_fused; }
 
     /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
     std::size_t prepared_bytes() const {
@@ -416,7 +431,58 @@ private:
             Memory<B>::copy(m_x, m_noise, std::size_t(n) * sizeof(float), m_exec.stream());
             m_cond_proj.forward(ctx, m_cond, m_c, m_batch);
         }
+        if (enqueue_fused(ctx, first, count)) return;
         for (int k = first; k < first + count; ++k) step(ctx, k, n);
+    }
+
+    /// Steps [first, first + count) as the backend's fused op (Ops<B>::flow_solve) where it has one and it applies:
+    /// batch 1, F32 math and weights, the time table built for this N. Returns false (nothing enqueued) otherwise.
+    bool enqueue_fused(Context<B>& ctx, int first, int count) const {
+        if constexpr (requires(const FlowSolveParams& q) { Ops<B>::flow_solve(q, ctx.stream); }) {
+            if (!m_fused || m_batch != 1 || ctx.math != MathMode::F32 || m_tcache_steps != m_steps ||
+                m_cfg.n_layers > kFlowSolveMaxLayers)
+                return false;
+            FlowSolveParams p;
+            // Each product's order is the single linear op's, which depends on its pointers (16-byte vector steps
+            // where the row length is a multiple of 4 and the weight and x are 16-byte aligned): the fused op
+            // applies only where every call of a product would take the same path.
+            auto aligned16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
+            bool consistent = true;
+            auto weight_of = [&](const Linear<B>& l, int bit, int in, std::initializer_list<const float*> xs) -> const float* {
+                const WeightRef w = l.weight().ref();
+                if (w.dtype != DType::F32 || !w.data) consistent = false;
+                bool vec0 = false;
+                for (std::size_t i = 0; const float* x : xs) {
+                    const bool vec = in % 4 == 0 && aligned16(w.data) && aligned16(x);
+                    if (i++ == 0) vec0 = vec;
+                    else if (vec != vec0) consistent = false;
+                }
+                if (vec0) p.vec_mask |= 1u << bit;
+                return static_cast<const float*>(w.data);
+            };
+            const int L = m_cfg.n_layers, H = m_cfg.hidden;
+            p.in_proj = weight_of(m_in_proj, 0, m_cfg.action_dim, {m_x, m_xt});
+            for (int l = 0; l < L; ++l) p.layers[l] = weight_of(m_layers[std::size_t(l)], 1 + l, H, {m_h[l % 2]});
+            p.out_proj = weight_of(m_out_proj, 1 + L, H, {m_h[L % 2]});
+            if (!consistent) return false;
+            p.x = m_x;
+            p.c = m_c;
+            p.tproj = m_tcache;
+            p.action_dim = m_cfg.action_dim;
+            p.hidden = H;
+            p.n_layers = L;
+            p.solver = int(m_solver);
+            p.steps = m_steps;
+            p.first = first;
+            p.count = count;
+            p.dt = float(1.0 / double(m_steps));
+            p.half_dt = float(0.5 / double(m_steps));
+            p.sixth_dt = float(1.0 / (6.0 * double(m_steps)));
+            return Ops<B>::flow_solve(p, ctx.stream);
+        } else {
+            (void)ctx, (void)first, (void)count;
+            return false;
+        }
     }
 
     /// One solver step k (x(t_k) -> x(t_{k+1})) on m_x.
@@ -495,6 +561,7 @@ private:
     Solver m_solver = Solver::Euler;
     int m_steps = 0, m_batch = 1, m_done = 0;
     bool m_active = false;
+    bool m_fused = true;  ///< set_fused_solve
 };
 
 }  // namespace flowedge
