@@ -193,8 +193,7 @@ __global__ void __launch_bounds__(kThreads) flow_solve_kernel(const __grid_const
 }  // namespace
 
 bool flow_solve(const FlowSolveParams& p, Stream s) {
-    static const bool disabled = detail::env_flag("FLOWEDGE_CUDA_FLOW_UNFUSED");
-    if (disabled || detail::compute_major() < 9) return false;
+    if (detail::compute_major() < 9) return false;
     if (!(p.hidden > 0 && p.hidden % kCluster == 0 && p.action_dim > 0 && p.action_dim <= kMaxAction &&
           p.n_layers >= 0 && p.n_layers <= kFlowSolveMaxLayers && p.steps >= 1 && p.first >= 0 && p.count >= 1 &&
           p.first + p.count <= p.steps && p.solver >= 0 && p.solver <= 2))

@@ -446,8 +446,8 @@ TEST_CASE("FlowHead<Cuda> matches FlowHead<Cpu> and the PyTorch reference (2e-3 
 TEST_CASE("FlowHead<Cuda>: the fused batch-1 solve (one cluster kernel) equals the per-op solve bit for bit") {
     auto fused = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
     auto per_op = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
-    per_op.head().set_fused_solve(false);
-    REQUIRE(fused.head().fused_solve());
+    CHECK_FALSE(per_op.head().fused_solve());  // opt-in
+    fused.head().set_fused_solve(true);
     const int A = fused.action_dim();
     const std::vector<float> cond = npy(kMfRef / "flow_cond1.npy"), noise = npy(kMfRef / "flow_noise1.npy");
     for (Solver s : {Solver::Euler, Solver::Heun, Solver::Rk4})

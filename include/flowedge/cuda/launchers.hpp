@@ -22,7 +22,7 @@ void linear(const LinearParams& p, Stream s);
 bool linear_gemm(const LinearParams& p, Stream s);
 /// A batch-1 flow solve's steps as one thread-block cluster (kernels/cuda/flow_solve.cu): returns false, launching
 /// nothing, where it does not apply (no clusters below sm_90, H not a multiple of the cluster size, the weights larger
-/// than the cluster's shared memory, FLOWEDGE_CUDA_FLOW_UNFUSED=1); the caller then runs the per-op steps.
+/// than the cluster's shared memory); the caller then runs the per-op steps.
 bool flow_solve(const FlowSolveParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);

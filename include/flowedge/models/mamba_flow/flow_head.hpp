@@ -127,10 +127,11 @@ public:
     }
     MathMode math() const { return m_exec.math(); }
 
-    /// Whether a batch-1 solve at F32 math may run as the backend's fused op (CUDA: one thread-block cluster for all
-    /// the steps of an advance(), kernels/cuda/flow_solve.cu) instead of ~6 ops per velocity evaluation; the two give
-    /// the same bits. On by default (FLOWEDGE_CUDA_FLOW_UNFUSED=1 turns the CUDA op off); an Error during an active
-    /// solve; drops the recorded graphs. The per-op path stays for batches, BF16 math and backends without the op.
+    /// Opt-in: lets a batch-1 solve at F32 math run as the backend's fused op (CUDA: one thread-block cluster for all
+    /// the steps of an advance(), kernels/cuda/flow_solve.cu) instead of ~6 ops per velocity evaluation; it is built
+    /// to give the per-op solve's bits (test/cuda/test_cuda_models.cpp checks that). Off by default until a GPU run
+    /// has confirmed it; an Error during an active solve; drops the recorded graphs. The per-op path stays for
+    /// batches, BF16 math, a solve of more steps than the time table holds and backends without the op.
     void set_fused_solve(bool on) {
         if (on == m_fused) return;
         if (m_active) [[unlikely]]
@@ -561,7 +562,7 @@ private:
     Solver m_solver = Solver::Euler;
     int m_steps = 0, m_batch = 1, m_done = 0;
     bool m_active = false;
-    bool m_fused = true;  ///< set_fused_solve
+    bool m_fused = false;  ///< set_fused_solve
 };
 
 }  // namespace flowedge
