@@ -99,6 +99,7 @@ struct Options {
     int iters = 5000, warmup = 500, threads = 1, steps = 10;
     bool parts = false;
     bool fused_solve = false;
+    bool fused_act = false;
 };
 
 /// Times one resident policy (MambaFlowPolicy<Cpu> or MambaFlowPolicy<Cuda>) and prints/writes the results.
@@ -108,6 +109,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     auto& mamba = policy.backbone();
     auto& head = policy.head();
     head.set_fused_solve(o.fused_solve);
+    policy.set_fused_act(o.fused_act);
     const int A = policy.action_dim(), dm = mamba.config().d_model;
     const int steps = o.steps, iters = o.iters, warmup = o.warmup;
     const std::vector<std::int32_t> tokens{1, 2, 3, 4};
@@ -206,6 +208,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
             {"weights", o.dtype},
             {"math", o.math},
             {"fused_solve", o.fused_solve},
+            {"fused_act", o.fused_act},
             {"max_abs_action_diff_vs_f32_math", diff_vs_f32},
             {"shape", {{"n_layers", mamba.config().n_layers}, {"d_model", dm}, {"d_inner", mamba.config().d_inner},
                        {"d_state", mamba.config().d_state}, {"prefix_tokens", tokens.size()}, {"action_dim", A},
@@ -242,6 +245,7 @@ int main(int argc, char** argv) {
     app.add_option("--steps", o.steps, "Euler steps")->check(CLI::Range(1, 65535));
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
     app.add_flag("--fused-solve", o.fused_solve, "run the flow solve as the backend's fused op where it has one (CUDA: one cluster kernel; FlowHead::set_fused_solve)");
+    app.add_flag("--fused-act", o.fused_act, "run act() as the backend's fused op where it has one (CUDA: the whole action in one cluster kernel; MambaFlowPolicy::set_fused_act)");
     app.add_flag("--parts", o.parts, "CPU: also replay each op of one action alone and print it against the FMA and L2 floors");
     app.add_option("--dtype", o.dtype, "storage of the projection weights: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
     app.add_option("--math", o.math, "arithmetic of the projections: f32 (exact) | bf16 (opt-in, set_math) | tf32")

@@ -71,8 +71,9 @@
 #             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
 #             memcheck + racecheck on the conv op test; ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
 #             -> $OUT/encoder.txt and the files it names
-#   flow      issue 20: the fused batch-1 flow solve vs the per-op solve (CUDA tests, mamba_flow_bench with and without
-#             --fused-solve alternated, PyTorch eager, sanitizers on the fused-solve test) -> $OUT/flow.txt
+#   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
+#             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
+#             tests) -> $OUT/flow.txt
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -512,9 +513,9 @@ stage_prof() {
 
 # Issue 20's Mamba-flow action on the GPU: the fused batch-1 flow solve (kernels/cuda/flow_solve.cu) against the per-op
 # solve: the FlowHead / MambaFlowPolicy CUDA tests (bit-equality of the two, parity with the CPU and PyTorch), then
-# mamba_flow_bench on the demo checkpoint with and without --fused-solve alternated FLOW_ROUNDS times, PyTorch
+# mamba_flow_bench on the demo checkpoint per-op, --fused-solve and --fused-act alternated FLOW_ROUNDS times, PyTorch
 # eager in the same call, compute-sanitizer memcheck / racecheck / synccheck on the fused-solve test
-# -> $OUT/flow.txt, mamba_flow_cuda_{fused,unfused}_r<N>.json, mamba_flow_pytorch_cuda.json
+# -> $OUT/flow.txt, mamba_flow_cuda_{per_op,fused_solve,fused_act}_r<N>.json, mamba_flow_pytorch_cuda.json
 stage_flow() {
     local rc=0 r path e
     BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow" stage_build || return $?
@@ -523,8 +524,8 @@ stage_flow() {
     "$BUILD/test/cuda/cuda_models" -tc='FlowHead*,MambaFlow*,Mamba<Cuda>*' > "$LOGS/flow_tests.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|x " "$LOGS/flow_tests.log" | tee -a "$OUT/flow.txt"
     for r in $(seq 1 ${FLOW_ROUNDS:-2}); do
-        for path in fused unfused; do
-            e=--fused-solve; [ $path = unfused ] && e=
+        for path in per_op fused_solve fused_act; do
+            e=""; [ $path = per_op ] || e=--${path/_/-}
             "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda $e \
                 --json "$OUT/mamba_flow_cuda_${path}_r$r.json" ${MAMBA_ARGS:-} 2>&1 | sed "s/^/$path r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
         done
@@ -534,7 +535,7 @@ stage_flow() {
     local san tool
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in memcheck racecheck synccheck; do
-        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc='*fused batch-1 solve*' > "$LOGS/flow_$tool.log" 2>&1 || rc=$?
+        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc='*fused batch-1 solve*,*fused action*' > "$LOGS/flow_$tool.log" 2>&1 || rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/flow.txt"
     done
     return "$rc"

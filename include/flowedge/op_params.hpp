@@ -186,6 +186,48 @@ struct FlowSolveParams {
     float dt = 0.f, half_dt = 0.f, sixth_dt = 0.f;  ///< float(1/N), float(0.5/N), float(1/(6N))
 };
 
+/// Limits of the fused Mamba-flow action (Ops<Cuda>::mamba_flow_act): backbone layers, prefix tokens, action width.
+inline constexpr int kMambaActMaxLayers = 4;
+inline constexpr int kMambaActMaxTokens = 16;
+inline constexpr int kMambaActMaxAction = 64;
+
+/// One Mamba layer's F32 tensors for the fused action, and its recurrent state (written: the state after the prefix).
+struct MambaLayerTensors {
+    const float* norm = nullptr;      ///< [D] RMSNorm weight
+    const float* in_proj = nullptr;   ///< [2 di, D]
+    const float* conv_w = nullptr;    ///< [di, K]
+    const float* conv_b = nullptr;    ///< [di]
+    const float* x_proj = nullptr;    ///< [R + 2S, di]
+    const float* dt_proj = nullptr;   ///< [di, R]
+    const float* dt_bias = nullptr;   ///< [di]
+    const float* A = nullptr;         ///< [di, S]: -exp(A_log)
+    const float* D = nullptr;         ///< [di]
+    const float* out_proj = nullptr;  ///< [D, di]
+    float* conv_state = nullptr;      ///< [K - 1, di]
+    float* ssm_state = nullptr;       ///< [di, S]
+};
+
+/// A whole batch-1 Mamba-flow action as one fused op: state reset, prefill of the tokens (the last layer's out_proj
+/// and norm_f for the last row only, as Mamba::prefill_last_device), c = cond_proj @ last hidden row, x = noise, then
+/// flow.count = flow.steps solver steps (FlowSolveParams), every op evaluated as the single ops do, so the action,
+/// the backbone state and `hidden` equal the per-op path's bits. Tokens and noise travel by value (no copies).
+struct MambaFlowActParams {
+    FlowSolveParams flow;              ///< x: the head's state buffer (the action, out); c unused (computed in the op)
+    const float* cond_proj = nullptr;  ///< [H, D]
+    const float* embedding = nullptr;  ///< [vocab, D]
+    const float* norm_f = nullptr;     ///< [D]
+    float* hidden = nullptr;           ///< [D]: the last row of the final norm (out)
+    MambaLayerTensors layers[kMambaActMaxLayers];
+    /// Vector (16-byte) steps of each product as the single linear op would choose: bits 4l + 0..3 for layer l's
+    /// in_proj, x_proj, dt_proj, out_proj; bit 16 for cond_proj.
+    std::uint32_t vec_mask = 0;
+    int n_layers = 0, d_model = 0, d_inner = 0, d_state = 0, d_conv = 0, dt_rank = 0;
+    float eps = 1e-5f;
+    int n_tokens = 0;
+    std::int32_t tokens[kMambaActMaxTokens] = {};
+    float noise[kMambaActMaxAction] = {};
+};
+
 /// Channel concatenation, torch.cat([a, b], dim=1): y[b] = [a[b] ; b[b]].
 /// a: [batch, ca, length]; b: [batch, cb, length]; y: [batch, ca + cb, length].
 struct ConcatParams {

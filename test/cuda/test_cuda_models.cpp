@@ -491,6 +491,49 @@ TEST_CASE("FlowHead<Cuda>: the fused batch-1 solve (one cluster kernel) equals t
     CHECK(kernels <= 3);
 }
 
+TEST_CASE("MambaFlowPolicy<Cuda>: the fused action (one cluster kernel) equals the per-op action and state bit for bit") {
+    auto fused = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    auto per_op = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    CHECK_FALSE(per_op.fused_act());  // opt-in
+    fused.set_fused_act(true);
+    const int A = fused.action_dim(), vocab = fused.backbone().config().vocab;
+    const std::vector<float> noise = npy(kMfRef / "flow_noise1.npy");
+    for (int len : {1, 3, 4, 16, 17}) {  // 17: over the fused op's prefix limit, the per-op path
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(len));
+        for (int i = 0; i < len; ++i) tokens[std::size_t(i)] = std::int32_t((37 * i + 11) % vocab);
+        for (Solver s : {Solver::Euler, Solver::Heun, Solver::Rk4})
+            for (int n : {1, 10, 64, 65}) {  // 65: beyond the time table, the per-op path
+                std::vector<float> f(static_cast<std::size_t>(A)), o(f.size());
+                fused.act(tokens, noise, f, s, n);
+                per_op.act(tokens, noise, o, s, n);
+                CAPTURE(len);
+                CAPTURE(solver_name(s));
+                CAPTURE(n);
+                CHECK(bitwise_equal(f, o));
+                // The backbone state after the prefix (conv history and scan state of every layer).
+                CHECK(fused.backbone().export_state() == per_op.backbone().export_state());
+            }
+    }
+    // The head is free again after a fused action: a plain solve and a streaming step still work and agree.
+    const std::vector<float> cond = npy(kMfRef / "flow_cond1.npy");
+    std::vector<float> a(static_cast<std::size_t>(A)), b(a.size());
+    fused.head().sample(cond, noise, a, Solver::Euler, 10);
+    per_op.head().sample(cond, noise, b, Solver::Euler, 10);
+    CHECK(bitwise_equal(a, b));
+    const int dm = fused.backbone().config().d_model;
+    std::vector<float> ha(static_cast<std::size_t>(dm)), hb(ha.size());
+    fused.backbone().step(5, ha);
+    per_op.backbone().step(5, hb);
+    CHECK(bitwise_equal(ha, hb));
+    // A batch of noise rows takes the per-op path.
+    const std::vector<float> noise3 = npy(kMfRef / "flow_noise3.npy");
+    std::vector<float> a3(3 * std::size_t(A)), b3(a3.size());
+    const std::vector<std::int32_t> t4 = npy_i32(kMfRef / "tokens4.npy");
+    fused.act(t4, noise3, a3, Solver::Euler, 10);
+    per_op.act(t4, noise3, b3, Solver::Euler, 10);
+    CHECK(bitwise_equal(a3, b3));
+}
+
 TEST_CASE("FlowHead<Cuda> on a caller's stream gives the default-stream result") {
     auto p = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
     const std::vector<float> cond = npy(kMfRef / "flow_cond3.npy"), noise = npy(kMfRef / "flow_noise3.npy");

@@ -24,6 +24,10 @@ bool linear_gemm(const LinearParams& p, Stream s);
 /// nothing, where it does not apply (no clusters below sm_90, H not a multiple of the cluster size, the weights larger
 /// than the cluster's shared memory); the caller then runs the per-op steps.
 bool flow_solve(const FlowSolveParams& p, Stream s);
+/// A whole batch-1 Mamba-flow action as one thread-block cluster (kernels/cuda/flow_solve.cu): false, launching
+/// nothing, where it does not apply (the flow_solve conditions, d_inner or d_model not a multiple of 8, d_state > 32,
+/// R + 2S > 64, cond width != d_model, more layers or tokens than the limits, shared memory).
+bool mamba_flow_act(const MambaFlowActParams& p, Stream s);
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
 /// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma for F32

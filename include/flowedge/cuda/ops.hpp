@@ -41,6 +41,7 @@ struct Ops<Cuda> {
     static void linear_batch(const LinearBatchParams& p, Stream s = {}) { check_args(p); cuda::linear_batch(p, s); }
     /// false (nothing launched) where the fused solve does not apply: run the per-op steps (cuda::flow_solve).
     static bool flow_solve(const FlowSolveParams& p, Stream s = {}) { return cuda::flow_solve(p, s); }
+    static bool mamba_flow_act(const MambaFlowActParams& p, Stream s = {}) { return cuda::mamba_flow_act(p, s); }
     static void conv1d(const Conv1dParams& p, Stream s = {}) { check_args(p); cuda::conv1d(p, s); }
     static std::size_t conv1d_scratch_bytes(const Conv1dParams& p) { return cuda::conv1d_scratch_bytes(p); }
     static void prepare_math(MathMode m) { cuda::prepare_math(m); }

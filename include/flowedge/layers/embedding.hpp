@@ -37,6 +37,8 @@ public:
         Ops<B>::embedding(p, ctx.stream);
     }
 
+    const Parameter<B>& weight() const { return m_weight; }
+
 private:
     Config m_cfg{};
     Parameter<B> m_weight;

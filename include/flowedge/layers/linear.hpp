@@ -73,6 +73,7 @@ public:
     std::size_t prepared_bytes() const { return m_weight.prepared_bytes(); }
 
     const Parameter<B>& weight() const { return m_weight; }
+    const Parameter<B>& bias() const { return m_bias; }  ///< unbound (null data) without Config::bias
     std::int64_t n_parameters() const { return std::int64_t(m_cfg.in) * m_cfg.out + (m_cfg.bias ? m_cfg.out : 0); }
 
 private:

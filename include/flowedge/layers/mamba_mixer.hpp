@@ -2,6 +2,7 @@
 // written once over Ops<B>; prefill and streaming decode are the same code with a different length.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -100,6 +101,33 @@ public:
     /// fresh sequence). n, h: [length, d_model] on B; conv_state: [d_conv-1, d_inner]; ssm_state: [d_inner, d_state].
     /// out_from > 0: only rows t >= out_from of h get the residual (the scan's output and out_proj are computed for
     /// those rows only; the states still advance over every token), for callers that need just the last rows.
+    /// The tensors for a backend's fused action (MambaFlowActParams) with this layer's state buffers, and in `vec`
+    /// (bits 0..3: in_proj, x_proj, dt_proj, out_proj) whether the single linear op takes its 16-byte vector path
+    /// for each product as forward() calls it (x rows in 256-byte aligned workspace slices). False, leaving `t`
+    /// unspecified, when a tensor is not stored as F32 (the fused op reads F32 only).
+    bool fused_tensors(MambaLayerTensors& t, unsigned& vec, float* conv_state, float* ssm_state) const {
+        auto f32 = [](const Parameter<B>& q) { return q.dtype() == DType::F32 ? static_cast<const float*>(q.ref().data) : nullptr; };
+        t.in_proj = f32(m_in_proj.weight());
+        t.conv_w = f32(m_conv_w);
+        t.conv_b = m_conv_b.dtype() == DType::F32 ? m_conv_b.f32() : nullptr;
+        t.x_proj = f32(m_x_proj.weight());
+        t.dt_proj = f32(m_dt_proj.weight());
+        t.dt_bias = f32(m_dt_proj.bias());
+        t.A = m_A.f32();
+        t.D = f32(m_D);
+        t.out_proj = f32(m_out_proj.weight());
+        t.conv_state = conv_state;
+        t.ssm_state = ssm_state;
+        if (!(t.in_proj && t.conv_w && t.conv_b && t.x_proj && t.dt_proj && t.dt_bias && t.D && t.out_proj)) return false;
+        const int di = m_cfg.d_inner, R = m_cfg.dt_rank, ld_dbl = R + 2 * m_cfg.d_state;
+        auto vec_path = [](const float* w, int in, int ld_x) {
+            return in % 4 == 0 && ld_x % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0;
+        };
+        vec = unsigned(vec_path(t.in_proj, m_cfg.d_model, m_cfg.d_model)) | unsigned(vec_path(t.x_proj, di, di)) << 1 |
+              unsigned(vec_path(t.dt_proj, R, ld_dbl)) << 2 | unsigned(vec_path(t.out_proj, di, di)) << 3;
+        return true;
+    }
+
     void forward(Context<B>& ctx, const float* n, float* h, int length, float* conv_state, float* ssm_state,
                  int out_from = 0) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);

@@ -39,6 +39,8 @@ public:
         Ops<B>::rms_norm(p, ctx.stream);
     }
 
+    const Parameter<B>& weight() const { return m_weight; }
+
 private:
     Config m_cfg{};
     Parameter<B> m_weight;

@@ -104,6 +104,7 @@ public:
     const Config& config() const { return m_cfg; }
     int max_batch() const { return m_max_batch; }
     void set_stream(Stream s) { m_exec.set_stream(s); }
+    Stream stream() const { return m_exec.stream(); }
 
     /// Arithmetic of the head's projections (in_proj, time_proj, cond_proj, hidden layers, out_proj), default
     /// MathMode::F32 = exact. BF16 is an opt-in: backends with a BF16 linear path (Ops<Cpu>::linear with vdpbf16ps;
@@ -141,6 +142,39 @@ public:
         m_exec.drop_graphs();
     }
     bool fused_solve() const { return m_fused; }
+
+    /// The head part of a fused Mamba-flow action (MambaFlowActParams: p.flow, p.cond_proj, p.noise; the op
+    /// computes c = cond_proj @ the backbone's last row and x = noise itself): starts a batch-1 solve from `noise`
+    /// whose steps the op runs. False, with no solve started, where the op cannot run it (math other than F32, more
+    /// steps than the time table holds, see fill_fused). After the op ran, end_fused_act() ends the solve.
+    bool begin_fused_act(std::span<const float> noise, Solver solver, int steps, MambaFlowActParams& p) {
+        check_live("begin");
+        check_solve(solver, steps, 1);
+        check_input(noise, std::size_t(m_cfg.action_dim), "noise");
+        if (math() != MathMode::F32 || steps > kTimeCacheSteps || m_cfg.action_dim > kMambaActMaxAction) return false;
+        start(solver, steps, 1);
+        const WeightRef wc = m_cond_proj.weight().ref();
+        if (!fill_fused(p.flow, 0, steps) || wc.dtype != DType::F32 || !wc.data) {
+            cancel();
+            return false;
+        }
+        p.cond_proj = static_cast<const float*>(wc.data);
+        if (m_cfg.cond_dim % 4 == 0 && aligned16(wc.data) && aligned16(m_cond)) p.vec_mask |= 1u << 16;
+        std::copy(noise.begin(), noise.end(), p.noise);
+        return true;
+    }
+    /// Ends a solve begun by begin_fused_act() once the op has run (and its stream was synchronized): the action into
+    /// `out` [A]. False for a non-finite action: the caller re-runs the per-op path, whose result() names the step.
+    bool end_fused_act(std::span<float> out) {
+        check_live("result");
+        if (!(out.size() == std::size_t(m_cfg.action_dim))) [[unlikely]]
+            fail(ErrorKind::BadShape, "flow_head", "output has the wrong size" + expected_got(m_cfg.action_dim, out.size()));
+        Memory<B>::copy_to_host(out.data(), m_x, out.size_bytes(), m_exec.stream());
+        Memory<B>::synchronize(m_exec.stream());
+        m_active = false;
+        m_done = 0;
+        return std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); });
+    }
 
     /// Bytes of the projections' prepared weights (the backend's small-row copies made at load; 0 when none).
     std::size_t prepared_bytes() const {
@@ -437,54 +471,61 @@ private:
     }
 
     /// Steps [first, first + count) as the backend's fused op (Ops<B>::flow_solve) where it has one and it applies:
-    /// batch 1, F32 math and weights, the time table built for this N. Returns false (nothing enqueued) otherwise.
+    /// opted in, batch 1, F32 math and weights, the time table built for this N. Returns false (nothing enqueued) otherwise.
     bool enqueue_fused(Context<B>& ctx, int first, int count) const {
         if constexpr (requires(const FlowSolveParams& q) { Ops<B>::flow_solve(q, ctx.stream); }) {
-            if (!m_fused || m_batch != 1 || ctx.math != MathMode::F32 || m_tcache_steps != m_steps ||
-                m_cfg.n_layers > kFlowSolveMaxLayers)
-                return false;
             FlowSolveParams p;
-            // Each product's order is the single linear op's, which depends on its pointers (16-byte vector steps
-            // where the row length is a multiple of 4 and the weight and x are 16-byte aligned): the fused op
-            // applies only where every call of a product would take the same path.
-            auto aligned16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
-            bool consistent = true;
-            auto weight_of = [&](const Linear<B>& l, int bit, int in, std::initializer_list<const float*> xs) -> const float* {
-                const WeightRef w = l.weight().ref();
-                if (w.dtype != DType::F32 || !w.data) consistent = false;
-                bool vec0 = false;
-                for (std::size_t i = 0; const float* x : xs) {
-                    const bool vec = in % 4 == 0 && aligned16(w.data) && aligned16(x);
-                    if (i++ == 0) vec0 = vec;
-                    else if (vec != vec0) consistent = false;
-                }
-                if (vec0) p.vec_mask |= 1u << bit;
-                return static_cast<const float*>(w.data);
-            };
-            const int L = m_cfg.n_layers, H = m_cfg.hidden;
-            p.in_proj = weight_of(m_in_proj, 0, m_cfg.action_dim, {m_x, m_xt});
-            for (int l = 0; l < L; ++l) p.layers[l] = weight_of(m_layers[std::size_t(l)], 1 + l, H, {m_h[l % 2]});
-            p.out_proj = weight_of(m_out_proj, 1 + L, H, {m_h[L % 2]});
-            if (!consistent) return false;
-            p.x = m_x;
+            if (!m_fused || ctx.math != MathMode::F32 || !fill_fused(p, first, count)) return false;
             p.c = m_c;
-            p.tproj = m_tcache;
-            p.action_dim = m_cfg.action_dim;
-            p.hidden = H;
-            p.n_layers = L;
-            p.solver = int(m_solver);
-            p.steps = m_steps;
-            p.first = first;
-            p.count = count;
-            p.dt = float(1.0 / double(m_steps));
-            p.half_dt = float(0.5 / double(m_steps));
-            p.sixth_dt = float(1.0 / (6.0 * double(m_steps)));
             return Ops<B>::flow_solve(p, ctx.stream);
         } else {
             (void)ctx, (void)first, (void)count;
             return false;
         }
     }
+
+    /// The fused solve's parameters for steps [first, first + count) of the active solve (p.c left to the caller).
+    /// False where the fused op cannot reproduce the per-op solve: batch > 1, the time table not built for this N,
+    /// weights not stored as F32, too many layers, or a product whose linear op would take different summation paths
+    /// on different calls.
+    bool fill_fused(FlowSolveParams& p, int first, int count) const {
+        if (m_batch != 1 || m_tcache_steps != m_steps || m_cfg.n_layers > kFlowSolveMaxLayers) return false;
+        // Each product's order is the single linear op's, which depends on its pointers (16-byte vector steps where
+        // the row length is a multiple of 4 and the weight and x are 16-byte aligned): the fused op applies only
+        // where every call of a product would take the same path.
+        bool consistent = true;
+        auto weight_of = [&](const Linear<B>& l, int bit, int in, std::initializer_list<const float*> xs) -> const float* {
+            const WeightRef w = l.weight().ref();
+            if (w.dtype != DType::F32 || !w.data) consistent = false;
+            bool vec0 = false;
+            for (std::size_t i = 0; const float* x : xs) {
+                const bool vec = in % 4 == 0 && aligned16(w.data) && aligned16(x);
+                if (i++ == 0) vec0 = vec;
+                else if (vec != vec0) consistent = false;
+            }
+            if (vec0) p.vec_mask |= 1u << bit;
+            return static_cast<const float*>(w.data);
+        };
+        const int L = m_cfg.n_layers, H = m_cfg.hidden;
+        p.in_proj = weight_of(m_in_proj, 0, m_cfg.action_dim, {m_x, m_xt});
+        for (int l = 0; l < L; ++l) p.layers[l] = weight_of(m_layers[std::size_t(l)], 1 + l, H, {m_h[l % 2]});
+        p.out_proj = weight_of(m_out_proj, 1 + L, H, {m_h[L % 2]});
+        if (!consistent) return false;
+        p.x = m_x;
+        p.tproj = m_tcache;
+        p.action_dim = m_cfg.action_dim;
+        p.hidden = H;
+        p.n_layers = L;
+        p.solver = int(m_solver);
+        p.steps = m_steps;
+        p.first = first;
+        p.count = count;
+        p.dt = float(1.0 / double(m_steps));
+        p.half_dt = float(0.5 / double(m_steps));
+        p.sixth_dt = float(1.0 / (6.0 * double(m_steps)));
+        return true;
+    }
+    static bool aligned16(const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; }
 
     /// One solver step k (x(t_k) -> x(t_{k+1})) on m_x.
     void step(Context<B>& ctx, int k, std::int64_t n) const {

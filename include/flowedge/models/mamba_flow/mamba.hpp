@@ -196,6 +196,45 @@ public:
     }
 
     /// Forgets the sequence: zero conv and ssm state (the next step() starts a new sequence).
+    /// The backbone part of a fused Mamba-flow action (MambaFlowActParams, Ops<B>::mamba_flow_act): a prefill of
+    /// `tokens` from a reset as prefill_last_device() computes it; the op writes the state and the last hidden row
+    /// (prefill_last_device's result). Tokens are validated; false (p partly filled) where the op cannot take this
+    /// backbone: math other than F32, a tensor not stored as F32, more layers or tokens than the op's limits.
+    bool fused_act_params(std::span<const std::int32_t> tokens, MambaFlowActParams& p) {
+        check_live("prefill");
+        check_length(tokens.size());
+        validate_tokens(tokens);
+        const int L = int(tokens.size());
+        if (math() != MathMode::F32 || m_cfg.n_layers > kMambaActMaxLayers || L > kMambaActMaxTokens) return false;
+        auto f32 = [](const Parameter<B>& q) { return q.dtype() == DType::F32 ? static_cast<const float*>(q.ref().data) : nullptr; };
+        p.embedding = f32(m_embedding.weight());
+        p.norm_f = f32(m_norm_f.weight());
+        if (!p.embedding || !p.norm_f) return false;
+        p.hidden = m_out.data() + std::size_t(L - 1) * std::size_t(m_cfg.d_model);
+        const std::size_t per_layer = m_layers[0].mixer.state_floats();
+        for (int i = 0; i < m_cfg.n_layers; ++i) {
+            const Layer& layer = m_layers[std::size_t(i)];
+            float* conv_state = m_state.data() + std::size_t(i) * per_layer;
+            MambaLayerTensors& t = p.layers[i];
+            unsigned vec = 0;
+            if (!layer.mixer.fused_tensors(t, vec, conv_state, conv_state + layer.mixer.conv_state_floats())) return false;
+            t.norm = f32(layer.norm.weight());
+            if (!t.norm) return false;
+            p.vec_mask |= vec << (4 * i);
+        }
+        p.n_layers = m_cfg.n_layers;
+        p.d_model = m_cfg.d_model;
+        p.d_inner = m_cfg.d_inner;
+        p.d_state = m_cfg.d_state;
+        p.d_conv = m_cfg.d_conv;
+        p.dt_rank = m_cfg.dt_rank;
+        p.eps = m_cfg.eps;
+        p.n_tokens = L;
+        std::copy(tokens.begin(), tokens.end(), p.tokens);
+        return true;
+    }
+    Stream stream() const { return m_exec.stream(); }
+
     void reset() {
         check_live("reset");
         Memory<B>::fill_zero(m_state.data(), m_state.bytes(), m_exec.stream());

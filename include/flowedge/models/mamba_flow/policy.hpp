@@ -82,16 +82,51 @@ public:
         if (!(!noise.empty() && noise.size() % std::size_t(A) == 0)) [[unlikely]]
             fail(ErrorKind::BadShape, "mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
         const int batch = int(noise.size() / std::size_t(A));
+        if (batch == 1 && m_fused_act && act_fused(tokens, noise, out, solver, steps)) return;
         const float* last = m.prefill_last_device(tokens);  // only the last row feeds the head
         h.begin_device(last, noise, solver, steps, batch, /*cond_stride=*/0);  // every row reads the same condition
         h.advance(steps);
         h.result(out);
     }
 
+    /// Opt-in: lets a batch-1 act() at F32 math run as the backend's fused op (CUDA: the state reset, the prefill, the
+    /// condition and every solver step in one thread-block cluster launch, tokens and noise passed by value;
+    /// Ops<Cuda>::mamba_flow_act), built to give the per-op path's action, state and hidden row bit for bit
+    /// (test/cuda/test_cuda_models.cpp). Off by default until a GPU run has confirmed it. Where the op does not apply
+    /// (batch > 1, BF16 math, a prefix over 16 tokens, more than 64 steps, ...) act() takes the per-op path.
+    void set_fused_act(bool on) { m_fused_act = on; }
+    bool fused_act() const { return m_fused_act; }
+
 private:
     MambaFlowPolicy() = default;
+
+    /// act() at batch 1 as the backend's fused op; false (nothing changed but validation) where it does not apply.
+    bool act_fused(std::span<const std::int32_t> tokens, std::span<const float> noise, std::span<float> out, Solver solver,
+                   int steps) {
+        if constexpr (requires(const MambaFlowActParams& q) { Ops<B>::mamba_flow_act(q, Stream{}); }) {
+            Mamba<B>& m = *m_backbone;
+            FlowHead<B>& h = *m_head;
+            MambaFlowActParams p;
+            if (!m.fused_act_params(tokens, p) || !h.begin_fused_act(noise, solver, steps, p)) return false;
+            // The time table begin_fused_act() may have just built is on the head's stream.
+            if (h.stream().handle != m.stream().handle) Memory<B>::synchronize(h.stream());
+            if (!Ops<B>::mamba_flow_act(p, m.stream())) {
+                h.cancel();
+                return false;
+            }
+            Memory<B>::synchronize(m.stream());  // the head reads the action on its own stream
+            // A non-finite action: the per-op path recomputes it and its result() names the step.
+            return h.end_fused_act(out);
+        } else {
+            (void)tokens, (void)noise, (void)out, (void)solver, (void)steps;
+            return false;
+        }
+    }
+
+
     std::optional<Mamba<B>> m_backbone;
     std::optional<FlowHead<B>> m_head;
+    bool m_fused_act = false;  ///< set_fused_act
 };
 
 }  // namespace flowedge
