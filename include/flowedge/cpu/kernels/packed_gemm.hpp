@@ -28,20 +28,48 @@ inline bool gemm_panel_enabled() {
     return on;
 }
 
+/// FLOWEDGE_CPU_GEMM_ROLLED_TILE=1 runs the tile's init and partial-sum stores as plain loops (the code before the
+/// unrolled<> form below; same arithmetic and bits): the old path of an A/B run.
+inline bool gemm_rolled_tile() {
+    static const bool on = ::flowedge::cpu::env_is("FLOWEDGE_CPU_GEMM_ROLLED_TILE", "1");
+    return on;
+}
+
+/// f(i) for the compile-time i = 0..N-1: the tile's per-accumulator loops written so that every acc[r][v] index is a
+/// constant, which lets GCC keep the whole tile in registers (with runtime loop indices around the masked loads and
+/// stores it kept acc on the stack and copied it in and out around the k loop: 96 extra vector moves per tile).
+template <int N, class F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+    [&]<int... i>(std::integer_sequence<int, i...>) __attribute__((always_inline)) {
+        (f(std::integral_constant<int, i>{}), ...);
+    }(std::make_integer_sequence<int, N>{});
+}
+
 /// R rows x V vectors of outputs from obase over k in [k0, k1): w is the tile's first weight vector at k = k0, k
 /// steps ks floats apart. Starts from the bias (k0 == 0) or the partial sums in y, ends with the epilogue (k1 == in)
 /// or stores the partial sums (exact, as the next slice reloads them).
-template <int R, int V>
+template <int R, int V, bool Rolled = false>
 inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1) {
     const LinearParams& p = *c.p;
     VecF acc[R][V];
-    for (int v = 0; v < V; ++v) {
-        const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
-        const VecF init = bias_vec(p, obase, v);
-        for (int r = 0; r < R; ++r) {
-            const float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
-            acc[r][v] = k0 == 0 ? init : n == kLanes ? vload(yr) : load_n(yr, n);
+    if constexpr (Rolled) {
+        for (int v = 0; v < V; ++v) {
+            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+            const VecF init = bias_vec(p, obase, v);
+            for (int r = 0; r < R; ++r) {
+                const float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
+                acc[r][v] = k0 == 0 ? init : n == kLanes ? vload(yr) : load_n(yr, n);
+            }
         }
+    } else {
+        unrolled<V>([&](auto v) __attribute__((always_inline)) {
+            const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+            const VecF init = bias_vec(p, obase, v);
+            unrolled<R>([&](auto r) __attribute__((always_inline)) {
+                const float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
+                acc[r][v] = k0 == 0 ? init : n == kLanes ? vload(yr) : load_n(yr, n);
+            });
+        });
     }
     const float* x = p.x + std::size_t(r0) * c.ldx;
     for (int k = k0; k < k1; ++k) {
@@ -53,17 +81,37 @@ inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::siz
             for (int v = 0; v < V; ++v) acc[r][v] = vfma(wv[v], xr, acc[r][v]);
         }
     }
-    if (k1 == p.in) {
-        finish<R, V>(c, r0, obase, acc);
+    if constexpr (Rolled) {
+        if (k1 == p.in) {
+            finish<R, V>(c, r0, obase, acc);
+            return;
+        }
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < V; ++v) {
+                const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
+                float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
+                if (n == kLanes) vstore(yr, acc[r][v]);
+                else store_n(yr, acc[r][v], n);
+            }
         return;
     }
-    for (int r = 0; r < R; ++r)
-        for (int v = 0; v < V; ++v) {
+    if (k1 == p.in) {
+        // finish takes the tile by reference: a copy, so that acc's own address never escapes.
+        VecF out[R][V];
+        unrolled<R>([&](auto r) __attribute__((always_inline)) {
+            unrolled<V>([&](auto v) __attribute__((always_inline)) { out[r][v] = acc[r][v]; });
+        });
+        finish<R, V>(c, r0, obase, out);
+        return;
+    }
+    unrolled<R>([&](auto r) __attribute__((always_inline)) {
+        unrolled<V>([&](auto v) __attribute__((always_inline)) {
             const int o = obase + v * kLanes, n = std::min(kLanes, p.out - o);
             float* yr = p.y + std::size_t(r0 + r) * c.ldy + o;
             if (n == kLanes) vstore(yr, acc[r][v]);
             else store_n(yr, acc[r][v], n);
-        }
+        });
+    });
 }
 
 /// gemm_tile for a runtime (rows, vectors) in [1, kGemmRows] x [1, kGemmVecs].
@@ -75,7 +123,8 @@ inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int obase, const 
     if constexpr (V > 1) {
         if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, obase, w, ks, k0, k1);
     }
-    gemm_tile<R, V>(c, r0, obase, w, ks, k0, k1);
+    if (gemm_rolled_tile()) gemm_tile<R, V, true>(c, r0, obase, w, ks, k0, k1);
+    else gemm_tile<R, V>(c, r0, obase, w, ks, k0, k1);
 }
 
 /// One group of the call: nv (<= kGemmVecs) vectors from vector v0 of block b. The group's weights: first vector at
