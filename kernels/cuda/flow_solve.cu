@@ -430,8 +430,9 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
     check(p.cond_proj && p.embedding && p.norm_f && p.hidden, "cuda mamba_flow_act", "null cond_proj, embedding, norm_f or hidden pointer");
     for (int l = 0; l < p.n_layers; ++l) {
         const MambaLayerTensors& t = p.layers[l];
-        check(t.norm && t.in_proj && t.conv_w && t.x_proj && t.dt_proj && t.dt_bias && t.A && t.out_proj && t.conv_state && t.ssm_state,
-              "cuda mamba_flow_act", "null tensor or state pointer in layer " + std::to_string(l));
+        if (!(t.norm && t.in_proj && t.conv_w && t.x_proj && t.dt_proj && t.dt_bias && t.A && t.out_proj && t.conv_state &&
+              t.ssm_state)) [[unlikely]]
+            fail("cuda mamba_flow_act", "null tensor or state pointer in layer " + std::to_string(l));
     }
     const std::size_t bytes = sizeof(float) * std::size_t(MambaSmem::of(p, FlowSmem::of(f).total).total);
     if (bytes > std::size_t(detail::smem_per_block_optin())) return false;
