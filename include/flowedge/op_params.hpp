@@ -64,6 +64,14 @@ struct LinearParams {
     bool f32_gemm = false;
 };
 
+/// Whether the CUDA linear op (kernels/cuda/linear.cu, use_vec) walks an F32 weight row in 16-byte vector steps
+/// rather than element by element: the two sum in different orders, so an op that reproduces the linear op's bits
+/// (the fused Mamba-flow paths) must take the same choice for the same pointers and row stride (0 = in).
+inline bool linear_f32_vector_path(const void* w, const void* x, int in, int ld_x = 0) {
+    auto aligned16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
+    return in % 4 == 0 && (ld_x ? ld_x : in) % 4 == 0 && aligned16(w) && aligned16(x);
+}
+
 /// Most LinearParams items one LinearBatchParams carries (one op launch on the GPU).
 inline constexpr int kMaxLinearBatch = 16;
 

@@ -120,11 +120,12 @@ public:
         t.ssm_state = ssm_state;
         if (!(t.in_proj && t.conv_w && t.conv_b && t.x_proj && t.dt_proj && t.dt_bias && t.D && t.out_proj)) return false;
         const int di = m_cfg.d_inner, R = m_cfg.dt_rank, ld_dbl = R + 2 * m_cfg.d_state;
-        auto vec_path = [](const float* w, int in, int ld_x) {
-            return in % 4 == 0 && ld_x % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0;
-        };
-        vec = unsigned(vec_path(t.in_proj, m_cfg.d_model, m_cfg.d_model)) | unsigned(vec_path(t.x_proj, di, di)) << 1 |
-              unsigned(vec_path(t.dt_proj, R, ld_dbl)) << 2 | unsigned(vec_path(t.out_proj, di, di)) << 3;
+        // forward()'s x rows are workspace slices (256-byte aligned): an aligned stand-in gives the same choice.
+        alignas(16) const float x[4] = {};
+        vec = unsigned(linear_f32_vector_path(t.in_proj, x, m_cfg.d_model)) |
+              unsigned(linear_f32_vector_path(t.x_proj, x, di)) << 1 |
+              unsigned(linear_f32_vector_path(t.dt_proj, x, R, ld_dbl)) << 2 |
+              unsigned(linear_f32_vector_path(t.out_proj, x, di)) << 3;
         return true;
     }
 

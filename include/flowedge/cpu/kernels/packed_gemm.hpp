@@ -19,7 +19,7 @@ inline constexpr int kGemmVecs = kRegisters >= 32 ? 4 : 3;
 /// (64 KiB on AVX-512) and the rows' x slices (~300 KiB at 300 rows) stay in L2.
 inline constexpr int kGemmDepth = 256;
 /// k steps per slice of the panel path: kGemmVecs vectors x 128 k steps (32 KiB on AVX-512) stay in a 48 KiB L1 with
-/// the row tile's x slices (the depth that measured best: bench/results/act_cpu.md, act-cpu3).
+/// the row tile's x slices (the best depth measured: bench/results/act_cpu.md).
 inline constexpr int kGemmPanelDepth = 128;
 
 /// FLOWEDGE_CPU_GEMM_NO_PANEL=1 reads the weights in place (kGemmDepth slices): the old path of an A/B run.

@@ -159,7 +159,7 @@ public:
             return false;
         }
         p.cond_proj = static_cast<const float*>(wc.data);
-        if (m_cfg.cond_dim % 4 == 0 && aligned16(wc.data) && aligned16(m_cond)) p.vec_mask |= 1u << 16;
+        if (linear_f32_vector_path(wc.data, m_cond, m_cfg.cond_dim)) p.vec_mask |= 1u << 16;
         std::copy(noise.begin(), noise.end(), p.noise);
         return true;
     }
@@ -490,16 +490,15 @@ private:
     /// on different calls.
     bool fill_fused(FlowSolveParams& p, int first, int count) const {
         if (m_batch != 1 || m_tcache_steps != m_steps || m_cfg.n_layers > kFlowSolveMaxLayers) return false;
-        // Each product's order is the single linear op's, which depends on its pointers (16-byte vector steps where
-        // the row length is a multiple of 4 and the weight and x are 16-byte aligned): the fused op applies only
-        // where every call of a product would take the same path.
+        // Each product's order is the single linear op's, which depends on its pointers (linear_f32_vector_path):
+        // the fused op applies only where every call of a product would take the same path.
         bool consistent = true;
         auto weight_of = [&](const Linear<B>& l, int bit, int in, std::initializer_list<const float*> xs) -> const float* {
             const WeightRef w = l.weight().ref();
             if (w.dtype != DType::F32 || !w.data) consistent = false;
             bool vec0 = false;
             for (std::size_t i = 0; const float* x : xs) {
-                const bool vec = in % 4 == 0 && aligned16(w.data) && aligned16(x);
+                const bool vec = linear_f32_vector_path(w.data, x, in);
                 if (i++ == 0) vec0 = vec;
                 else if (vec != vec0) consistent = false;
             }
@@ -525,7 +524,6 @@ private:
         p.sixth_dt = float(1.0 / (6.0 * double(m_steps)));
         return true;
     }
-    static bool aligned16(const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; }
 
     /// One solver step k (x(t_k) -> x(t_{k+1})) on m_x.
     void step(Context<B>& ctx, int k, std::int64_t n) const {
