@@ -232,6 +232,8 @@ struct MambaFlowActParams {
     int n_layers = 0, d_model = 0, d_inner = 0, d_state = 0, d_conv = 0, dt_rank = 0;
     float eps = 1e-5f;
     int n_tokens = 0;
+    /// Set by the op: how many leading layers' projection weights the kernel copies to shared memory (as many as fit).
+    int staged_layers = 0;
     std::int32_t tokens[kMambaActMaxTokens] = {};
     float noise[kMambaActMaxAction] = {};
 };

@@ -3,14 +3,16 @@
 // and the whole Mamba-flow action (state reset, prefill, condition, solve: ~97 launches per-op) as one cluster launch.
 //
 // Launch geometry: one cluster of kCluster = 8 blocks x 256 threads (8 warps) on sm_90. Block `rank` owns the rows
-// [rank * R, rank * R + R) of in_proj and of every hidden layer (R = H / 8); they are copied to its shared memory once
-// (cp.async, before the programmatic-dependent-launch wait: weights never depend on an earlier kernel), with the
-// whole out_proj, its rows of c and of the time table. A velocity evaluation: each block computes its R outputs of a
-// layer (one warp per output) and stores them into every block's copy of the layer's output (distributed shared
+// [rank * R, rank * R + R) of every hidden layer (R = H / 8); they are copied to its shared memory once (cp.async,
+// before the programmatic-dependent-launch wait: weights never depend on an earlier kernel), with the whole in_proj
+// ([H, A]: small), out_proj, c and time table. A velocity evaluation: every block computes all H outputs of in_proj
+// on its own copy (one thread per output, replaying the warp's per-lane sums and butterfly: no barrier), then for
+// each hidden layer each block computes its R outputs (a warp takes four outputs at once so their memory and
+// shuffle latencies overlap) and stores them into every block's copy of the layer's output (distributed shared
 // memory), then the cluster barrier; out_proj's A outputs and the solver's combinations are computed by every block
 // on its own copy (the same operations in the same order, so every block holds the same state). Layer outputs rotate
-// through three buffers: the output of layer g is written only after the barrier that ends layer g - 1, when every
-// block has finished reading layer g - 2's buffer.
+// through three buffers: a remote store into layer g's buffer comes after the barrier that ended the last remote
+// layer, when every block has finished reading layer g - 3, the buffer's previous content.
 //
 // Numerics: each output is the single linear op's per-output routine (linear.cu: per-lane float sums in index
 // order, 16-byte vector or scalar steps as that op would choose for the same pointers, butterfly warp sum, lane 0's
@@ -38,18 +40,46 @@ constexpr int kMaxAction = 64;  // the state and the solver's k buffers live in 
 
 __host__ __device__ constexpr int pad4(int n) { return (n + 3) & ~3; }
 
+/// Issues (does not commit) cp.async copies of `rows` rows of `len` floats to dst (row stride ld): row r from src(r).
+/// v16: every src(r) and dst row is 16-byte aligned and len % 4 == 0 (16-byte steps), else 4-byte steps. Called by
+/// all of a block's threads.
+template <class Src>
+__device__ __forceinline__ void copy_rows(float* dst, int ld, int rows, int len, Src src, bool v16, int tid) {
+    if (v16) {
+        const int q = len / 4;
+        for (int e = tid; e < rows * q; e += kThreads) {
+            const int r = e / q, c = e - r * q;
+            detail::cp_async16(dst + std::size_t(r) * ld + 4 * c, src(r) + 4 * c, 16);
+        }
+    } else {
+        for (int e = tid; e < rows * len; e += kThreads) {
+            const int r = e / len, c = e - r * len;
+            detail::cp_async4(dst + std::size_t(r) * ld + c, src(r) + c, 4);
+        }
+    }
+}
+/// Whether rows of `len` floats at `base` + k * `len` (and shared-memory rows of stride pad4) take 16-byte steps.
+__device__ __forceinline__ bool rows16(const float* base, int len) {
+    return len % 4 == 0 && (reinterpret_cast<std::uintptr_t>(base) & 15u) == 0;
+}
+
+/// Half steps j of the time table the solver reads: Euler and Heun only even ones (j = 2k, 2k + 2), RK4 all; row j
+/// of the table is kept at j / time_stride.
+__host__ __device__ constexpr int time_stride(const FlowSolveParams& p) { return p.solver == 2 ? 1 : 2; }
+__host__ __device__ constexpr int time_rows(const FlowSolveParams& p) { return 2 * p.steps / time_stride(p) + 1; }
+
 /// Offsets (floats) of the shared-memory regions; every region starts 16-byte aligned.
 struct FlowSmem {
     int w_in = 0, w_layers = 0, w_out = 0, c = 0, tproj = 0, h = 0, state = 0, total = 0;
     __host__ __device__ static FlowSmem of(const FlowSolveParams& p) {
-        const int H = p.hidden, A = p.action_dim, R = H / kCluster, J = 2 * p.steps + 1;
+        const int H = p.hidden, A = p.action_dim, R = H / kCluster, J = time_rows(p);
         FlowSmem s;
         s.w_in = 0;
-        s.w_layers = s.w_in + pad4(R * A);
+        s.w_layers = s.w_in + pad4(H * A);
         s.w_out = s.w_layers + pad4(p.n_layers * R * H);
         s.c = s.w_out + pad4(A * H);
-        s.tproj = s.c + pad4(R);
-        s.h = s.tproj + pad4(J * R);
+        s.tproj = s.c + pad4(H);
+        s.h = s.tproj + pad4(J * H);
         s.state = s.h + 3 * pad4(H);
         s.total = s.state + 6 * pad4(A);  // x, xt, k0..k3
         return s;
@@ -57,23 +87,93 @@ struct FlowSmem {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // thread-block clusters: the device code of sm_90 only
-/// One output of the single linear op (linear.cu, linear_outputs at rows = 1): per-lane sums in index order, then the
-/// butterfly warp sum; lane 0's value is the op's.
-__device__ __forceinline__ float warp_dot(const float* w, const float* x, int n, bool vec, int lane) {
-    float acc = 0.f;
+/// N outputs of the single linear op (linear.cu, linear_outputs at rows = 1): out[q] = w[q] . x[q], each with per-lane
+/// sums in index order, then the butterfly warp sum; lane 0's values are the op's. Taking N at once overlaps their
+/// loads and shuffles; each output's chain is unchanged.
+template <int N>
+__device__ __forceinline__ void warp_dots(const float* const (&w)[N], const float* const (&x)[N], int n, bool vec, int lane,
+                                          float (&out)[N]) {
+    float acc[N];
+#pragma unroll
+    for (int q = 0; q < N; ++q) acc[q] = 0.f;
     if (vec) {
         for (int i = lane * 4; i < n; i += 32 * 4) {
-            const float4 wv = *reinterpret_cast<const float4*>(w + i);
-            const float4 xv = *reinterpret_cast<const float4*>(x + i);
-            acc += wv.x * xv.x;
-            acc += wv.y * xv.y;
-            acc += wv.z * xv.z;
-            acc += wv.w * xv.w;
+#pragma unroll
+            for (int q = 0; q < N; ++q) {
+                const float4 wv = *reinterpret_cast<const float4*>(w[q] + i);
+                const float4 xv = *reinterpret_cast<const float4*>(x[q] + i);
+                acc[q] += wv.x * xv.x;
+                acc[q] += wv.y * xv.y;
+                acc[q] += wv.z * xv.z;
+                acc[q] += wv.w * xv.w;
+            }
         }
     } else {
-        for (int i = lane; i < n; i += 32) acc += w[i] * x[i];
+        for (int i = lane; i < n; i += 32)
+#pragma unroll
+            for (int q = 0; q < N; ++q) acc[q] += w[q][i] * x[q][i];
     }
-    return detail::warp_sum(acc);
+#pragma unroll
+    for (int q = 0; q < N; ++q) out[q] = detail::warp_sum(acc[q]);
+}
+
+constexpr int kDotsPerWarp = 4;
+
+/// Items i = warp, warp + kWarps, ... of [0, count), kDotsPerWarp at a time: operands(i, w, x) names item i's weight
+/// row and input (length n), store(i, value) runs on lane 0 with the op's value.
+template <class Operands, class Store>
+__device__ __forceinline__ void warp_dot_items(int count, int n, bool vec, int warp, int lane, Operands operands, Store store) {
+    constexpr int N = kDotsPerWarp;
+    for (int i0 = warp; i0 < count; i0 += N * kWarps) {
+        const float* w[N];
+        const float* x[N];
+#pragma unroll
+        for (int q = 0; q < N; ++q) {
+            const int i = i0 + q * kWarps;
+            operands(i < count ? i : i0, w[q], x[q]);  // past the end: a repeat of item i0, not stored
+        }
+        float s[N];
+        warp_dots<N>(w, x, n, vec, lane, s);
+        if (lane == 0)
+#pragma unroll
+            for (int q = 0; q < N; ++q)
+                if (i0 + q * kWarps < count) store(i0 + q * kWarps, s[q]);
+    }
+}
+
+template <int O>
+__device__ __forceinline__ void butterfly_step(float (&part)[32]) {
+#pragma unroll
+    for (int i = 0; i < O; ++i) part[i] += part[i + O];
+}
+
+/// One thread's replay of warp_dots' value for one output of a short row (in_proj: n = A <= kMaxAction = 64, so a
+/// lane holds at most one 4-element step of the vector path, or two elements): the 32 lanes' sums in their order,
+/// then the butterfly's additions as lane 0 sees them (lane i + lane i + o for o = 16, 8, 4, 2, 1).
+__device__ __forceinline__ float thread_dot(const float* w, const float* x, int n, bool vec) {
+    float part[32];
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+        float acc = 0.f;
+        if (vec) {
+            if (const int i = 4 * l; i < n) {
+                acc += w[i] * x[i];
+                acc += w[i + 1] * x[i + 1];
+                acc += w[i + 2] * x[i + 2];
+                acc += w[i + 3] * x[i + 3];
+            }
+        } else {
+            if (l < n) acc += w[l] * x[l];
+            if (l + 32 < n) acc += w[l + 32] * x[l + 32];
+        }
+        part[l] = acc;
+    }
+    butterfly_step<16>(part);
+    butterfly_step<8>(part);
+    butterfly_step<4>(part);
+    butterfly_step<2>(part);
+    butterfly_step<1>(part);
+    return part[0];
 }
 
 /// axpby's element: a * x + b * y (elementwise.cu).
@@ -105,52 +205,66 @@ struct FlowBlock {
     }
 
     __device__ void copy_weights() const {
-        for (int e = tid; e < R * A; e += kThreads) detail::cp_async4(w_in + e, p.in_proj + std::size_t(row0) * A + e, 4);
+        copy_rows(w_in, A, H, A, [&](int r) { return p.in_proj + std::size_t(r) * A; }, rows16(p.in_proj, A), tid);
         for (int l = 0; l < p.n_layers; ++l)
-            for (int e = tid; e < R * H; e += kThreads)
-                detail::cp_async4(w_layers + std::size_t(l) * R * H + e, p.layers[l] + std::size_t(row0) * H + e, 4);
-        for (int e = tid; e < A * H; e += kThreads) detail::cp_async4(w_out + e, p.out_proj + e, 4);
+            copy_rows(w_layers + std::size_t(l) * R * H, H, R, H, [&](int r) { return p.layers[l] + std::size_t(row0 + r) * H; },
+                      rows16(p.layers[l], H), tid);
+        copy_rows(w_out, H, A, H, [&](int r) { return p.out_proj + std::size_t(r) * H; }, rows16(p.out_proj, H), tid);
     }
-    /// After the PDL wait: the time table's rows of this block, and (with_c_x) c's rows and x from global memory.
+    /// After the PDL wait: the time table's rows the solver reads, and (with_c_x) c and x from global memory.
     __device__ void copy_inputs(bool with_c_x) const {
-        const int J = 2 * p.steps + 1;
-        for (int e = tid; e < J * R; e += kThreads) {
-            const int j = e / R, r = e - j * R;
-            detail::cp_async4(t_s + e, p.tproj + std::size_t(j) * H + row0 + r, 4);
-        }
+        const int ts = time_stride(p);
+        copy_rows(t_s, H, time_rows(p), H, [&](int r) { return p.tproj + std::size_t(r) * ts * H; }, rows16(p.tproj, H), tid);
         if (!with_c_x) return;
-        for (int e = tid; e < R; e += kThreads) detail::cp_async4(c_s + e, p.c + row0 + e, 4);
+        for (int e = tid; e < H; e += kThreads) detail::cp_async4(c_s + e, p.c + e, 4);
         for (int e = tid; e < A; e += kThreads) detail::cp_async4(xs + e, p.x + e, 4);
     }
 
     __device__ float* hb(int k) const { return hbuf + (k % 3) * ldh; }
 
-    /// This block's rows of one layer: out[o] = silu(w_row(o) . in + bias(o)), stored into every block's buffer.
-    __device__ void layer_rows(const float* w, int n_in, const float* in, bool vec, int j) {
+    /// in_proj on this block's own copy: out[o] = silu(w_in[o] . x + (tproj[j][o] + c[o])) for all H outputs, one
+    /// thread each (the bias as axpby forms it, a = b = 1).
+    __device__ void in_rows(const float* x_in, int j) {
         float* out = hb(g);
-        for (int r = warp; r < R; r += kWarps) {
-            const float s = warp_dot(w + std::size_t(r) * n_in, in, n_in, vec, lane);
-            if (lane == 0) {
-                // in_proj (j >= 0): bias tproj[j] + c (axpby, a = b = 1); hidden layers: no bias (the op adds 0.f).
-                const float bias = j >= 0 ? axpby(t_s[j * R + r], c_s[r], 1.f, 1.f) : 0.f;
-                const float v = detail::silu(s + bias);
-                for (int q = 0; q < kCluster; ++q) cl.map_shared_rank(out, q)[row0 + r] = v;
-            }
+        const bool vec = p.vec_mask & 1u;
+        for (int o = tid; o < H; o += kThreads) {
+            const float s = thread_dot(w_in + std::size_t(o) * A, x_in, A, vec);
+            out[o] = detail::silu(s + axpby(t_s[(j / time_stride(p)) * H + o], c_s[o], 1.f, 1.f));
         }
+        __syncthreads();
+        ++g;
+    }
+    /// This block's rows of one hidden layer: out[o] = silu(w_row(o) . in + 0.f) (the op's absent bias), stored into
+    /// every block's buffer.
+    __device__ void layer_rows(const float* w, const float* in, bool vec) {
+        float* out = hb(g);
+        warp_dot_items(
+            R, H, vec, warp, lane,
+            [&](int r, const float*& wr, const float*& xr) {
+                wr = w + std::size_t(r) * H;
+                xr = in;
+            },
+            [&](int r, float s) {
+                const float v = detail::silu(s + 0.f);
+                for (int q = 0; q < kCluster; ++q) cl.map_shared_rank(out, q)[row0 + r] = v;
+            });
         cl.sync();
         ++g;
     }
     /// v_out = velocity(x_in, half step j) (this block's copy).
     __device__ void velocity(const float* x_in, int j, float* v_out) {
-        layer_rows(w_in, A, x_in, p.vec_mask & 1u, j);
+        in_rows(x_in, j);
         for (int l = 0; l < p.n_layers; ++l)
-            layer_rows(w_layers + std::size_t(l) * R * H, H, hb(g - 1), (p.vec_mask >> (1 + l)) & 1u, -1);
+            layer_rows(w_layers + std::size_t(l) * R * H, hb(g - 1), (p.vec_mask >> (1 + l)) & 1u);
         const float* h = hb(g - 1);
         const bool vec_out = (p.vec_mask >> (1 + p.n_layers)) & 1u;
-        for (int o = warp; o < A; o += kWarps) {
-            const float s = warp_dot(w_out + std::size_t(o) * H, h, H, vec_out, lane);
-            if (lane == 0) v_out[o] = s + 0.f;
-        }
+        warp_dot_items(
+            A, H, vec_out, warp, lane,
+            [&](int o, const float*& wr, const float*& xr) {
+                wr = w_out + std::size_t(o) * H;
+                xr = h;
+            },
+            [&](int o, float s) { v_out[o] = s + 0.f; });
         __syncthreads();
     }
     /// dst[i] = a * xv[i] + b * yv[i] over the state (this block's copy).
@@ -197,7 +311,7 @@ struct FlowBlock {
 
 #endif
 
-__global__ void __launch_bounds__(kThreads) flow_solve_kernel(const __grid_constant__ FlowSolveParams p) {
+__global__ void __launch_bounds__(kThreads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float sm[];
     FlowBlock f(p, sm);
@@ -217,13 +331,19 @@ __global__ void __launch_bounds__(kThreads) flow_solve_kernel(const __grid_const
 
 /// Offsets (floats, after the flow regions) of the backbone's shared-memory regions of the fused action.
 struct MambaSmem {
-    int h = 0, n = 0, u = 0, dbl = 0, y = 0, xo = 0, zo = 0, hid = 0, total = 0;
-    int ld_d = 0, ld_i = 0, ld_b = 0, cb = 0;
+    int h = 0, n = 0, u = 0, dbl = 0, y = 0, xo = 0, zo = 0, dt = 0, hid = 0, total = 0;
+    int ld_d = 0, ld_i = 0, ld_b = 0, ld_r = 0, cb = 0, db = 0, nx = 0;
+    /// Layer l < p.staged_layers: the weight rows this block reads, copied to shared memory at kernel start, at
+    /// w0 + l * w_layer: in_proj's x and z rows of the block's channels [2 cb][ld_d], then x_proj's rows rank + 8 j
+    /// [nx][ld_i] at +o_x, dt_proj's rows of the channels [cb][ld_r] at +o_dt, out_proj's rows of the block's
+    /// outputs [db][ld_i] at +o_out.
+    int w0 = 0, w_layer = 0, o_x = 0, o_dt = 0, o_out = 0;
     __host__ __device__ static MambaSmem of(const MambaFlowActParams& p, int base) {
         MambaSmem m;
         const int L = p.n_tokens;
-        m.ld_d = pad4(p.d_model), m.ld_i = pad4(p.d_inner), m.ld_b = pad4(p.dt_rank + 2 * p.d_state);
-        m.cb = p.d_inner / kCluster;
+        m.ld_d = pad4(p.d_model), m.ld_i = pad4(p.d_inner), m.ld_b = pad4(p.dt_rank + 2 * p.d_state), m.ld_r = pad4(p.dt_rank);
+        m.cb = p.d_inner / kCluster, m.db = p.d_model / kCluster;
+        m.nx = (p.dt_rank + 2 * p.d_state + kCluster - 1) / kCluster;
         m.h = base;                      // [L][ld_d] residual stream (every block's copy)
         m.n = m.h + L * m.ld_d;          // [L][ld_d] RMSNorm output
         m.u = m.n + L * m.ld_d;          // [L][ld_i] conv + SiLU output (all channels)
@@ -231,38 +351,71 @@ struct MambaSmem {
         m.y = m.dbl + L * m.ld_b;        // [L][ld_i] scan output (all channels)
         m.xo = m.y + L * m.ld_i;         // [L][cb] in_proj x part, this block's channels
         m.zo = m.xo + pad4(L * m.cb);    // [L][cb] in_proj z part, this block's channels
-        m.hid = m.zo + pad4(L * m.cb);   // [ld_d] the final norm of the last row
-        m.total = m.hid + m.ld_d;
+        m.dt = m.zo + pad4(L * m.cb);    // [cb][L] dt_proj @ dt_low (before the bias and softplus), this block's channels
+        m.hid = m.dt + pad4(m.cb * L);   // [ld_d] the final norm of the last row
+        m.w0 = m.hid + m.ld_d;
+        m.o_x = 2 * m.cb * m.ld_d;
+        m.o_dt = m.o_x + m.nx * m.ld_i;
+        m.o_out = m.o_dt + m.cb * m.ld_r;
+        m.w_layer = m.o_out + m.db * m.ld_i;
+        m.total = m.w0 + p.staged_layers * m.w_layer;
         return m;
     }
 };
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/// One row of rms_norm_kernel (norm.cu; 256 threads): y = x * float(1 / sqrt(mean(x^2) + eps)) * w, the sum of squares
-/// in double in the block's fixed order.
-__device__ __forceinline__ void rms_row(const float* x, const float* w, float* y, int d, float eps, double* scratch) {
-    double s = 0.0;
-    for (int i = int(threadIdx.x); i < d; i += kThreads) s += double(x[i]) * double(x[i]);
-    const double ms = detail::block_sum(s, scratch) / double(d);
-    const float scale = float(1.0 / sqrt(ms + double(eps)));
-    for (int i = int(threadIdx.x); i < d; i += kThreads) y[i] = x[i] * scale * w[i];
+/// Rows [0, L) of rms_norm_kernel (norm.cu, one 256-thread block per row: y = x * float(1 / sqrt(mean(x^2) + eps)) *
+/// w, the sum of squares in double): one warp per row here, replaying the block's 8 warps' per-thread sums and
+/// butterflies and the in-order sum of the warp totals, so the rows equal the kernel's.
+__device__ __forceinline__ void rms_rows(const float* x, const float* w, float* y, int L, int ld, int d, float eps, int warp,
+                                         int lane) {
+    for (int t = warp; t < L; t += kWarps) {
+        const float* xr = x + t * ld;
+        float* yr = y + t * ld;
+        double part[kWarps];
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            double s = 0.0;
+            for (int i = v * 32 + lane; i < d; i += kThreads) s += double(xr[i]) * double(xr[i]);
+            part[v] = detail::warp_sum(s);
+        }
+        double total = 0.0;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) total += __shfl_sync(0xffffffffu, part[v], 0);
+        const float scale = float(1.0 / sqrt(total / double(d) + double(eps)));
+        for (int i = lane; i < d; i += 32) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+/// cp.async.wait_group with a run-time count (at most n groups left pending; 0 past the table).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+    switch (n) {
+        case 5: detail::cp_async_wait<5>(); break;
+        case 4: detail::cp_async_wait<4>(); break;
+        case 3: detail::cp_async_wait<3>(); break;
+        case 2: detail::cp_async_wait<2>(); break;
+        case 1: detail::cp_async_wait<1>(); break;
+        default: detail::cp_async_wait<0>(); break;
+    }
 }
 
 #endif
 
 /// The whole action (MambaFlowActParams). Work split over the cluster: block `rank` owns the mixer channels
 /// [rank * di/8, (rank + 1) * di/8) (in_proj's x and z rows, the conv, dt_proj and the scan of those channels, and
-/// their state), x_proj outputs rank, rank + 8, ..., out_proj outputs [rank * D/8, (rank + 1) * D/8) and the flow rows
-/// of FlowBlock; every output is stored into every block's copy (distributed shared memory), 4 cluster barriers per
-/// layer; the norms are computed by every block on its own copy.
-__global__ void __launch_bounds__(kThreads) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p) {
+/// their state), x_proj outputs rank, rank + 8, ..., out_proj outputs [rank * D/8, (rank + 1) * D/8), its rows of c
+/// and the flow rows of FlowBlock; every output is stored into every block's copy (distributed shared memory), 4
+/// cluster barriers per layer; the norms are computed by every block on its own copy. The weight rows a block reads
+/// are copied to its shared memory at kernel start (all the flow's; the backbone's for the first staged_layers
+/// layers, as many as fit), each layer's in its own cp.async group, waited for just before the layer.
+__global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float sm[];
-    __shared__ double scratch[32];
     FlowBlock f(p.flow, sm);
     const MambaSmem M = MambaSmem::of(p, FlowSmem::of(p.flow).total);
     const int D = p.d_model, di = p.d_inner, S = p.d_state, R = p.dt_rank, K = p.d_conv, Lt = p.n_tokens;
-    const int nb = R + 2 * S, cb = M.cb, c0 = f.rank * cb, tid = f.tid, warp = f.warp, lane = f.lane;
+    const int nb = R + 2 * S, cb = M.cb, db = M.db, c0 = f.rank * cb, tid = f.tid, warp = f.warp, lane = f.lane;
+    const int nx = (nb - f.rank + kCluster - 1) / kCluster;  // x_proj outputs rank + 8 j, j < nx
+    const int staged = p.staged_layers;
     float* const h = sm + M.h;
     float* const n = sm + M.n;
     float* const u = sm + M.u;
@@ -270,12 +423,28 @@ __global__ void __launch_bounds__(kThreads) mamba_flow_act_kernel(const __grid_c
     float* const y = sm + M.y;
     float* const xo = sm + M.xo;
     float* const zo = sm + M.zo;
+    float* const dts = sm + M.dt;
     float* const hid = sm + M.hid;
     auto to_all = [&](float* buf, int i, float v) {
         for (int q = 0; q < kCluster; ++q) f.cl.map_shared_rank(buf, q)[i] = v;
     };
+    auto in_row = [&](int q) { return q < cb ? c0 + q : di + c0 + (q - cb); };  // in_proj row of local row q
 
-    f.copy_weights();  // the flow weights (constants) before the PDL wait; they land while the backbone runs
+    // Constants before the PDL wait, in the order they are used: each staged layer's rows, then the flow weights.
+    for (int l = 0; l < staged; ++l) {
+        const MambaLayerTensors& T = p.layers[l];
+        float* const w = sm + M.w0 + l * M.w_layer;
+        copy_rows(w, M.ld_d, 2 * cb, D, [&](int q) { return T.in_proj + std::size_t(in_row(q)) * D; },
+                  rows16(T.in_proj, D), tid);
+        copy_rows(w + M.o_x, M.ld_i, nx, di, [&](int j) { return T.x_proj + std::size_t(f.rank + kCluster * j) * di; },
+                  rows16(T.x_proj, di), tid);
+        copy_rows(w + M.o_dt, M.ld_r, cb, R, [&](int k) { return T.dt_proj + std::size_t(c0 + k) * R; }, rows16(T.dt_proj, R),
+                  tid);
+        copy_rows(w + M.o_out, M.ld_i, db, di, [&](int q) { return T.out_proj + std::size_t(f.rank * db + q) * di; },
+                  rows16(T.out_proj, di), tid);
+        detail::cp_async_commit();
+    }
+    f.copy_weights();
     detail::cp_async_commit();
     detail::pdl_wait();  // the time table and the state buffers belong to earlier kernels
     f.copy_inputs(false);
@@ -285,21 +454,29 @@ __global__ void __launch_bounds__(kThreads) mamba_flow_act_kernel(const __grid_c
         h[t * M.ld_d + d] = p.embedding[std::size_t(p.tokens[t]) * D + d];
     }
     if (tid < f.A) f.xs[tid] = p.noise[tid];  // x = noise
-    f.cl.sync();  // every block runs before any remote store; the copies above are visible in the block
+    f.cl.sync();  // every block runs before any remote store; the stores above are visible in the block
 
     for (int l = 0; l < p.n_layers; ++l) {
         const MambaLayerTensors& T = p.layers[l];
         const unsigned vm = p.vec_mask >> (4 * l);
-        for (int t = 0; t < Lt; ++t) rms_row(h + t * M.ld_d, T.norm, n + t * M.ld_d, D, p.eps, scratch);
-        __syncthreads();
-        // in_proj: this block's x rows c0 + q and z rows di + c0 + q (the linear op's per-output routine, no bias).
-        for (int q = warp; q < 2 * cb; q += kWarps) {
-            const int row = q < cb ? c0 + q : di + c0 + (q - cb);
-            for (int t = 0; t < Lt; ++t) {
-                const float s = warp_dot(T.in_proj + std::size_t(row) * D, n + t * M.ld_d, D, vm & 1u, lane);
-                if (lane == 0) (q < cb ? xo[t * cb + q] : zo[t * cb + q - cb]) = s + 0.f;
-            }
-        }
+        const bool st = l < staged;
+        const float* const w = sm + M.w0 + l * M.w_layer;  // the staged rows (st)
+        if (st) cp_async_wait_pending(staged - l + 1);  // this layer's group done (later layers, flow, inputs pending)
+        rms_rows(h, T.norm, n, Lt, M.ld_d, D, p.eps, warp, lane);
+        __syncthreads();  // n, and the staged rows copied by every thread
+        // in_proj: this block's x rows c0 + q and z rows di + c0 + q (the linear op's per-output routine, no bias),
+        // for every token: item i = q * Lt + t.
+        warp_dot_items(
+            2 * cb * Lt, D, vm & 1u, warp, lane,
+            [&](int i, const float*& wr, const float*& xr) {
+                const int q = i / Lt, t = i - q * Lt;
+                wr = st ? w + q * M.ld_d : T.in_proj + std::size_t(in_row(q)) * D;
+                xr = n + t * M.ld_d;
+            },
+            [&](int i, float s) {
+                const int q = i / Lt, t = i - q * Lt;
+                (q < cb ? xo[t * cb + q] : zo[t * cb + q - cb]) = s + 0.f;
+            });
         __syncthreads();
         // Causal conv + SiLU (causal_conv_kernel; the history is zero: a prefill starts from a reset), then the
         // channel's conv state rows.
@@ -315,30 +492,45 @@ __global__ void __launch_bounds__(kThreads) mamba_flow_act_kernel(const __grid_c
             for (int j = 0; j < hist; ++j) T.conv_state[std::size_t(j) * di + c] = xx(Lt + j);
         }
         f.cl.sync();
-        // x_proj: outputs rank + 8 * warp.
-        if (const int o = f.rank + kCluster * warp; o < nb)
-            for (int t = 0; t < Lt; ++t) {
-                const float s = warp_dot(T.x_proj + std::size_t(o) * di, u + t * M.ld_i, di, (vm >> 1) & 1u, lane);
-                if (lane == 0) to_all(dbl, t * M.ld_b + o, s + 0.f);
-            }
+        // x_proj: outputs o = rank + 8 j of every token (item i = j * Lt + t).
+        warp_dot_items(
+            nx * Lt, di, (vm >> 1) & 1u, warp, lane,
+            [&](int i, const float*& wr, const float*& xr) {
+                const int j = i / Lt, t = i - j * Lt;
+                wr = st ? w + M.o_x + j * M.ld_i : T.x_proj + std::size_t(f.rank + kCluster * j) * di;
+                xr = u + t * M.ld_i;
+            },
+            [&](int i, float s) {
+                const int j = i / Lt, t = i - j * Lt;
+                to_all(dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f);
+            });
         f.cl.sync();
+        // dt_proj @ dt_low for this block's channels and every token (item i = k * Lt + t), before the scan.
+        warp_dot_items(
+            cb * Lt, R, (vm >> 2) & 1u, warp, lane,
+            [&](int i, const float*& wr, const float*& xr) {
+                const int k = i / Lt, t = i - k * Lt;
+                wr = st ? w + M.o_dt + k * M.ld_r : T.dt_proj + std::size_t(c0 + k) * R;
+                xr = dbl + t * M.ld_b;
+            },
+            [&](int i, float s) { dts[i] = s; });
+        __syncthreads();
         // dt = softplus(dt_proj @ dt_low + b) and the selective scan (selective_scan_kernel, d_state <= 32: lane n
         // holds state n, zero at a reset), this block's channels, one warp per channel.
         for (int k = warp; k < cb; k += kWarps) {
             const int c = c0 + k;
-            float st = 0.f;
+            float state = 0.f;
             const float a = lane < S ? T.A[std::size_t(c) * S + lane] : 0.f;
-            const float dd = T.D ? T.D[c] : 0.f;
+            const float dd = T.D ? T.D[c] : 0.f, dtb = T.dt_bias[c];
             for (int t = 0; t < Lt; ++t) {
-                const float sdt = warp_dot(T.dt_proj + std::size_t(c) * R, dbl + t * M.ld_b, R, (vm >> 2) & 1u, lane);
-                const float dtv = detail::softplus(__shfl_sync(0xffffffffu, sdt, 0) + T.dt_bias[c]);
+                const float dtv = detail::softplus(dts[k * Lt + t] + dtb);
                 const float uv = u[t * M.ld_i + c];
                 const float* Bt = dbl + t * M.ld_b + R;
                 const float* Ct = Bt + S;
                 float part = 0.f;
                 if (lane < S) {
-                    st = expf(dtv * a) * st + dtv * Bt[lane] * uv;
-                    part += st * Ct[lane];
+                    state = expf(dtv * a) * state + dtv * Bt[lane] * uv;
+                    part += state * Ct[lane];
                 }
                 const float sum = detail::warp_sum(part);
                 if (lane == 0) {
@@ -347,31 +539,38 @@ __global__ void __launch_bounds__(kThreads) mamba_flow_act_kernel(const __grid_c
                     to_all(y, t * M.ld_i + c, yv);
                 }
             }
-            if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = st;
+            if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = state;
         }
         f.cl.sync();
         // out_proj + residual: this block's outputs; the last layer only for the last row (prefill_last).
-        const int db = D / kCluster, t_from = l == p.n_layers - 1 ? Lt - 1 : 0;
-        for (int q = warp; q < db; q += kWarps) {
-            const int o = f.rank * db + q;
-            for (int t = t_from; t < Lt; ++t) {
-                const float s = warp_dot(T.out_proj + std::size_t(o) * di, y + t * M.ld_i, di, (vm >> 3) & 1u, lane);
-                if (lane == 0) to_all(h, t * M.ld_d + o, h[t * M.ld_d + o] + (s + 0.f));
-            }
-        }
+        const int t_from = l == p.n_layers - 1 ? Lt - 1 : 0, nt = Lt - t_from;
+        warp_dot_items(
+            db * nt, di, (vm >> 3) & 1u, warp, lane,
+            [&](int i, const float*& wr, const float*& xr) {
+                const int q = i / nt, t = t_from + (i - q * nt);
+                wr = st ? w + M.o_out + q * M.ld_i : T.out_proj + std::size_t(f.rank * db + q) * di;
+                xr = y + t * M.ld_i;
+            },
+            [&](int i, float s) {
+                const int q = i / nt, t = t_from + (i - q * nt), o = f.rank * db + q;
+                to_all(h, t * M.ld_d + o, h[t * M.ld_d + o] + (s + 0.f));
+            });
         f.cl.sync();
     }
-    // Final norm of the last row; c = cond_proj @ it for this block's flow rows.
-    rms_row(h + (Lt - 1) * M.ld_d, p.norm_f, hid, D, p.eps, scratch);
+    // Final norm of the last row (warp 0); c = cond_proj @ it for this block's flow rows, into every block's copy.
+    rms_rows(h + (Lt - 1) * M.ld_d, p.norm_f, hid, 1, M.ld_d, D, p.eps, warp, lane);
     __syncthreads();
     if (f.rank == 0)
         for (int i = tid; i < D; i += kThreads) p.hidden[i] = hid[i];
-    for (int r = warp; r < f.R; r += kWarps) {
-        const float s = warp_dot(p.cond_proj + std::size_t(f.row0 + r) * D, hid, D, (p.vec_mask >> 16) & 1u, lane);
-        if (lane == 0) f.c_s[r] = s + 0.f;
-    }
+    warp_dot_items(
+        f.R, D, (p.vec_mask >> 16) & 1u, warp, lane,
+        [&](int r, const float*& wr, const float*& xr) {
+            wr = p.cond_proj + std::size_t(f.row0 + r) * D;
+            xr = hid;
+        },
+        [&](int r, float s) { to_all(f.c_s, f.row0 + r, s + 0.f); });
     detail::cp_async_wait<0>();
-    __syncthreads();  // flow weights, time table and c visible in the block
+    f.cl.sync();  // c complete in every block; flow weights and time table landed in this block
     f.run();
     if (f.rank == 0 && tid < f.A) p.flow.x[tid] = f.xs[tid];
 #else
@@ -434,9 +633,18 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
               t.ssm_state)) [[unlikely]]
             fail("cuda mamba_flow_act", "null tensor or state pointer in layer " + std::to_string(l));
     }
-    const std::size_t bytes = sizeof(float) * std::size_t(MambaSmem::of(p, FlowSmem::of(f).total).total);
-    if (bytes > std::size_t(detail::smem_per_block_optin())) return false;
-    launch_cluster(mamba_flow_act_kernel, bytes, p, s);
+    // Stage as many leading layers' weight rows in shared memory as fit (the rest are read from global memory).
+    MambaFlowActParams q = p;
+    const std::size_t limit = std::size_t(detail::smem_per_block_optin());
+    auto bytes_with = [&](int staged) {
+        q.staged_layers = staged;
+        return sizeof(float) * std::size_t(MambaSmem::of(q, FlowSmem::of(f).total).total);
+    };
+    int staged = p.n_layers;
+    while (staged > 0 && bytes_with(staged) > limit) --staged;
+    const std::size_t bytes = bytes_with(staged);
+    if (bytes > limit) return false;
+    launch_cluster(mamba_flow_act_kernel, bytes, q, s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("mamba_flow_act_kernel");
     return true;
 }
