@@ -58,10 +58,12 @@ __device__ __forceinline__ void copy_rows(float* dst, int ld, int rows, int len,
         }
     }
 }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /// Whether rows of `len` floats at `base` + k * `len` (and shared-memory rows of stride pad4) take 16-byte steps.
 __device__ __forceinline__ bool rows16(const float* base, int len) {
     return len % 4 == 0 && (reinterpret_cast<std::uintptr_t>(base) & 15u) == 0;
 }
+#endif
 
 /// Half steps j of the time table the solver reads: Euler and Heun only even ones (j = 2k, 2k + 2), RK4 all; row j
 /// of the table is kept at j / time_stride.
