@@ -161,10 +161,11 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
         },
         [&](int i) { mamba.step(std::int32_t(i % mamba.config().vocab), row); });
     policy.act(tokens, noise, action, Solver::Euler, steps);
+    const bool act_ran_fused = policy.last_act_fused();  // --fused-act where the op applied
     double diff_vs_f32 = 0;
     for (int i = 0; i < A; ++i) diff_vs_f32 = std::max(diff_vs_f32, double(std::abs(action[std::size_t(i)] - action_f32[std::size_t(i)])));
 
-    const double target_action = on_cuda ? 50 : 40;
+    const double target_action = on_cuda ? 20 : 40;  // issue 20 (GPU), issue 22 (one CPU core, BF16 math)
     // The kernel set, and whether BF16 math ran its products on AMX tiles (asked only under BF16 math: the first ask
     // requests the tile state from the OS).
     std::string kernels = on_cuda ? std::string() : cpu::kernel_set_name();
@@ -186,11 +187,14 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
     if (math != MathMode::F32) std::printf("  max |action - action with F32 math| = %.3g\n", diff_vs_f32);
     if (on_cuda) {
         std::printf("  host wall clock around each public call, H2D of inputs and D2H of the result included\n");
-        if (!census.is_null())
+        if (o.fused_act)
+            std::printf("  action: %s\n", act_ran_fused ? "one fused kernel launch (--fused-act), no graph"
+                                                         : "--fused-act did not apply: per-op graphs");
+        if (!census.is_null() && !act_ran_fused)
             std::printf("  graphs: one action = 2 replays, %d kernel nodes (prefill %d + solve %d); decode step = 1 replay, %d kernel nodes\n",
                         census["per_action"]["kernel_nodes"].get<int>(), census["prefill"]["kernel_nodes"].get<int>(),
                         census["flow_solve"]["kernel_nodes"].get<int>(), census["decode_step"]["kernel_nodes"].get<int>());
-        std::printf("  target (issue 6): action p50 <= 50 us (%s)\n", act.p50 <= target_action ? "met" : "MISSED");
+        std::printf("  target (issue 20): action p50 <= 20 us (%s)\n", act.p50 <= target_action ? "met" : "MISSED");
     } else {
         std::printf("  targets: action p50 <= 40 us (%s), decode step p50 <= 10 us (%s)\n", act.p50 <= 40 ? "met" : "MISSED",
                     decode.p50 <= 10 ? "met" : "MISSED");
@@ -209,6 +213,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
             {"math", o.math},
             {"fused_solve", o.fused_solve},
             {"fused_act", o.fused_act},
+            {"act_ran_fused", act_ran_fused},
             {"max_abs_action_diff_vs_f32_math", diff_vs_f32},
             {"shape", {{"n_layers", mamba.config().n_layers}, {"d_model", dm}, {"d_inner", mamba.config().d_inner},
                        {"d_state", mamba.config().d_state}, {"prefix_tokens", tokens.size()}, {"action_dim", A},

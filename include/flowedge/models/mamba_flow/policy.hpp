@@ -82,7 +82,8 @@ public:
         if (!(!noise.empty() && noise.size() % std::size_t(A) == 0)) [[unlikely]]
             fail(ErrorKind::BadShape, "mamba_flow", "noise must be [batch, action_dim]" + expected_got("a multiple of " + std::to_string(A), noise.size()));
         const int batch = int(noise.size() / std::size_t(A));
-        if (batch == 1 && m_fused_act && act_fused(tokens, noise, out, solver, steps)) return;
+        m_last_act_fused = batch == 1 && m_fused_act && act_fused(tokens, noise, out, solver, steps);
+        if (m_last_act_fused) return;
         const float* last = m.prefill_last_device(tokens);  // only the last row feeds the head
         h.begin_device(last, noise, solver, steps, batch, /*cond_stride=*/0);  // every row reads the same condition
         h.advance(steps);
@@ -96,6 +97,9 @@ public:
     /// (batch > 1, BF16 math, a prefix over 16 tokens, more than 64 steps, ...) act() takes the per-op path.
     void set_fused_act(bool on) { m_fused_act = on; }
     bool fused_act() const { return m_fused_act; }
+    /// Whether the last act() ran as the fused op (with set_fused_act(true): false where the op did not apply, e.g.
+    /// the layout outgrows the device's shared memory per block).
+    bool last_act_fused() const { return m_last_act_fused; }
 
 private:
     MambaFlowPolicy() = default;
@@ -127,6 +131,7 @@ private:
     std::optional<Mamba<B>> m_backbone;
     std::optional<FlowHead<B>> m_head;
     bool m_fused_act = false;  ///< set_fused_act
+    bool m_last_act_fused = false;
 };
 
 }  // namespace flowedge
