@@ -74,6 +74,9 @@
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
 #             tests) -> $OUT/flow.txt
+#   cpuenc    issue 19 on this host's CPU: rgb_encoder_bench (a CPU-only Release build in build-cpu) on core CPUENC_CORE (2),
+#             1 thread, --layers, the band conv path and FLOWEDGE_CPU_CONV2D_NO_BAND=1 (im2col panel) alternated
+#             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{band,panel}_rN.json
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -590,6 +593,21 @@ stage_encoder() {
     return "$rc"
 }
 
+stage_cpuenc() {
+    local rc=0 dir=build-cpu r path e
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
+        > "$LOGS/cpuenc_configure.log" 2>&1 || return $?
+    cmake --build "$dir" -j "$JOBS" --target rgb_encoder_bench > "$LOGS/cpuenc_build.log" 2>&1 || return $?
+    for r in $(seq 1 ${CPUENC_ROUNDS:-3}); do
+        for path in band panel; do
+            e=FLOWEDGE_CPU_CONV2D_NO_BAND=0; [ $path = panel ] && e=FLOWEDGE_CPU_CONV2D_NO_BAND=1
+            env $e OMP_NUM_THREADS=1 taskset -c "${CPUENC_CORE:-2}" "$dir/rgb_encoder_bench" --iters ${CPUENC_ITERS:-100} --threads 1 --layers \
+                --json "$OUT/cpuenc_${path}_r$r.json" > "$OUT/cpuenc_${path}_r$r.txt" 2>&1 || rc=$?
+            sed "s/^/$path r$r: /" "$OUT/cpuenc_${path}_r$r.txt" | tee -a "$OUT/cpuenc.txt"
+        done
+    done
+    return "$rc"
+}
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
     BUILD_TARGETS="act_policy act_bench ops_conv2d ops_math_mode" stage_build || return $?
@@ -671,8 +689,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|cpuenc|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow cpuenc asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
