@@ -73,7 +73,7 @@
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
-#             tests) -> $OUT/flow.txt
+#             tests: FLOW_SANITIZERS, default "memcheck racecheck synccheck") -> $OUT/flow.txt
 #   cpuenc    issue 19 on this host's CPU: rgb_encoder_bench (a CPU-only Release build in build-cpu) on core CPUENC_CORE (2),
 #             1 thread, --layers, the band conv path and FLOWEDGE_CPU_CONV2D_NO_BAND=1 (im2col panel) alternated
 #             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{band,panel}_rN.json
@@ -537,7 +537,7 @@ stage_flow() {
         2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
     local san tool
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${FLOW_SANITIZERS-memcheck racecheck synccheck}; do
         "$san" --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc='*fused batch-1 solve*,*fused action*' > "$LOGS/flow_$tool.log" 2>&1 || rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/flow.txt"
     done
