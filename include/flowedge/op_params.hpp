@@ -366,6 +366,15 @@ struct Conv2dParams {
     std::size_t scratch_bytes = 0;
 };
 
+/// A Conv2d and the GroupNorm over its output as one fused op (Ops<Cuda>::conv2d_group_norm; the CPU has none and the
+/// layers run the two ops): conv.y = norm's epilogue(GroupNorm(conv(x))). conv: no bias, residual or activation (the
+/// norm's epilogue carries them), F32 math; norm: gamma, beta, groups, eps, act, residual, post_act (its x, y,
+/// batch, channels and length are ignored: the conv's output is normalised; FiLM is not taken).
+struct Conv2dGroupNormParams {
+    Conv2dParams conv;
+    GroupNormParams norm;
+};
+
 /// torch.nn.MaxPool2d(kernel, stride, padding) (dilation 1, ceil_mode off): y[b, c, r, q] = max over the window
 /// rows r*stride - pad .. + kernel-1, columns q*stride - pad .. + kernel-1 inside the image (padding never wins;
 /// NaN propagates as in PyTorch). x: [batch, channels, in_h, in_w]; y: [batch, channels, out_h, out_w].

@@ -6,6 +6,9 @@
 #include <optional>
 
 #include "cpu_packed_util.hpp"
+#ifdef FLOWEDGE_WITH_CUDA
+#include "flowedge/cuda/device.hpp"
+#endif
 
 using namespace optest;
 
@@ -121,7 +124,144 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
 
 constexpr Activation kActs[] = {Activation::None, Activation::Relu, Activation::Silu, Activation::Mish, Activation::Softplus};
 
+/// Ops<B>::conv2d_group_norm (CUDA's fused conv + GroupNorm) against double loops of the two modules: torch.nn.Conv2d
+/// without bias, then nn.GroupNorm(groups) with gamma/beta, act, residual, post_act (the BasicBlock tail). F32
+/// weights. Returns whether the op applied (false: it launched nothing and the caller runs the two ops).
+template <class B>
+bool run_conv2d_group_norm(const Conv2dCase& k, int groups, Activation act, bool with_residual, Activation post,
+                           std::uint32_t seed, DType dt = DType::F32, bool with_bias = false) {
+    CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.kh); CAPTURE(k.sh);
+    CAPTURE(k.ph); CAPTURE(groups); CAPTURE(int(act)); CAPTURE(with_residual); CAPTURE(int(post));
+    const int oh = (k.in_h + 2 * k.ph - k.kh) / k.sh + 1, ow = (k.in_w + 2 * k.pw - k.kw) / k.sw + 1, P = oh * ow;
+    const std::size_t nx = std::size_t(k.batch) * k.cin * k.in_h * k.in_w, ny = std::size_t(k.batch) * k.cout * P;
+    const auto x = random_vec(nx, seed);
+    const auto gamma = random_vec(std::size_t(k.cout), seed + 1, 0.5f, 1.5f);
+    const auto beta = random_vec(std::size_t(k.cout), seed + 2);
+    const auto res = random_vec(ny, seed + 3, -2.f, 2.f);
+    const auto bias = random_vec(std::size_t(k.cout), seed + 5);
+    const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kh * k.kw, dt, seed + 4, 0.3f);
+    std::vector<double> conv(ny), mag(ny), ref(ny), scale(ny);
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int r = 0; r < oh; ++r)
+                for (int c = 0; c < ow; ++c) {
+                    double acc = 0.0, m = 0.0;
+                    for (int i = 0; i < k.cin; ++i)
+                        for (int u = 0; u < k.kh; ++u)
+                            for (int v = 0; v < k.kw; ++v) {
+                                const int ih = r * k.sh + u - k.ph, iw = c * k.sw + v - k.pw;
+                                if (ih < 0 || ih >= k.in_h || iw < 0 || iw >= k.in_w) continue;
+                                const double t = w.value[((std::size_t(o) * k.cin + i) * k.kh + u) * k.kw + v] *
+                                                 x[((std::size_t(b) * k.cin + i) * k.in_h + ih) * k.in_w + iw];
+                                acc += t;
+                                m += std::fabs(t);
+                            }
+                    const std::size_t idx = (std::size_t(b) * k.cout + o) * P + std::size_t(r) * ow + c;
+                    conv[idx] = acc;
+                    mag[idx] = m;
+                }
+    const int cpg = k.cout / groups;
+    for (int b = 0; b < k.batch; ++b)
+        for (int g = 0; g < groups; ++g) {
+            const std::size_t base = (std::size_t(b) * k.cout + std::size_t(g) * cpg) * P, n = std::size_t(cpg) * P;
+            double sum = 0, ss = 0, mag_sum = 0;
+            for (std::size_t i = 0; i < n; ++i) sum += conv[base + i], mag_sum += mag[base + i];
+            const double mean = sum / double(n);
+            for (std::size_t i = 0; i < n; ++i) ss += (conv[base + i] - mean) * (conv[base + i] - mean);
+            const double rstd = 1 / std::sqrt(ss / double(n) + 1e-5);
+            for (std::size_t i = 0; i < n; ++i) {
+                const int ch = g * cpg + int(i / std::size_t(P));
+                const double nrm = (conv[base + i] - mean) * rstd;
+                double a = ref_act(act, nrm * gamma[std::size_t(ch)] + beta[std::size_t(ch)]);
+                // The conv's float rounding (|terms| of the output and, through the mean, of its group) carried
+                // through rstd and gamma, plus the norm's own terms.
+                double sc = (mag[base + i] + mag_sum / double(n)) * rstd * gamma[std::size_t(ch)] +
+                            std::fabs(nrm * gamma[std::size_t(ch)]) + std::fabs(beta[std::size_t(ch)]) + std::fabs(a);
+                if (with_residual) {
+                    a += res[base + i];
+                    sc += std::fabs(res[base + i]);
+                }
+                ref[base + i] = ref_act(post, a);
+                scale[base + i] = sc * act_slope(post) + 1.0;
+            }
+        }
+    Dev<float, B> dx(x), dg(gamma), dbt(beta), dr(res), db(bias), dy(ny);
+    DevWeights<B> dw(w);
+    Conv2dGroupNormParams q;
+    q.conv.x = dx.ptr();
+    q.conv.w = dw.ref();
+    q.conv.bias = with_bias ? db.ptr() : nullptr;
+    q.conv.y = dy.ptr();
+    q.conv.batch = k.batch; q.conv.in_channels = k.cin; q.conv.out_channels = k.cout; q.conv.in_h = k.in_h; q.conv.in_w = k.in_w;
+    q.conv.out_h = oh; q.conv.out_w = ow; q.conv.kernel_h = k.kh; q.conv.kernel_w = k.kw; q.conv.stride_h = k.sh;
+    q.conv.stride_w = k.sw; q.conv.pad_h = k.ph; q.conv.pad_w = k.pw;
+    q.norm.gamma = dg.ptr();
+    q.norm.beta = dbt.ptr();
+    q.norm.groups = groups;
+    q.norm.act = act;
+    q.norm.residual = with_residual ? dr.ptr() : nullptr;
+    q.norm.post_act = post;
+    if (!Ops<B>::conv2d_group_norm(q)) return false;
+    check_all(dy.host(ny), ref, scale, 2e-6, "conv2d_group_norm");
+    return true;
+}
+
+/// The device's compute capability as 10 * major + minor, from device_description() ("... (sm_90)"); 0 if unknown.
+inline int cuda_sm() {
+#ifdef FLOWEDGE_WITH_CUDA
+    const std::string d = cuda::device_description();
+    const std::size_t at = d.find("(sm_");
+    return at == std::string::npos ? 0 : std::atoi(d.c_str() + at + 4);
+#else
+    return 0;
+#endif
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE("conv2d_group_norm: CUDA's fused conv + GroupNorm (the use_group_norm encoder's units) vs the two modules",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if constexpr (requires(const Conv2dGroupNormParams& q) { Ops<B>::conv2d_group_norm(q, Stream{}); }) {
+        if (!ready<B>()) return;
+        const bool clusters = cuda_sm() >= 90;  // the fused kernel runs on thread-block clusters
+        if (!clusters) MESSAGE("no sm_90 device: the fused op must decline every case");
+        using A = Activation;
+        struct Unit {
+            Conv2dCase k;
+            int groups;
+            A act;
+            bool residual;
+            A post;
+        };
+        // layer1..layer4 of resnet18 at the 84x84 PushT crop (GroupNorm(C/16, C)): conv1 (+ReLU), the 1x1
+        // downsample, conv2 (+ identity, ReLU); then odd sizes: input channels not a multiple of 8 (cluster blocks
+        // with no channel), batches, rectangular maps, every activation.
+        const Unit units[] = {
+            {{1, 64, 64, 21, 21, 3, 3, 1, 1, 1, 1}, 4, A::Relu, false, A::None},
+            {{1, 64, 64, 21, 21, 3, 3, 1, 1, 1, 1}, 4, A::None, true, A::Relu},
+            {{1, 64, 128, 21, 21, 3, 3, 2, 2, 1, 1}, 8, A::Relu, false, A::None},
+            {{1, 64, 128, 21, 21, 1, 1, 2, 2, 0, 0}, 8, A::None, false, A::None},
+            {{1, 128, 128, 11, 11, 3, 3, 1, 1, 1, 1}, 8, A::None, true, A::Relu},
+            {{1, 128, 256, 11, 11, 3, 3, 2, 2, 1, 1}, 16, A::Relu, false, A::None},
+            {{1, 256, 256, 6, 6, 3, 3, 1, 1, 1, 1}, 16, A::None, true, A::Relu},
+            {{1, 256, 512, 6, 6, 3, 3, 2, 2, 1, 1}, 32, A::Relu, false, A::None},
+            {{1, 512, 512, 3, 3, 3, 3, 1, 1, 1, 1}, 32, A::None, true, A::Relu},
+            {{2, 20, 48, 7, 5, 3, 3, 2, 2, 1, 1}, 3, A::Relu, false, A::None},
+            {{3, 5, 32, 9, 4, 3, 3, 1, 1, 1, 1}, 2, A::None, true, A::Relu},
+            {{1, 9, 16, 5, 5, 1, 1, 1, 1, 0, 0}, 1, A::Silu, true, A::Mish},
+            {{2, 12, 24, 6, 7, 5, 5, 1, 1, 2, 2}, 6, A::Mish, false, A::Softplus},
+        };
+        std::uint32_t seed = 900;
+        for (const Unit& u : units) CHECK(run_conv2d_group_norm<B>(u.k, u.groups, u.act, u.residual, u.post, seed += 10) == clusters);
+        // Where it declines (the caller runs conv2d + group_norm): a conv bias, 16-bit weights, a group over 8192
+        // outputs (the stem's 16 x 42 x 42).
+        CHECK_FALSE(run_conv2d_group_norm<B>({1, 8, 16, 6, 6, 3, 3, 1, 1, 1, 1}, 2, A::Relu, false, A::None, 7, DType::F32, true));
+        CHECK_FALSE(run_conv2d_group_norm<B>({1, 8, 16, 6, 6, 3, 3, 1, 1, 1, 1}, 2, A::Relu, false, A::None, 8, DType::BF16));
+        CHECK_FALSE(run_conv2d_group_norm<B>({1, 3, 64, 84, 84, 7, 7, 2, 2, 3, 3}, 4, A::Relu, false, A::None, 9));
+    } else {
+        MESSAGE("this backend has no fused conv2d_group_norm: the layers run conv2d + group_norm");
+    }
+}
 
 TEST_CASE_TEMPLATE("conv2d: the ResNet18 encoder's shapes at an 84x84 crop (fused BatchNorm bias, residual, ReLU)", B,
                    FLOWEDGE_OPS_TEST_BACKENDS) {

@@ -78,6 +78,10 @@ void conv2d(const Conv2dParams& p, Stream s);
 /// p.scratch missing or smaller than conv2d_scratch_bytes(p), no sm_80+ device, no library handle while a graph is
 /// being captured, no algorithm for the shape, FLOWEDGE_CUDA_NO_LT=1). Bound and determinism: see conv2d_gemm.cu.
 bool conv2d_gemm(const Conv2dParams& p, Stream s);
+/// Conv2d + GroupNorm in one launch (kernels/cuda/conv2d_group_norm.cu: one thread-block cluster per image and group);
+/// false, with nothing launched, where it does not apply (below sm_90, non-F32 weights or math, a conv bias, residual
+/// or activation, FiLM, a group of more than 8192 outputs, the shared memory, FLOWEDGE_CUDA_CONV_GN_UNFUSED=1).
+bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s);
 /// Scratch bytes conv2d_gemm needs for p's shape on an sm_80+ device (p.math itself is ignored: models size their
 /// workspace at load), else 0.
 std::size_t conv2d_scratch_bytes(const Conv2dParams& p);

@@ -65,6 +65,11 @@ struct Ops<Cuda> {
         cuda::conv2d(p, s);
     }
     static std::size_t conv2d_scratch_bytes(const Conv2dParams& p) { return cuda::conv2d_scratch_bytes(p); }
+    /// Conv2d + GroupNorm as one launch where the fused kernel applies (false: nothing ran; run the two ops).
+    static bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s = {}) {
+        check_args(p.conv);
+        return cuda::conv2d_group_norm(p, s);
+    }
     static void max_pool2d(const MaxPool2dParams& p, Stream s = {}) { check_args(p); cuda::max_pool2d(p, s); }
     static void spatial_softmax(const SpatialSoftmaxParams& p, Stream s = {}) { check_args(p); cuda::spatial_softmax(p, s); }
     static void normalize(const NormalizeParams& p, Stream s = {}) { check_args(p); cuda::normalize(p, s); }

@@ -169,6 +169,9 @@ public:
         return backend_scratch_bytes(geometry(batch, h, w));
     }
 
+    /// The bound weight as the ops take it (the folded copy with batch_norm).
+    WeightRef weight_ref() const { return m_weight.ref(); }
+
     /// The op's sizes for `batch` x [in, h, w] inputs (pointers left for the caller).
     Conv2dParams geometry(int batch, int h, int w) const {
         Conv2dParams p;

@@ -54,11 +54,17 @@ public:
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.channels, len}, "group_norm", "input");
         check_shape(y, Shape{batch, m_cfg.channels, len}, "group_norm", "output");
-        GroupNormParams p;
+        GroupNormParams p = params(batch, len, epi);
         p.x = x.data;
+        p.y = y.data;
+        Ops<B>::group_norm(p, ctx.stream);
+    }
+
+    /// The op's parameters for `batch` rows of `len` positions with the epilogue `epi` (x and y unset).
+    GroupNormParams params(int batch, int len, const GroupNormEpilogue& epi) const {
+        GroupNormParams p;
         p.gamma = m_weight.f32();
         p.beta = m_bias.f32();
-        p.y = y.data;
         p.batch = batch;
         p.channels = m_cfg.channels;
         p.length = len;
@@ -69,7 +75,7 @@ public:
         p.film_stride = epi.film_stride;
         p.residual = epi.residual;
         p.post_act = epi.post_act;
-        Ops<B>::group_norm(p, ctx.stream);
+        return p;
     }
 
     std::int64_t n_parameters() const { return 2 * std::int64_t(m_cfg.channels); }

@@ -215,8 +215,6 @@ private:
                     u.conv.forward(ctx, in, out, act, residual);
                     return;
                 }
-                u.conv.forward(ctx, in, raw);
-                const Shape flat{batch, oc, std::int64_t(oh) * ow};
                 GroupNormEpilogue epi;
                 if (residual) {
                     epi.residual = residual;
@@ -224,6 +222,20 @@ private:
                 } else {
                     epi.act = act;
                 }
+                // CUDA: the conv and its GroupNorm as one launch where the fused kernel applies (F32 math).
+                if constexpr (requires(const Conv2dGroupNormParams& q) { Ops<B>::conv2d_group_norm(q, Stream{}); }) {
+                    if (ctx.math == MathMode::F32 && !ctx.f32_gemm && !u.conv.config().bias) {
+                        Conv2dGroupNormParams q;
+                        q.conv = u.conv.geometry(batch, h, w);
+                        q.conv.x = in.data;
+                        q.conv.w = u.conv.weight_ref();
+                        q.conv.y = out.data;
+                        q.norm = u.gn->params(batch, oh * ow, epi);
+                        if (Ops<B>::conv2d_group_norm(q, ctx.stream)) return;
+                    }
+                }
+                u.conv.forward(ctx, in, raw);
+                const Shape flat{batch, oc, std::int64_t(oh) * ow};
                 u.gn->forward(ctx, View<const float, B>{raw.data, flat}, View<float, B>{out.data, flat}, epi);
             }
         };
