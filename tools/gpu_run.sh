@@ -69,7 +69,8 @@
 #             -> $OUT/ncu_act_<math>.csv, ncu_encoder.csv, and the per-kernel summaries in $OUT/prof.txt
 #   encoder   issue 19: the conv2d op test and the encoder / policy tests (CUDA instances), the PushT encoder alone in
 #             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
-#             memcheck + racecheck on the conv op test; ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
+#             memcheck + racecheck on the conv op test (ENC_NCU=0 / ENC_SANITIZERS="..." trim them);
+#             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
@@ -578,15 +579,17 @@ stage_encoder() {
         env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/policy_bench_cuda_f32_$path.json" 2>&1 | sed "s/^/$path: /" | tee -a "$OUT/encoder.txt" || rc=$?
     done
-    local ncu metrics=gpu__time_duration.sum,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
-    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    metrics+=,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
-    "$ncu" --clock-control none --graph-profiling node --csv --metrics "$metrics" "$BUILD/policy_bench" "$POLICY_FOLDER" \
-        --device cuda --encoder-only 1 > "$OUT/ncu_encoder.csv" 2> "$LOGS/enc_ncu.err" || rc=$?
-    python3 tools/ncu_kernel_summary.py "$OUT/ncu_encoder.csv" 40 2>&1 | tee -a "$OUT/encoder.txt"
+    if [ "${ENC_NCU:-1}" = 1 ]; then
+        local ncu metrics=gpu__time_duration.sum,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
+        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        metrics+=,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+        "$ncu" --clock-control none --graph-profiling node --csv --metrics "$metrics" "$BUILD/policy_bench" "$POLICY_FOLDER" \
+            --device cuda --encoder-only 1 > "$OUT/ncu_encoder.csv" 2> "$LOGS/enc_ncu.err" || rc=$?
+        python3 tools/ncu_kernel_summary.py "$OUT/ncu_encoder.csv" 40 2>&1 | tee -a "$OUT/encoder.txt"
+    fi
     local san
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck; do
+    for tool in ${ENC_SANITIZERS-memcheck racecheck}; do
         "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/enc_$tool.log" 2>&1 || rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/enc_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/encoder.txt"
     done
