@@ -31,6 +31,16 @@ inline bool gemm_panel_enabled() {
     return on;
 }
 
+/// Most lines of the next panel prefetched in one burst before a row tile (about the core's line fill buffers);
+/// larger shares are spread through the tile's k loop (gemm_group_slice).
+inline constexpr int kGemmBurstLines = 16;
+
+/// FLOWEDGE_CPU_GEMM_BURST_PREFETCH=1 prefetches every share in a burst before its row tile: the old path of an A/B run.
+inline bool gemm_spread_prefetch() {
+    static const bool on = !::flowedge::cpu::env_is("FLOWEDGE_CPU_GEMM_BURST_PREFETCH", "1");
+    return on;
+}
+
 /// FLOWEDGE_CPU_GEMM_ROLLED_TILE=1 runs the tile's init and partial-sum stores as plain loops (the code before the
 /// unrolled<> form below; same arithmetic and bits): the old path of an A/B run.
 inline bool gemm_rolled_tile() {
@@ -48,11 +58,17 @@ template <int N, class F>
     }(std::make_integer_sequence<int, N>{});
 }
 
+/// Lines of the next panel a row tile prefetches inside its k loop, one every `every` k steps from p (none: lines 0).
+struct GemmPrefetch {
+    const char* p = nullptr;
+    int lines = 0, every = 0;
+};
+
 /// R rows x V vectors of outputs from obase over k in [k0, k1): w is the tile's first weight vector at k = k0, k
 /// steps ks floats apart. Starts from the bias (k0 == 0) or the partial sums in y, ends with the epilogue (k1 == in)
-/// or stores the partial sums (exact, as the next slice reloads them).
+/// or stores the partial sums (exact, as the next slice reloads them). pf: lines to prefetch between k chunks.
 template <int R, int V, bool Rolled = false>
-inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1) {
+inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1, GemmPrefetch pf = {}) {
     const LinearParams& p = *c.p;
     VecF acc[R][V];
     if constexpr (Rolled) {
@@ -75,13 +91,23 @@ inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::siz
         });
     }
     const float* x = p.x + std::size_t(r0) * c.ldx;
-    for (int k = k0; k < k1; ++k) {
-        const float* wk = w + std::size_t(k - k0) * ks;
-        VecF wv[V];
-        for (int v = 0; v < V; ++v) wv[v] = vload(wk + v * kLanes);
-        for (int r = 0; r < R; ++r) {
-            const VecF xr = vset1(x[std::size_t(r) * c.ldx + std::size_t(k)]);
-            for (int v = 0; v < V; ++v) acc[r][v] = vfma(wv[v], xr, acc[r][v]);
+    // k in chunks of pf.every steps with one prefetch after each (one chunk where there is nothing to prefetch), so
+    // the k loop itself stays branch-free.
+    const int chunk = pf.lines > 0 ? pf.every : k1 - k0;
+    for (int k = k0; k < k1;) {
+        for (const int kc = std::min(k1, k + chunk); k < kc; ++k) {
+            const float* wk = w + std::size_t(k - k0) * ks;
+            VecF wv[V];
+            for (int v = 0; v < V; ++v) wv[v] = vload(wk + v * kLanes);
+            for (int r = 0; r < R; ++r) {
+                const VecF xr = vset1(x[std::size_t(r) * c.ldx + std::size_t(k)]);
+                for (int v = 0; v < V; ++v) acc[r][v] = vfma(wv[v], xr, acc[r][v]);
+            }
+        }
+        if (pf.lines > 0) {
+            _mm_prefetch(pf.p, _MM_HINT_T1);
+            pf.p += 64;
+            --pf.lines;
         }
     }
     if constexpr (Rolled) {
@@ -119,15 +145,15 @@ inline void gemm_tile(const Call& c, int r0, int obase, const float* w, std::siz
 
 /// gemm_tile for a runtime (rows, vectors) in [1, kGemmRows] x [1, kGemmVecs].
 template <int R = kGemmRows, int V = kGemmVecs>
-inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1) {
+inline void gemm_tile_n(int nr, int nv, const Call& c, int r0, int obase, const float* w, std::size_t ks, int k0, int k1, GemmPrefetch pf = {}) {
     if constexpr (R > 1) {
-        if (nr < R) return gemm_tile_n<R - 1, V>(nr, nv, c, r0, obase, w, ks, k0, k1);
+        if (nr < R) return gemm_tile_n<R - 1, V>(nr, nv, c, r0, obase, w, ks, k0, k1, pf);
     }
     if constexpr (V > 1) {
-        if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, obase, w, ks, k0, k1);
+        if (nv < V) return gemm_tile_n<R, V - 1>(nr, nv, c, r0, obase, w, ks, k0, k1, pf);
     }
-    if (gemm_rolled_tile()) gemm_tile<R, V, true>(c, r0, obase, w, ks, k0, k1);
-    else gemm_tile<R, V>(c, r0, obase, w, ks, k0, k1);
+    if (gemm_rolled_tile()) gemm_tile<R, V, true>(c, r0, obase, w, ks, k0, k1, pf);
+    else gemm_tile<R, V>(c, r0, obase, w, ks, k0, k1, pf);
 }
 
 /// One group of the call: nv (<= kGemmVecs) vectors from vector v0 of block b. The group's weights: first vector at
@@ -178,7 +204,8 @@ struct GemmNext {
 
 /// Every row tile of group g over k in [k0, k1), on its weights in place where a k step's nv vectors are the whole
 /// stride (F32Groups: the panel is contiguous already), else copied first into `panel` (contiguous, nv vectors per k
-/// step, L1-resident while the row tiles read it); next's weights prefetched, a share before each row tile.
+/// step, L1-resident while the row tiles read it); next's weights prefetched, a share before (or spread through)
+/// each row tile.
 inline void gemm_group_slice(const Call& c, const GemmGroup& g, int k0, int k1, float* panel, const GemmNext& next) {
     const std::size_t pk = std::size_t(g.nv) * kLanes;
     const float* tiles_w = g.w + std::size_t(k0) * g.ks;
@@ -194,6 +221,20 @@ inline void gemm_group_slice(const Call& c, const GemmGroup& g, int k0, int k1, 
     const int tiles = (p.rows + kGemmRows - 1) / kGemmRows, steps = next.k1 - next.k0;
     // Bytes of one k step of the next group: nv vectors, one or more 64-byte lines.
     const int step_bytes = next.g.nv * kLanes * int(sizeof(float));
+    // A contiguous next panel (F32Groups) whose share per row tile exceeds kGemmBurstLines (few row tiles: the
+    // decoder's 100 queries) is prefetched a line at a time inside the tiles' k loops instead of in a burst before
+    // each tile, which would stall on the line fill buffers while the lines come from DRAM.
+    const int lines = steps * step_bytes / 64;
+    if (next.g.ks == std::size_t(next.g.nv) * kLanes && lines > kGemmBurstLines * tiles && gemm_spread_prefetch()) {
+        const char* base = reinterpret_cast<const char*>(next.g.w + std::size_t(next.k0) * next.g.ks);
+        const int per = (lines + tiles - 1) / tiles, every = std::max(1, (k1 - k0) / per);
+        for (int t = 0; t < tiles; ++t) {
+            const int l0 = int(std::int64_t(lines) * t / tiles), l1 = int(std::int64_t(lines) * (t + 1) / tiles);
+            const int r0 = t * kGemmRows, nr = std::min(kGemmRows, p.rows - r0);
+            gemm_tile_n(nr, g.nv, c, r0, g.obase, tiles_w, pk, k0, k1, GemmPrefetch{base + std::size_t(l0) * 64, l1 - l0, every});
+        }
+        return;
+    }
     for (int t = 0; t < tiles; ++t) {
         for (int k = next.k0 + steps * t / tiles; k < next.k0 + steps * (t + 1) / tiles; ++k) {
             const char* src = reinterpret_cast<const char*>(next.g.w + std::size_t(k) * next.g.ks);
