@@ -24,6 +24,16 @@ inline constexpr int kGemmDepth = 256;
 /// k steps per slice of the panel path: kGemmVecs vectors x 128 k steps (32 KiB on AVX-512) stay in a 48 KiB L1 with
 /// the row tile's x slices (the best depth measured: bench/results/act_cpu.md).
 inline constexpr int kGemmPanelDepth = 128;
+/// k steps per slice on the F32Groups layout, where the panel is read in place (no stack copy bounds it): half the
+/// partial-sum round trips through y; 64 KiB panels come from L2 to every row tile and measured as fast or faster
+/// than 128 (302 x 512 -> 3200 4-7% faster; bench/results/act_cpu.md, session 18).
+inline constexpr int kGemmGroupsDepth = 256;
+
+/// FLOWEDGE_CPU_GEMM_SHALLOW=1 slices the F32Groups layout at kGemmPanelDepth: the old path of an A/B run.
+inline bool gemm_groups_shallow() {
+    static const bool on = ::flowedge::cpu::env_is("FLOWEDGE_CPU_GEMM_SHALLOW", "1");
+    return on;
+}
 
 /// FLOWEDGE_CPU_GEMM_NO_PANEL=1 reads the weights in place (kGemmDepth slices): the old path of an A/B run.
 inline bool gemm_panel_enabled() {
@@ -246,9 +256,9 @@ inline void gemm_group_slice(const Call& c, const GemmGroup& g, int k0, int k1, 
 }
 
 /// All rows of a call against output vectors [c.vbeg, c.vend) of a layout of bw-vector blocks, in groups of kGemmVecs
-/// vectors. Panel path: k slices of kGemmPanelDepth, each group's slice read by every row tile from one contiguous
-/// run (copied once where the layout's blocks are wider than a group); the slices are the outer
-/// loop where x is wider than y (in > out: x's slice is read from L2 by every group) and the groups where it is not
+/// vectors. Panel path: k slices of kGemmPanelDepth (kGemmGroupsDepth on F32Groups), each group's slice read by every
+/// row tile from one contiguous run (copied once where the layout's blocks are wider than a group: the F32 layout
+/// only, as F32Groups calls give each thread whole groups); the slices are the outer loop where x is wider than y (in > out: x's slice is read from L2 by every group) and the groups where it is not
 /// (a group's partial sums in y stay in L2 across the slices). An accumulate call is not sliced (y holds what it adds
 /// to) and reads the weights in place, as does the old path (FLOWEDGE_CPU_GEMM_NO_PANEL=1: k slices of kGemmDepth).
 inline void gemm_rows(const Call& c, int bw) {
@@ -266,9 +276,11 @@ inline void gemm_rows(const Call& c, int bw) {
         return;
     }
     alignas(64) float panel[std::size_t(kGemmPanelDepth) * kGemmVecs * kLanes];
-    const auto slice_end = [&](int k0) { return std::min(p.in, k0 + kGemmPanelDepth); };
+    // The stack panel bounds the F32 layout's slices; F32Groups panels are read in place.
+    const int depth = bw == kGemmVecs && !gemm_groups_shallow() ? kGemmGroupsDepth : kGemmPanelDepth;
+    const auto slice_end = [&](int k0) { return std::min(p.in, k0 + depth); };
     if (p.in > p.out) {
-        for (int k0 = 0; k0 < p.in; k0 += kGemmPanelDepth)
+        for (int k0 = 0; k0 < p.in; k0 += depth)
             for (GemmGroupIt it = GemmGroupIt::first(c, bw); it.valid(); it = it.next()) {
                 GemmNext nx;
                 if (const GemmGroupIt n = it.next(); n.valid()) nx = {n.group(), k0, slice_end(k0)};
@@ -277,7 +289,7 @@ inline void gemm_rows(const Call& c, int bw) {
             }
     } else {
         for (GemmGroupIt it = GemmGroupIt::first(c, bw); it.valid(); it = it.next())
-            for (int k0 = 0; k0 < p.in; k0 += kGemmPanelDepth) {
+            for (int k0 = 0; k0 < p.in; k0 += depth) {
                 GemmNext nx;
                 if (slice_end(k0) < p.in) nx = {it.group(), slice_end(k0), slice_end(slice_end(k0))};
                 else if (const GemmGroupIt n = it.next(); n.valid()) nx = {n.group(), 0, slice_end(0)};
@@ -316,8 +328,8 @@ inline void gemm_groups_pack(const WeightRef& src_ref, int n_in, int n_out, void
 }
 
 /// y = act(x w^T + bias) (+ y) on the F32Groups copy `buf` of an [p.out, p.in] weight (any row count; the same bits as
-/// the F32 layout's kernels). Calls above kPackParallelMacs split the output vectors over the OpenMP threads as
-/// packed_linear does (the bits do not depend on the split).
+/// the F32 layout's kernels). Calls above kPackParallelMacs split the output groups over the OpenMP threads (the
+/// bits do not depend on the split).
 inline void packed_gemm_linear(const LinearParams& p, const void* buf) {
     const int out_vecs = packed_out_vecs(p.out);
     const packed::Call c{&p,  p.ld_x ? std::size_t(p.ld_x) : std::size_t(p.in), p.ld_y ? std::size_t(p.ld_y) : std::size_t(p.out),
@@ -328,10 +340,12 @@ inline void packed_gemm_linear(const LinearParams& p, const void* buf) {
     }
 #pragma omp parallel
     {
-        const int tid = thread_index(), nth = thread_count();
+        // Whole groups per thread, so every panel stays contiguous and is read in place (the stack copy of a split
+        // group holds kGemmPanelDepth k steps only, fewer than kGemmGroupsDepth).
+        const int tid = thread_index(), nth = thread_count(), groups = (out_vecs + packed::kGemmVecs - 1) / packed::kGemmVecs;
         packed::Call t = c;
-        t.vbeg = int(std::int64_t(out_vecs) * tid / nth);
-        t.vend = int(std::int64_t(out_vecs) * (tid + 1) / nth);
+        t.vbeg = std::min(out_vecs, int(std::int64_t(groups) * tid / nth) * packed::kGemmVecs);
+        t.vend = std::min(out_vecs, int(std::int64_t(groups) * (tid + 1) / nth) * packed::kGemmVecs);
         if (t.vbeg < t.vend) packed::gemm_rows(t, packed::kGemmVecs);
     }
 }
