@@ -23,6 +23,9 @@ enum class Storage : std::uint8_t {
     /// A Linear weight [out, in] multiplied at a few rows per call from cache (Mamba/flow-head projections: decode,
     /// flow solves, short prefills), stored like Matrix.
     SmallRowsMatrix,
+    /// A Linear weight [out, in] multiplied at many rows per call (ACT's ~300 encoder tokens and 100 decoder queries),
+    /// stored like Matrix; the backend may keep a copy laid out for its GEMM beside it.
+    ManyRowsMatrix,
 };
 
 /// Opt-in weight quantisation at load (LoadOptions::quantize).

@@ -55,8 +55,9 @@ FLOWEDGE_SIMD_WARNINGS_ON
 
 namespace flowedge::cpu {
 /// Storage of a small-row packed linear (kernels/packed_linear.hpp): none, F32 vectors, BF16 pairs, or BF16 pairs in
-/// AMX tile order (MathMode::BF16 where amx_bf16_available()).
-enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs, PairTiles };
+/// AMX tile order (MathMode::BF16 where amx_bf16_available()); or of a many-row one (Storage::ManyRowsMatrix), F32
+/// vectors in blocks of one GEMM tile's width (F32Groups, kernels/packed_gemm.hpp).
+enum class PackedLayout : std::uint8_t { None = 0, F32, Pairs, PairTiles, F32Groups };
 /// BF16 x-pair scratch (32-bit pairs) for MathMode::BF16: up to 4 rows of this many pairs sit on the stack (32 KiB);
 /// longer rows are not packed for BF16 math (the row-major kernels keep them).
 inline constexpr int kPackBhPairs = 2048;

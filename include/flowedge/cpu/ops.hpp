@@ -54,7 +54,8 @@ struct Ops<Cpu> {
                                      "shape differs from the packed weights" +
                                          expected_got(std::to_string(pw->in()) + " -> " + std::to_string(pw->out()),
                                                       std::to_string(p.in) + " -> " + std::to_string(p.out)));
-                FLOWEDGE_CPU_SIMD_KERNEL(pw->isa(), packed_linear(p, pw->data(), pw->layout(), pw->bf16_math(p.math)));
+                if (pw->layout() == cpu::PackedLayout::F32Groups) FLOWEDGE_CPU_SIMD_KERNEL(pw->isa(), packed_gemm_linear(p, pw->data()));
+                else FLOWEDGE_CPU_SIMD_KERNEL(pw->isa(), packed_linear(p, pw->data(), pw->layout(), pw->bf16_math(p.math)));
                 return;
             }
         }

@@ -5,7 +5,8 @@
 //                beat its row-major 512-bit kernels), replacing the stored tensor (INT8 blocks with per-output scales
 //                under LoadOptions::quantize = Int8; under W8A8, AVX-512 set only, Conv1d weights become W8A8 blocks,
 //                kernels/packed_conv_dot.hpp); small-row Linear weights -> k-major packed copy
-//                (kernels/packed_linear.hpp) beside it.
+//                (kernels/packed_linear.hpp) beside it; many-row Linear weights -> the same, or under exact math the
+//                GEMM's group layout (kernels/packed_gemm.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
 //                stored tensor.
 //   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
@@ -40,7 +41,7 @@ class PackedWeight final : public PreparedWeight {
 public:
     enum class Kind : std::uint8_t {
         ConvBlocks,  ///< packed conv blocks (AVX2 layout, AVX2 and AVX-512 sets) of a Conv1d [out, in*K], ConvTranspose1d [out*K, in] or Linear
-        SmallRows,   ///< k-major copy of a Linear [out, in] for few rows (AVX2/AVX-512 sets), beside the stored tensor
+        SmallRows,   ///< k-major copy of a Linear [out, in] for few or many rows (AVX2/AVX-512 sets), beside the stored tensor
         Conv2dBlocks,  ///< output blocks of one vector of a Conv2d [out, in, kh, kw] (AVX2/AVX-512 sets), replacing it
     };
 
@@ -103,15 +104,19 @@ public:
 
     /// A small-row copy of the stored [out, in] matrix w for kernel set `isa`, laid out for arithmetic m. The stored
     /// data must outlive this object (set_math repacks from it). Allocates the buffer for the larger layout this
-    /// weight dtype can need, once.
-    static std::unique_ptr<PackedWeight> small_rows(const WeightRef& w, int in, int out, Isa isa, MathMode m) {
+    /// weight dtype can need, once. many_rows (Storage::ManyRowsMatrix): exact math takes the GEMM's F32Groups layout
+    /// where it fits (gemm_groups_fit; the same bits as the F32 layout), unless FLOWEDGE_CPU_GEMM_GROUPS=0 (the F32
+    /// layout: the old path of an A/B run).
+    static std::unique_ptr<PackedWeight> small_rows(const WeightRef& w, int in, int out, Isa isa, MathMode m, bool many_rows = false) {
         if (!(in > 0 && out > 0 && w.data)) [[unlikely]]
             fail("cpu packed linear", "bad weights" + expected_got("in > 0, out > 0, data", std::to_string(in) + " x " + std::to_string(out)));
         auto pw = std::unique_ptr<PackedWeight>(new PackedWeight(Kind::SmallRows, isa, w.dtype));
         pw->m_src = w;
         pw->m_in = in;
         pw->m_out = out;
+        pw->m_groups = many_rows && w.dtype != DType::BF16 && !env_is("FLOWEDGE_CPU_GEMM_GROUPS", "0") && gemm_groups_fit(isa, out);
         std::size_t bytes = pw->layout_bytes(w.dtype == DType::BF16 ? PackedLayout::Pairs : PackedLayout::F32);
+        if (pw->m_groups) bytes = std::max(bytes, pw->layout_bytes(PackedLayout::F32Groups));
         // AMX's tile order pads the pairs to whole tiles: room for it too where BF16 math may ask for it.
         if (isa == Isa::Avx512 && bf16_math_available() && (in + 31) / 32 * 16 <= kPackBhPairs)
             bytes = std::max(bytes, pw->layout_bytes(PackedLayout::PairTiles));
@@ -149,7 +154,8 @@ public:
         const PackedLayout want = wanted(m);
         const bool round = (want == PackedLayout::Pairs || want == PackedLayout::PairTiles) && m_src.dtype != DType::BF16;
         if (want == m_layout && round == m_rounded) return;
-        FLOWEDGE_CPU_SIMD_KERNEL(m_isa, packed_linear_pack(want, round, m_src, m_in, m_out, m_buf.data()));
+        if (want == PackedLayout::F32Groups) FLOWEDGE_CPU_SIMD_KERNEL(m_isa, gemm_groups_pack(m_src, m_in, m_out, m_buf.data()));
+        else FLOWEDGE_CPU_SIMD_KERNEL(m_isa, packed_linear_pack(want, round, m_src, m_in, m_out, m_buf.data()));
         m_layout = want;
         m_rounded = round;
     }
@@ -170,10 +176,19 @@ private:
         const bool bh = bf16_math(m) && bh_fits();
         if (bh && m_isa == Isa::Avx512 && amx_bf16_available()) return PackedLayout::PairTiles;
         if (m_src.dtype == DType::BF16) return PackedLayout::Pairs;
-        return bh ? PackedLayout::Pairs : PackedLayout::F32;
+        return bh ? PackedLayout::Pairs : m_groups ? PackedLayout::F32Groups : PackedLayout::F32;
+    }
+    static bool gemm_groups_fit([[maybe_unused]] Isa isa, [[maybe_unused]] int out) {
+#if defined(FLOWEDGE_CPU_X86)
+        if (isa == Isa::Avx512) return avx512::gemm_groups_fit(out);
+        if (isa == Isa::Avx2) return avx2::gemm_groups_fit(out);
+#endif
+        return false;
     }
     std::size_t layout_bytes(PackedLayout l) const {
 #if defined(FLOWEDGE_CPU_X86)
+        if (l == PackedLayout::F32Groups)
+            return m_isa == Isa::Avx512 ? avx512::gemm_groups_bytes(m_in, m_out) : avx2::gemm_groups_bytes(m_in, m_out);
         if (m_isa == Isa::Avx512) return avx512::packed_linear_bytes(l, m_in, m_out);
         if (m_isa == Isa::Avx2) return avx2::packed_linear_bytes(l, m_in, m_out);
 #endif
@@ -194,6 +209,7 @@ private:
     WeightRef m_src{};
     PackedLayout m_layout = PackedLayout::None;
     bool m_rounded = false;
+    bool m_groups = false;  ///< exact math on the F32Groups layout (a many-row weight)
 };
 
 /// The CPU's prepared form of a weight (see the file comment), or null when the process's kernel set reads the stored
@@ -237,8 +253,10 @@ inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const Wei
             return nullptr;
         }
         case Storage::SmallRowsMatrix:
+        case Storage::ManyRowsMatrix:
             if (simd)
-                return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32);
+                return PackedWeight::small_rows(w, int(shape.dims[1]), int(shape.dims[0]), isa, MathMode::F32,
+                                                storage == Storage::ManyRowsMatrix);
             return nullptr;
         case Storage::Matrix:
         case Storage::Vector: return nullptr;

@@ -24,6 +24,9 @@ public:
         /// Storage::SmallRowsMatrix: run at a few rows per call on weights that stay in cache (decode, flow solves,
         /// short prefills; the backend may keep a copy laid out for that beside the stored weight).
         bool small_rows = false;
+        /// Storage::ManyRowsMatrix: run at many rows per call (ACT's tokens and queries; the backend may keep a copy
+        /// laid out for its GEMM beside the stored weight).
+        bool many_rows = false;
     };
 
     Linear() = default;
@@ -35,7 +38,10 @@ public:
     template <class F>
     void visit_parameters(F&& f) {
         f("weight", m_weight, Shape{m_cfg.out, m_cfg.in},
-          m_cfg.streamed ? Storage::StreamedMatrix : m_cfg.small_rows ? Storage::SmallRowsMatrix : Storage::Matrix);
+          m_cfg.streamed     ? Storage::StreamedMatrix
+          : m_cfg.small_rows ? Storage::SmallRowsMatrix
+          : m_cfg.many_rows  ? Storage::ManyRowsMatrix
+                             : Storage::Matrix);
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 

@@ -35,7 +35,7 @@ public:
     using Scratch = AttentionScratch;
 
     MultiheadAttention() = default;
-    explicit MultiheadAttention(Config cfg) : m_cfg(cfg), m_out({.in = cfg.dim, .out = cfg.dim, .small_rows = true}) {
+    explicit MultiheadAttention(Config cfg) : m_cfg(cfg), m_out({.in = cfg.dim, .out = cfg.dim, .many_rows = true}) {
         check(cfg.dim > 0 && cfg.n_heads > 0 && cfg.dim % cfg.n_heads == 0, "multihead_attention",
               "dim must be a positive multiple of n_heads" + expected_got("dim % n_heads == 0",
                                                                           std::to_string(cfg.dim) + " % " + std::to_string(cfg.n_heads)));
@@ -57,7 +57,7 @@ public:
         const std::size_t block = std::size_t(D) * D;
         for (int part = 0; part < 3; ++part) {
             const std::string name = prefix + "in_proj_weight[" + std::to_string(part * D) + ":" + std::to_string((part + 1) * D) + "]";
-            m_in_w[part].assign(std::span<const float>(wv.data() + part * block, block), Shape{D, D}, dtype, Storage::SmallRowsMatrix, name,
+            m_in_w[part].assign(std::span<const float>(wv.data() + part * block, block), Shape{D, D}, dtype, Storage::ManyRowsMatrix, name,
                                 component);
             m_in_b[part].assign_f32(std::vector<float>(bv.begin() + part * D, bv.begin() + (part + 1) * D), Shape{D});
         }

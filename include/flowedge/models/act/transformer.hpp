@@ -64,8 +64,8 @@ public:
     explicit ActEncoderLayer(const ActConfig& c)
         : m_cfg(c),
           m_attn({.dim = c.dim_model, .n_heads = c.n_heads}),
-          m_linear1({.in = c.dim_model, .out = c.dim_feedforward, .small_rows = true}),
-          m_linear2({.in = c.dim_feedforward, .out = c.dim_model, .small_rows = true}),
+          m_linear1({.in = c.dim_model, .out = c.dim_feedforward, .many_rows = true}),
+          m_linear2({.in = c.dim_feedforward, .out = c.dim_model, .many_rows = true}),
           m_norm1({.dim = c.dim_model}),
           m_norm2({.dim = c.dim_model}) {}
 
@@ -120,8 +120,8 @@ public:
         : m_cfg(c),
           m_self({.dim = c.dim_model, .n_heads = c.n_heads}),
           m_cross({.dim = c.dim_model, .n_heads = c.n_heads}),
-          m_linear1({.in = c.dim_model, .out = c.dim_feedforward, .small_rows = true}),
-          m_linear2({.in = c.dim_feedforward, .out = c.dim_model, .small_rows = true}),
+          m_linear1({.in = c.dim_model, .out = c.dim_feedforward, .many_rows = true}),
+          m_linear2({.in = c.dim_feedforward, .out = c.dim_model, .many_rows = true}),
           m_norm1({.dim = c.dim_model}),
           m_norm2({.dim = c.dim_model}),
           m_norm3({.dim = c.dim_model}) {}
