@@ -70,7 +70,7 @@
 #   encoder   issue 19: the conv2d op test and the encoder / policy tests (CUDA instances), the PushT encoder alone in
 #             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
 #             memcheck + racecheck on the conv op test (ENC_NCU=0 / ENC_SANITIZERS="..." trim them);
-#             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path
+#             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path, ENC_CUR_ENV sets the current path's switches
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
@@ -552,12 +552,12 @@ stage_flow() {
 # those variables, alternated with the current path, for the A/B
 # -> $OUT/encoder.txt, encoder_{cur,prev}_r<N>.txt, policy_bench_cuda_f32_{cur,prev}.json, ncu_encoder.csv.
 stage_encoder() {
-    local rc=0 cuda_cases='*<flowedge::Cuda>*' prev=${ENC_PREV_ENV:-} paths=cur
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' prev=${ENC_PREV_ENV:-} cur=${ENC_CUR_ENV:-} paths=cur
     [ -n "$prev" ] && paths="cur prev"
     BUILD_TARGETS="policy_bench ops_conv2d diffusion_rgb_encoder diffusion_policy" stage_build || return $?
     local path e t
     for path in $paths; do
-        e=""; [ $path = prev ] && e=$prev
+        e=$cur; [ $path = prev ] && e=$prev
         env $e "$BUILD/test/ops/ops_conv2d" -tc="$cuda_cases" > "$LOGS/enc_conv2d_$path.log" 2>&1 || rc=$?
         for t in diffusion_rgb_encoder diffusion_policy; do
             env $e "$BUILD/test/diffusion/$t" -tc="$cuda_cases" > "$LOGS/enc_${t}_$path.log" 2>&1 || rc=$?
@@ -568,14 +568,14 @@ stage_encoder() {
     local r
     for r in $(seq 1 ${ENC_ROUNDS:-3}); do
         for path in $paths; do
-            e=""; [ $path = prev ] && e=$prev
+            e=$cur; [ $path = prev ] && e=$prev
             env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --encoder-only ${ENC_ITERS:-400} \
                 > "$OUT/encoder_${path}_r$r.txt" 2>&1 || rc=$?
             sed "s/^/$path r$r: /" "$OUT/encoder_${path}_r$r.txt" | tee -a "$OUT/encoder.txt"
         done
     done
     for path in $paths; do
-        e=""; [ $path = prev ] && e=$prev
+        e=$cur; [ $path = prev ] && e=$prev
         env $e "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/policy_bench_cuda_f32_$path.json" 2>&1 | sed "s/^/$path: /" | tee -a "$OUT/encoder.txt" || rc=$?
     done

@@ -171,10 +171,9 @@ __global__ void __launch_bounds__(kThreads) conv2d_group_norm_kernel(const __gri
 }  // namespace
 
 bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s) {
-    static const bool disabled = detail::env_flag("FLOWEDGE_CUDA_CONV_GN_UNFUSED");  // A/B: the two separate kernels
     const Conv2dParams& c = p.conv;
     const GroupNormParams& n = p.norm;
-    if (disabled || detail::compute_major() < 9) return false;
+    if (detail::compute_major() < 9) return false;
     if (c.w.dtype != DType::F32 || !c.w.data || c.math != MathMode::F32 || c.f32_gemm || c.bias || c.residual ||
         c.act != Activation::None || n.film)
         return false;

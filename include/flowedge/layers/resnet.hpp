@@ -6,6 +6,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -222,9 +224,14 @@ private:
                 } else {
                     epi.act = act;
                 }
-                // CUDA: the conv and its GroupNorm as one launch where the fused kernel applies (F32 math).
+                // CUDA: the conv and its GroupNorm as one launch where the fused kernel applies (F32 math). Opt-in
+                // (FLOWEDGE_CUDA_CONV_GN=1) until a GPU run has confirmed it against LeRobot.
                 if constexpr (requires(const Conv2dGroupNormParams& q) { Ops<B>::conv2d_group_norm(q, Stream{}); }) {
-                    if (ctx.math == MathMode::F32 && !ctx.f32_gemm && !u.conv.config().bias) {
+                    static const bool fused = [] {
+                        const char* v = std::getenv("FLOWEDGE_CUDA_CONV_GN");
+                        return v && std::string_view(v) == "1";
+                    }();
+                    if (fused && ctx.math == MathMode::F32 && !ctx.f32_gemm && !u.conv.config().bias) {
                         Conv2dGroupNormParams q;
                         q.conv = u.conv.geometry(batch, h, w);
                         q.conv.x = in.data;
