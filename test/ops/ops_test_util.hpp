@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <limits>
 #include <vector>
 
 #include "flowedge/cpu/memory.hpp"
@@ -141,6 +142,25 @@ inline void check_all(const std::vector<float>& got, const std::vector<double>& 
               << " got " << (got.empty() ? 0.f : got[first]) << " want " << (ref.empty() ? 0. : ref[first])
               << " scale " << (scale.empty() ? 0. : scale[first]));
     CHECK(bad == 0);
+}
+
+/// Row-strided operands of a linear call for the packed-weight tests: x [rows, ldx] with NaN in the columns past `in`
+/// (a kernel reading them poisons its output), bias [out], y0 [rows, ldy] with `sentinel` past `out` (a kernel
+/// writing there shows).
+struct StridedLinearOperands {
+    std::vector<float> x, b, y0;
+};
+inline StridedLinearOperands strided_linear_operands(int rows, int in, int out, int ldx, int ldy, std::uint32_t seed,
+                                                     float sentinel) {
+    StridedLinearOperands o;
+    o.x = random_vec(std::size_t(rows) * ldx, seed + 1);
+    for (int r = 0; r < rows; ++r)
+        for (int i = in; i < ldx; ++i) o.x[std::size_t(r) * ldx + i] = std::numeric_limits<float>::quiet_NaN();
+    o.b = random_vec(std::size_t(out), seed + 2);
+    o.y0 = random_vec(std::size_t(rows) * ldy, seed + 3);
+    for (int r = 0; r < rows; ++r)
+        for (int c = out; c < ldy; ++c) o.y0[std::size_t(r) * ldy + c] = sentinel;
+    return o;
 }
 
 inline const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};

@@ -46,13 +46,10 @@ struct Call {
         const bool strided = (seed / 12) % 2 == 1;
         ldx = strided ? in + 3 : in;
         ldy = strided ? out + 5 : out;
-        x = random_vec(std::size_t(rows) * ldx, seed + 1);
-        for (int r = 0; r < rows; ++r)
-            for (int i = in; i < ldx; ++i) x[std::size_t(r) * ldx + i] = std::numeric_limits<float>::quiet_NaN();
-        b = random_vec(std::size_t(out), seed + 2);
-        y0 = random_vec(std::size_t(rows) * ldy, seed + 3);
-        for (int r = 0; r < rows; ++r)
-            for (int o = out; o < ldy; ++o) y0[std::size_t(r) * ldy + o] = -12345.f;
+        auto ops = strided_linear_operands(rows, in, out, ldx, ldy, seed, -12345.f);
+        x = std::move(ops.x);
+        b = std::move(ops.b);
+        y0 = std::move(ops.y0);
     }
     std::vector<float> run(const WeightRef& w, MathMode m = MathMode::F32) const {
         std::vector<float> y = y0;

@@ -82,13 +82,10 @@ struct Case {
         const bool strided = (seed / 16) % 2 == 1 || rows == 9;
         ldx = strided ? in + 3 : in;
         ldy = strided ? out + 5 : out;
-        x = random_vec(std::size_t(rows) * ldx, seed + 1);
-        for (int r = 0; r < rows; ++r)
-            for (int i = in; i < ldx; ++i) x[std::size_t(r) * ldx + i] = std::numeric_limits<float>::quiet_NaN();
-        b = random_vec(std::size_t(out), seed + 2);
-        y0 = random_vec(std::size_t(rows) * ldy, seed + 3);
-        for (int r = 0; r < rows; ++r)
-            for (int o = out; o < ldy; ++o) y0[std::size_t(r) * ldy + o] = kSentinel;
+        auto ops = strided_linear_operands(rows, in, out, ldx, ldy, seed, kSentinel);
+        x = std::move(ops.x);
+        b = std::move(ops.b);
+        y0 = std::move(ops.y0);
     }
 
     LinearParams params(const float* xp, float* yp, int nrows, MathMode m) const {
