@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -256,6 +257,19 @@ void dispatch_dtype(DType d, F&& f) {
 }
 
 inline bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+/// Opts `kernel` in to `bytes` of dynamic shared memory when above the 48 KiB default, with one driver call per device
+/// rather than per launch (a plain attribute, legal while a graph captures): `opted` is the call site's static record
+/// of the device last set, and the value set must be the same at every call (e.g. the device's whole opt-in limit).
+template <class Kernel>
+void opt_in_smem_once(Kernel kernel, std::size_t bytes, int value, std::atomic<int>& opted) {
+    if (bytes <= 48 * 1024) return;
+    int dev = 0;
+    FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
+    if (opted.load(std::memory_order_acquire) == dev) return;
+    FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, value));
+    opted.store(dev, std::memory_order_release);
+}
 
 inline unsigned blocks_for(std::int64_t n, int threads, std::int64_t cap = 65535LL * 32) {
     std::int64_t b = (n + threads - 1) / threads;

@@ -184,16 +184,8 @@ bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s) {
     const std::size_t limit = std::size_t(detail::smem_per_block_optin()) - 2048;  // static stats + scratch, reserve
     if (bytes > limit) return false;
     if ((long long)c.batch * n.groups * kS > 65535) return false;  // grid z
-    if (bytes > 48 * 1024) {
-        static std::atomic<int> opted_device{-1};
-        int dev = 0;
-        FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-        if (opted_device.load(std::memory_order_acquire) != dev) {
-            FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(conv2d_group_norm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     int(limit)));
-            opted_device.store(dev, std::memory_order_release);
-        }
-    }
+    static std::atomic<int> opted_device{-1};
+    detail::opt_in_smem_once(conv2d_group_norm_kernel, bytes, int(limit), opted_device);
     detail::launch_pdl_cluster(conv2d_group_norm_kernel, dim3(1, 1, unsigned(c.batch * n.groups * kS)), dim3(kThreads), bytes,
                                detail::resolve(s), unsigned(kS), p, g);
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv2d_group_norm_kernel");

@@ -600,19 +600,11 @@ void check_flow_pointers(const FlowSolveParams& p, bool c_in) {
 }
 
 /// Opts `kernel` in to the device's whole per-block shared memory (once per kernel and device: a driver call per launch
-/// would cost microseconds of a ~20 us action; a plain attribute, legal while a graph captures) and launches it as one
-/// cluster of kCluster blocks with PDL.
+/// would cost microseconds of a ~20 us action) and launches it as one cluster of kCluster blocks with PDL.
 template <class Params>
 void launch_cluster(void (*kernel)(Params), std::size_t bytes, const Params& p, Stream s) {
-    if (bytes > 48 * 1024) {
-        static std::atomic<int> opted_device{-1};
-        int dev = 0;
-        FLOWEDGE_CUDA_CHECK(cudaGetDevice(&dev));
-        if (opted_device.load(std::memory_order_acquire) != dev) {
-            FLOWEDGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, detail::smem_per_block_optin()));
-            opted_device.store(dev, std::memory_order_release);
-        }
-    }
+    static std::atomic<int> opted_device{-1};
+    detail::opt_in_smem_once(kernel, bytes, detail::smem_per_block_optin(), opted_device);
     detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(kThreads), bytes, detail::resolve(s), unsigned(kCluster), p);
 }
 
