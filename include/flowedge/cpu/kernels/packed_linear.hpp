@@ -284,6 +284,32 @@ inline constexpr int kAmxGroup = 4;
 inline constexpr int kAmxLanes = 16;
 
 #if FLOWEDGE_ISA_AVX512
+/// FLOWEDGE_CPU_AMX_PLAIN_LOADS=1 loads the weight (B) tiles with plain tileloadd (the path before the T1 hint below;
+/// same bits): the old path of an A/B run.
+inline bool amx_plain_loads() {
+    static const bool on = ::flowedge::cpu::env_is("FLOWEDGE_CPU_AMX_PLAIN_LOADS", "1");
+    return on;
+}
+
+/// amx::dot<J> with the B tile loaded by tileloaddt1 (the non-temporal hint), for weights read once per call: a large
+/// product's tiles are not read again before the rest of a model's weights have passed, so they gain nothing from L1,
+/// and loaded plainly they evict what the neighbouring ops keep there (a Mamba-flow action under BF16 math: 43.5 ->
+/// 39.7-40.9 us p50 on the Xeon dev VM, bench/results/mamba_flow_cpu.md). Same tile registers as amx::dot.
+template <int J>
+inline void dot_streamed(const void* p) {
+    static_assert(J >= 0 && J < 4);
+    constexpr std::size_t stride = 64;
+    if constexpr (J == 0) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 1) asm volatile("tileloaddt1 (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 2) asm volatile("tileloaddt1 (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 3) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
+}
+
+/// Weight bytes from which a product's B tiles are streamed (dot_streamed): more than L1 keeps beside the activations.
+/// Smaller ones (x_proj, the flow head's out_proj) keep plain loads: called back to back, the flow head's out_proj
+/// took 0.141 us streamed against 0.120 plain.
+inline constexpr std::size_t kAmxStreamedBytes = 32 * 1024;
+
 /// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
 /// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into a C tile; then the C tiles go
 /// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). S independent sums per
@@ -299,14 +325,20 @@ inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std:
     constexpr std::size_t tile = std::size_t(kAmxLanes) * kAmxLanes;  // 32-bit lanes per tile
     const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + (std::size_t(g) * kAmxGroup * chunks + std::size_t(v - g * kAmxGroup)) * tile;
     amx::zero_c();
+    const std::size_t wbytes = std::size_t(c.out_vecs) * std::size_t(chunks) * tile * sizeof(std::uint32_t);
+    const bool plain = amx_plain_loads() || wbytes < kAmxStreamedBytes;
+    auto dot = [plain]<int J>(const std::uint32_t* wt, std::integral_constant<int, J>) {
+        if (plain) amx::dot<J>(wt);
+        else dot_streamed<J>(wt);
+    };
     // Chunk ch (chain s = ch % S): A, then vector j's tile into C tile s N + j.
     auto chunk = [&]<int Sc>(int ch, std::integral_constant<int, Sc>) {
         amx::load_a(xb + std::size_t(ch) * kAmxLanes, ldp * sizeof(std::uint32_t));
         const std::uint32_t* wt = w + std::size_t(ch) * std::size_t(gn) * tile;
-        amx::dot<Sc * N>(wt);
-        if constexpr (N > 1) amx::dot<Sc * N + 1>(wt + tile);
-        if constexpr (N > 2) amx::dot<Sc * N + 2>(wt + 2 * tile);
-        if constexpr (N > 3) amx::dot<Sc * N + 3>(wt + 3 * tile);
+        dot(wt, std::integral_constant<int, Sc * N>{});
+        if constexpr (N > 1) dot(wt + tile, std::integral_constant<int, Sc * N + 1>{});
+        if constexpr (N > 2) dot(wt + 2 * tile, std::integral_constant<int, Sc * N + 2>{});
+        if constexpr (N > 3) dot(wt + 3 * tile, std::integral_constant<int, Sc * N + 3>{});
     };
     int ch = 0;
     for (; ch + S <= chunks; ch += S)
