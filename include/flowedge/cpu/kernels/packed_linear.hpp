@@ -305,6 +305,32 @@ inline void dot_streamed(const void* p) {
     if constexpr (J == 3) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
 }
 
+/// FLOWEDGE_CPU_AMX_NO_PING=1 turns amx_ping() off (the vector kernels between products issue none): the old path of an
+/// A/B run.
+inline bool amx_ping_enabled() {
+    static const bool on = !::flowedge::cpu::env_is("FLOWEDGE_CPU_AMX_NO_PING", "1");
+    return on;
+}
+
+/// Whether amx_ping() may run on this thread now: AMX in use and the tile state holding amx::configure's layout (A
+/// tmm4 and C tmm0 of the same rows, B tmm5 16 x 64 bytes). Read once per call of a kernel that pings.
+inline bool amx_ping_ready() {
+    if (!amx_bf16_available() || !amx_ping_enabled()) return false;
+    amx::TileConfig have;
+    asm volatile("sttilecfg %0" : "=m"(have));
+    return have.palette == 1 && have.rows[4] != 0 && have.rows[0] == have.rows[4] && have.colsb[0] == 64 &&
+           have.colsb[4] == 64 && have.rows[5] == 16 && have.colsb[5] == 64;
+}
+
+/// One TDPBF16PS into tmm0 (no op keeps tile data between calls), to keep the tile unit awake through the vector
+/// kernels that run between two products (causal_conv, the selective scan; every ~0.3 us there): after about 0.5 us
+/// without one, the next product's tile loop started late (the flow of a Mamba layer: out_proj 1.3 us in an action
+/// against 0.55 replayed alone), and about one action in ten took 8 us longer (act p90 48-50 us against a p50 of
+/// 40-42; 42.4-43.2 with the pings). Only where amx_ping_ready().
+inline void amx_ping() { asm volatile("tdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::: "memory"); }
+/// Channels between two pings of the conv and the scan (8 of their 16-channel blocks, about 0.3-0.4 us of the scan).
+inline constexpr int kAmxPingChannels = 128;
+
 /// Weight bytes from which a product's B tiles are streamed (dot_streamed): more than L1 keeps beside the activations.
 /// Smaller ones (x_proj, the flow head's out_proj) keep plain loads: called back to back, the flow head's out_proj
 /// took 0.141 us streamed against 0.120 plain.
