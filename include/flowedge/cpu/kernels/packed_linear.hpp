@@ -337,14 +337,15 @@ inline constexpr int kAmxPingChannels = 128;
 inline constexpr std::size_t kAmxStreamedBytes = 32 * 1024;
 
 /// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
-/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into a C tile; then the C tiles go
-/// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). S independent sums per
-/// output (chunk ch into chain ch % S, combined (c0 + c1) + (c2 + c3)) keep a small group's dependent TDPBF16PS
-/// chain short; S follows the group's size only (amx_chains), never the run or row count. Each row of C depends only
-/// on that row of A, so a row's bits do not depend on the row count.
-template <int R, int N, int S>
+/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into its C tile, so each output is one
+/// sum over the chunks in k order; then the C tiles go through a stack buffer into the epilogue, bias added after the
+/// sum (C starts at zero). One C tile per vector also for groups of 1 or 2 vectors: splitting their chunks over 4 or 2
+/// C tiles (shorter TDPBF16PS chains) cost more in stores and adds than it saved (the flow head's 256 -> 8 out_proj:
+/// 0.125 -> 0.105 us per call with one). Each row of C depends only on that row of A, so a row's bits do not depend on
+/// the row count.
+template <int R, int N>
 inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
-    static_assert(N * S <= kAmxGroup);
+    static_assert(N >= 1 && N <= kAmxGroup);
     const LinearParams& p = *c.p;
     const int chunks = (c.ksteps + kAmxLanes - 1) / kAmxLanes;
     const int g = v / kAmxGroup, gn = std::min(kAmxGroup, c.out_vecs - g * kAmxGroup);
@@ -357,53 +358,37 @@ inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std:
         if (plain) amx::dot<J>(wt);
         else dot_streamed<J>(wt);
     };
-    // Chunk ch (chain s = ch % S): A, then vector j's tile into C tile s N + j.
-    auto chunk = [&]<int Sc>(int ch, std::integral_constant<int, Sc>) {
+    // Chunk ch: A, then vector j's tile into C tile j.
+    for (int ch = 0; ch < chunks; ++ch) {
         amx::load_a(xb + std::size_t(ch) * kAmxLanes, ldp * sizeof(std::uint32_t));
         const std::uint32_t* wt = w + std::size_t(ch) * std::size_t(gn) * tile;
-        dot(wt, std::integral_constant<int, Sc * N>{});
-        if constexpr (N > 1) dot(wt + tile, std::integral_constant<int, Sc * N + 1>{});
-        if constexpr (N > 2) dot(wt + 2 * tile, std::integral_constant<int, Sc * N + 2>{});
-        if constexpr (N > 3) dot(wt + 3 * tile, std::integral_constant<int, Sc * N + 3>{});
-    };
-    int ch = 0;
-    for (; ch + S <= chunks; ch += S)
-        [&]<int... s>(std::integer_sequence<int, s...>) { (chunk(ch + s, std::integral_constant<int, s>{}), ...); }(std::make_integer_sequence<int, S>{});
-    [&]<int... s>(std::integer_sequence<int, s...>) {
-        ((ch + s < chunks ? chunk(ch + s, std::integral_constant<int, s>{}) : void()), ...);
-    }(std::make_integer_sequence<int, S - 1>{});
+        dot(wt, std::integral_constant<int, 0>{});
+        if constexpr (N > 1) dot(wt + tile, std::integral_constant<int, 1>{});
+        if constexpr (N > 2) dot(wt + 2 * tile, std::integral_constant<int, 2>{});
+        if constexpr (N > 3) dot(wt + 3 * tile, std::integral_constant<int, 3>{});
+    }
     alignas(64) float cb[kAmxGroup][kPackMaxRows][kAmxLanes];
     amx::store_c<0>(&cb[0][0][0]);
-    if constexpr (N * S > 1) amx::store_c<1>(&cb[1][0][0]);
-    if constexpr (N * S > 2) amx::store_c<2>(&cb[2][0][0]);
-    if constexpr (N * S > 3) amx::store_c<3>(&cb[3][0][0]);
+    if constexpr (N > 1) amx::store_c<1>(&cb[1][0][0]);
+    if constexpr (N > 2) amx::store_c<2>(&cb[2][0][0]);
+    if constexpr (N > 3) amx::store_c<3>(&cb[3][0][0]);
     const int obase = v * kLanes;
     VecF acc[R][N];
     for (int j = 0; j < N; ++j) {
         const VecF b = bias_vec(p, obase, j);
-        for (int r = 0; r < R; ++r) {
-            VecF sum = vload(cb[j][r]);
-            if constexpr (S == 2) sum = vadd(sum, vload(cb[N + j][r]));
-            if constexpr (S == 4) sum = vadd(vadd(sum, vload(cb[1][r])), vadd(vload(cb[2][r]), vload(cb[3][r])));
-            acc[r][j] = vadd(b, sum);
-        }
+        for (int r = 0; r < R; ++r) acc[r][j] = vadd(b, vload(cb[j][r]));
     }
     finish<R, N>(c, r0, obase, acc);
 }
 
-/// Independent sums per output for a PairTiles group of gn vectors: as many as the four C tiles hold.
-inline int amx_chains(int gn) { return gn == 1 ? 4 : gn == 2 ? 2 : 1; }
-
-/// amx_tile for a runtime run length n (1..4) and the group's chain count.
+/// amx_tile for a runtime run length n (1..4).
 template <int R>
-inline void amx_tile_n(int n, int chains, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
-    if (chains == 4) return amx_tile<R, 1, 4>(c, r0, v, xb, ldp);  // n == 1
-    if (chains == 2) return n == 1 ? amx_tile<R, 1, 2>(c, r0, v, xb, ldp) : amx_tile<R, 2, 2>(c, r0, v, xb, ldp);
+inline void amx_tile_n(int n, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
     switch (n) {
-        case 1: return amx_tile<R, 1, 1>(c, r0, v, xb, ldp);
-        case 2: return amx_tile<R, 2, 1>(c, r0, v, xb, ldp);
-        case 3: return amx_tile<R, 3, 1>(c, r0, v, xb, ldp);
-        default: return amx_tile<R, 4, 1>(c, r0, v, xb, ldp);
+        case 1: return amx_tile<R, 1>(c, r0, v, xb, ldp);
+        case 2: return amx_tile<R, 2>(c, r0, v, xb, ldp);
+        case 3: return amx_tile<R, 3>(c, r0, v, xb, ldp);
+        default: return amx_tile<R, 4>(c, r0, v, xb, ldp);
     }
 }
 
@@ -412,8 +397,8 @@ template <int R>
 inline void amx_rows(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
     amx::configure(R);
     for (int v = c.vbeg; v < c.vend;) {
-        const int g = v / kAmxGroup, n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
-        amx_tile_n<R>(n, amx_chains(std::min(kAmxGroup, c.out_vecs - g * kAmxGroup)), c, r0, v, xb, ldp);
+        const int n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
+        amx_tile_n<R>(n, c, r0, v, xb, ldp);
         v += n;
     }
 }
