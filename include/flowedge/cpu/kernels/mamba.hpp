@@ -100,7 +100,9 @@ inline void causal_conv(const CausalConvParams& p) {
         if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(w)>>, float>) {
             const __m512i lane_k = _mm512_mullo_epi32(
                 _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(K));
+            const bool ping = packed::amx_ping_ready();  // x_proj follows on AMX (kernels/packed_linear.hpp)
             for (; c0 + 16 <= C; c0 += 16) {
+                if (ping && c0 % packed::kAmxPingChannels == 0) packed::amx_ping();
                 const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + c0) : _mm512_setzero_ps();
                 if (K == 4) {
                     // The 16 x 4 weight block is 4 vectors; tap k of channels 0..7 comes from the first two, of
@@ -212,6 +214,9 @@ inline void selective_scan(const SelectiveScanParams& p) {
     const int C = p.channels, S = p.d_state;
     const std::size_t ldbc = p.ld_bc ? std::size_t(p.ld_bc) : std::size_t(S);
     const std::size_t ldz = p.ld_z ? std::size_t(p.ld_z) : std::size_t(C);
+#if FLOWEDGE_ISA_AVX512
+    const bool ping = packed::amx_ping_ready();  // out_proj follows on AMX (kernels/packed_linear.hpp)
+#endif
     for (int t = 0; t < p.length; ++t) {
         const float* Bt = p.B + std::size_t(t) * ldbc;
         const float* Ct = p.C + std::size_t(t) * ldbc;
@@ -238,6 +243,7 @@ inline void selective_scan(const SelectiveScanParams& p) {
                     if (want_y) _mm512_store_ps(gate + (j - c), mamba_silu(_mm512_loadu_ps(zt + j)));
                 }
                 for (int c0 = c; c < c_end; c += 16) {
+                    if (ping && c % packed::kAmxPingChannels == 0) packed::amx_ping();
                     const std::size_t tc0 = std::size_t(t) * C + c;
                     const int j0 = c - c0;
                     __m512 sn[16];

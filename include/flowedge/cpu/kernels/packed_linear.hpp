@@ -284,68 +284,111 @@ inline constexpr int kAmxGroup = 4;
 inline constexpr int kAmxLanes = 16;
 
 #if FLOWEDGE_ISA_AVX512
+/// FLOWEDGE_CPU_AMX_PLAIN_LOADS=1 loads the weight (B) tiles with plain tileloadd (the path before the T1 hint below;
+/// same bits): the old path of an A/B run.
+inline bool amx_plain_loads() {
+    static const bool on = ::flowedge::cpu::env_is("FLOWEDGE_CPU_AMX_PLAIN_LOADS", "1");
+    return on;
+}
+
+/// amx::dot<J> with the B tile loaded by tileloaddt1 (the non-temporal hint), for weights read once per call: a large
+/// product's tiles are not read again before the rest of a model's weights have passed, so they gain nothing from L1,
+/// and loaded plainly they evict what the neighbouring ops keep there (a Mamba-flow action under BF16 math: 43.5 ->
+/// 39.7-40.9 us p50 on the Xeon dev VM, bench/results/mamba_flow_cpu.md). Same tile registers as amx::dot.
+template <int J>
+inline void dot_streamed(const void* p) {
+    static_assert(J >= 0 && J < 4);
+    constexpr std::size_t stride = 64;
+    if constexpr (J == 0) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 1) asm volatile("tileloaddt1 (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 2) asm volatile("tileloaddt1 (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (J == 3) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
+}
+
+/// FLOWEDGE_CPU_AMX_NO_PING=1 turns amx_ping() off (the vector kernels between products issue none): the old path of an
+/// A/B run.
+inline bool amx_ping_enabled() {
+    static const bool on = !::flowedge::cpu::env_is("FLOWEDGE_CPU_AMX_NO_PING", "1");
+    return on;
+}
+
+/// Whether amx_ping() may run on this thread now: AMX in use and the tile state holding amx::configure's layout (A
+/// tmm4 and C tmm0 of the same rows, B tmm5 16 x 64 bytes). Read once per call of a kernel that pings.
+inline bool amx_ping_ready() {
+    if (!amx_bf16_available() || !amx_ping_enabled()) return false;
+    amx::TileConfig have;
+    asm volatile("sttilecfg %0" : "=m"(have));
+    return have.palette == 1 && have.rows[4] != 0 && have.rows[0] == have.rows[4] && have.colsb[0] == 64 &&
+           have.colsb[4] == 64 && have.rows[5] == 16 && have.colsb[5] == 64;
+}
+
+/// One TDPBF16PS into tmm0 (no op keeps tile data between calls), to keep the tile unit awake through the vector
+/// kernels that run between two products (causal_conv, the selective scan; every ~0.3 us there): after about 0.5 us
+/// without one, the next product's tile loop started late (the flow of a Mamba layer: out_proj 1.3 us in an action
+/// against 0.55 replayed alone), and about one action in ten took 8 us longer (act p90 48-50 us against a p50 of
+/// 40-42; 42.4-43.2 with the pings). Only where amx_ping_ready().
+inline void amx_ping() { asm volatile("tdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::: "memory"); }
+/// Channels between two pings of the conv and the scan (8 of their 16-channel blocks, about 0.3-0.4 us of the scan).
+inline constexpr int kAmxPingChannels = 128;
+
+/// Weight bytes from which a product's B tiles are streamed (dot_streamed): more than L1 keeps beside the activations.
+/// Smaller ones (x_proj, the flow head's out_proj) keep plain loads: called back to back, the flow head's out_proj
+/// took 0.141 us streamed against 0.120 plain.
+inline constexpr std::size_t kAmxStreamedBytes = 32 * 1024;
+
 /// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
-/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into a C tile; then the C tiles go
-/// through a stack buffer into the epilogue, bias added after the sum (C starts at zero). S independent sums per
-/// output (chunk ch into chain ch % S, combined (c0 + c1) + (c2 + c3)) keep a small group's dependent TDPBF16PS
-/// chain short; S follows the group's size only (amx_chains), never the run or row count. Each row of C depends only
-/// on that row of A, so a row's bits do not depend on the row count.
-template <int R, int N, int S>
+/// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into its C tile, so each output is one
+/// sum over the chunks in k order; then the C tiles go through a stack buffer into the epilogue, bias added after the
+/// sum (C starts at zero). One C tile per vector also for groups of 1 or 2 vectors: splitting their chunks over 4 or 2
+/// C tiles (shorter TDPBF16PS chains) cost more in stores and adds than it saved (the flow head's 256 -> 8 out_proj:
+/// 0.125 -> 0.105 us per call with one). Each row of C depends only on that row of A, so a row's bits do not depend on
+/// the row count.
+template <int R, int N>
 inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
-    static_assert(N * S <= kAmxGroup);
+    static_assert(N >= 1 && N <= kAmxGroup);
     const LinearParams& p = *c.p;
     const int chunks = (c.ksteps + kAmxLanes - 1) / kAmxLanes;
     const int g = v / kAmxGroup, gn = std::min(kAmxGroup, c.out_vecs - g * kAmxGroup);
     constexpr std::size_t tile = std::size_t(kAmxLanes) * kAmxLanes;  // 32-bit lanes per tile
     const std::uint32_t* w = static_cast<const std::uint32_t*>(c.w) + (std::size_t(g) * kAmxGroup * chunks + std::size_t(v - g * kAmxGroup)) * tile;
     amx::zero_c();
-    // Chunk ch (chain s = ch % S): A, then vector j's tile into C tile s N + j.
-    auto chunk = [&]<int Sc>(int ch, std::integral_constant<int, Sc>) {
+    const std::size_t wbytes = std::size_t(c.out_vecs) * std::size_t(chunks) * tile * sizeof(std::uint32_t);
+    const bool plain = amx_plain_loads() || wbytes < kAmxStreamedBytes;
+    auto dot = [plain]<int J>(const std::uint32_t* wt, std::integral_constant<int, J>) {
+        if (plain) amx::dot<J>(wt);
+        else dot_streamed<J>(wt);
+    };
+    // Chunk ch: A, then vector j's tile into C tile j.
+    for (int ch = 0; ch < chunks; ++ch) {
         amx::load_a(xb + std::size_t(ch) * kAmxLanes, ldp * sizeof(std::uint32_t));
         const std::uint32_t* wt = w + std::size_t(ch) * std::size_t(gn) * tile;
-        amx::dot<Sc * N>(wt);
-        if constexpr (N > 1) amx::dot<Sc * N + 1>(wt + tile);
-        if constexpr (N > 2) amx::dot<Sc * N + 2>(wt + 2 * tile);
-        if constexpr (N > 3) amx::dot<Sc * N + 3>(wt + 3 * tile);
-    };
-    int ch = 0;
-    for (; ch + S <= chunks; ch += S)
-        [&]<int... s>(std::integer_sequence<int, s...>) { (chunk(ch + s, std::integral_constant<int, s>{}), ...); }(std::make_integer_sequence<int, S>{});
-    [&]<int... s>(std::integer_sequence<int, s...>) {
-        ((ch + s < chunks ? chunk(ch + s, std::integral_constant<int, s>{}) : void()), ...);
-    }(std::make_integer_sequence<int, S - 1>{});
+        dot(wt, std::integral_constant<int, 0>{});
+        if constexpr (N > 1) dot(wt + tile, std::integral_constant<int, 1>{});
+        if constexpr (N > 2) dot(wt + 2 * tile, std::integral_constant<int, 2>{});
+        if constexpr (N > 3) dot(wt + 3 * tile, std::integral_constant<int, 3>{});
+    }
     alignas(64) float cb[kAmxGroup][kPackMaxRows][kAmxLanes];
     amx::store_c<0>(&cb[0][0][0]);
-    if constexpr (N * S > 1) amx::store_c<1>(&cb[1][0][0]);
-    if constexpr (N * S > 2) amx::store_c<2>(&cb[2][0][0]);
-    if constexpr (N * S > 3) amx::store_c<3>(&cb[3][0][0]);
+    if constexpr (N > 1) amx::store_c<1>(&cb[1][0][0]);
+    if constexpr (N > 2) amx::store_c<2>(&cb[2][0][0]);
+    if constexpr (N > 3) amx::store_c<3>(&cb[3][0][0]);
     const int obase = v * kLanes;
     VecF acc[R][N];
     for (int j = 0; j < N; ++j) {
         const VecF b = bias_vec(p, obase, j);
-        for (int r = 0; r < R; ++r) {
-            VecF sum = vload(cb[j][r]);
-            if constexpr (S == 2) sum = vadd(sum, vload(cb[N + j][r]));
-            if constexpr (S == 4) sum = vadd(vadd(sum, vload(cb[1][r])), vadd(vload(cb[2][r]), vload(cb[3][r])));
-            acc[r][j] = vadd(b, sum);
-        }
+        for (int r = 0; r < R; ++r) acc[r][j] = vadd(b, vload(cb[j][r]));
     }
     finish<R, N>(c, r0, obase, acc);
 }
 
-/// Independent sums per output for a PairTiles group of gn vectors: as many as the four C tiles hold.
-inline int amx_chains(int gn) { return gn == 1 ? 4 : gn == 2 ? 2 : 1; }
-
-/// amx_tile for a runtime run length n (1..4) and the group's chain count.
+/// amx_tile for a runtime run length n (1..4).
 template <int R>
-inline void amx_tile_n(int n, int chains, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
-    if (chains == 4) return amx_tile<R, 1, 4>(c, r0, v, xb, ldp);  // n == 1
-    if (chains == 2) return n == 1 ? amx_tile<R, 1, 2>(c, r0, v, xb, ldp) : amx_tile<R, 2, 2>(c, r0, v, xb, ldp);
+inline void amx_tile_n(int n, const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
     switch (n) {
-        case 1: return amx_tile<R, 1, 1>(c, r0, v, xb, ldp);
-        case 2: return amx_tile<R, 2, 1>(c, r0, v, xb, ldp);
-        case 3: return amx_tile<R, 3, 1>(c, r0, v, xb, ldp);
-        default: return amx_tile<R, 4, 1>(c, r0, v, xb, ldp);
+        case 1: return amx_tile<R, 1>(c, r0, v, xb, ldp);
+        case 2: return amx_tile<R, 2>(c, r0, v, xb, ldp);
+        case 3: return amx_tile<R, 3>(c, r0, v, xb, ldp);
+        default: return amx_tile<R, 4>(c, r0, v, xb, ldp);
     }
 }
 
@@ -354,8 +397,8 @@ template <int R>
 inline void amx_rows(const Call& c, int r0, const std::uint32_t* xb, std::size_t ldp) {
     amx::configure(R);
     for (int v = c.vbeg; v < c.vend;) {
-        const int g = v / kAmxGroup, n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
-        amx_tile_n<R>(n, amx_chains(std::min(kAmxGroup, c.out_vecs - g * kAmxGroup)), c, r0, v, xb, ldp);
+        const int n = std::min(c.vend - v, kAmxGroup - v % kAmxGroup);
+        amx_tile_n<R>(n, c, r0, v, xb, ldp);
         v += n;
     }
 }
