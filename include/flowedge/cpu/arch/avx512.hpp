@@ -252,15 +252,24 @@ inline void configure(int rows) {
 inline void zero_c() { asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory"); }
 /// A (tmm4) from p, rows `stride` bytes apart.
 inline void load_a(const void* p, std::size_t stride) { asm volatile("tileloadd (%0,%1,1), %%tmm4" ::"r"(p), "r"(stride) : "memory"); }
-/// C[j] += A x B for one contiguous 1 KiB B tile at p (16 rows of 64 bytes); B goes through tmm5 + j % 3.
-template <int J>
+/// C[j] += A x B for one contiguous 1 KiB B tile at p (16 rows of 64 bytes); B goes through tmm5 + j % 3. kStream loads
+/// B with tileloaddt1 (the non-temporal hint: weights read once per call, which would only evict what the
+/// neighbouring ops keep in L1); same tile registers either way.
+template <int J, bool kStream = false>
 inline void dot(const void* p) {
     static_assert(J >= 0 && J < 4);
     constexpr std::size_t stride = 64;
-    if constexpr (J == 0) asm volatile("tileloadd (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 1) asm volatile("tileloadd (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 2) asm volatile("tileloadd (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 3) asm volatile("tileloadd (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
+#define FLOWEDGE_AMX_DOT(LOAD)                                                                                                     \
+    if constexpr (J == 0) asm volatile(LOAD " (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory"); \
+    if constexpr (J == 1) asm volatile(LOAD " (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory"); \
+    if constexpr (J == 2) asm volatile(LOAD " (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory"); \
+    if constexpr (J == 3) asm volatile(LOAD " (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
+    if constexpr (kStream) {
+        FLOWEDGE_AMX_DOT("tileloaddt1")
+    } else {
+        FLOWEDGE_AMX_DOT("tileloadd")
+    }
+#undef FLOWEDGE_AMX_DOT
 }
 /// Stores C[j] (rows x 16 floats) to p, rows 64 bytes apart.
 template <int J>

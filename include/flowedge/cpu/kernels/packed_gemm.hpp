@@ -25,8 +25,8 @@ inline constexpr int kGemmDepth = 256;
 /// the row tile's x slices (the best depth measured: bench/results/act_cpu.md).
 inline constexpr int kGemmPanelDepth = 128;
 /// k steps per slice on the F32Groups layout, where the panel is read in place (no stack copy bounds it): half the
-/// partial-sum round trips through y; 64 KiB panels come from L2 to every row tile and measured as fast or faster
-/// than 128 (302 x 512 -> 3200 4-7% faster; bench/results/act_cpu.md, session 18).
+/// partial-sum round trips through y, while a 64 KiB panel still comes from L2 to every row tile (measured:
+/// bench/results/act_cpu.md).
 inline constexpr int kGemmGroupsDepth = 256;
 
 /// FLOWEDGE_CPU_GEMM_SHALLOW=1 slices the F32Groups layout at kGemmPanelDepth: the old path of an A/B run.

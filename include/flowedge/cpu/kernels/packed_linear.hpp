@@ -291,20 +291,6 @@ inline bool amx_plain_loads() {
     return on;
 }
 
-/// amx::dot<J> with the B tile loaded by tileloaddt1 (the non-temporal hint), for weights read once per call: a large
-/// product's tiles are not read again before the rest of a model's weights have passed, so they gain nothing from L1,
-/// and loaded plainly they evict what the neighbouring ops keep there (a Mamba-flow action under BF16 math: 43.5 ->
-/// 39.7-40.9 us p50 on the Xeon dev VM, bench/results/mamba_flow_cpu.md). Same tile registers as amx::dot.
-template <int J>
-inline void dot_streamed(const void* p) {
-    static_assert(J >= 0 && J < 4);
-    constexpr std::size_t stride = 64;
-    if constexpr (J == 0) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 1) asm volatile("tileloaddt1 (%0,%1,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 2) asm volatile("tileloaddt1 (%0,%1,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2" ::"r"(p), "r"(stride) : "memory");
-    if constexpr (J == 3) asm volatile("tileloaddt1 (%0,%1,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3" ::"r"(p), "r"(stride) : "memory");
-}
-
 /// FLOWEDGE_CPU_AMX_NO_PING=1 turns amx_ping() off (the vector kernels between products issue none): the old path of an
 /// A/B run.
 inline bool amx_ping_enabled() {
@@ -323,15 +309,14 @@ inline bool amx_ping_ready() {
 }
 
 /// One TDPBF16PS into tmm0 (no op keeps tile data between calls), to keep the tile unit awake through the vector
-/// kernels that run between two products (causal_conv, the selective scan; every ~0.3 us there): after about 0.5 us
-/// without one, the next product's tile loop started late (the flow of a Mamba layer: out_proj 1.3 us in an action
-/// against 0.55 replayed alone), and about one action in ten took 8 us longer (act p90 48-50 us against a p50 of
-/// 40-42; 42.4-43.2 with the pings). Only where amx_ping_ready().
+/// kernels that run between two products (causal_conv, the selective scan): after about 0.5 us without a tile
+/// multiply the next product starts late (measurements: bench/results/mamba_flow_cpu.md, session 18). Only where
+/// amx_ping_ready().
 inline void amx_ping() { asm volatile("tdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::: "memory"); }
 /// Channels between two pings of the conv and the scan (8 of their 16-channel blocks, about 0.3-0.4 us of the scan).
 inline constexpr int kAmxPingChannels = 128;
 
-/// Weight bytes from which a product's B tiles are streamed (dot_streamed): more than L1 keeps beside the activations.
+/// Weight bytes from which a product's B tiles are streamed (amx::dot<J, true>): more than L1 keeps beside the activations.
 /// Smaller ones (x_proj, the flow head's out_proj) keep plain loads: called back to back, the flow head's out_proj
 /// took 0.141 us streamed against 0.120 plain.
 inline constexpr std::size_t kAmxStreamedBytes = 32 * 1024;
@@ -356,7 +341,7 @@ inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std:
     const bool plain = amx_plain_loads() || wbytes < kAmxStreamedBytes;
     auto dot = [plain]<int J>(const std::uint32_t* wt, std::integral_constant<int, J>) {
         if (plain) amx::dot<J>(wt);
-        else dot_streamed<J>(wt);
+        else amx::dot<J, true>(wt);
     };
     // Chunk ch: A, then vector j's tile into C tile j.
     for (int ch = 0; ch < chunks; ++ch) {
