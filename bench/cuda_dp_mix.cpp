@@ -347,10 +347,11 @@ SampleTiming time_sample(DiffusionHead<Cuda>& h, const std::vector<float>& cond,
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: flowedge_cuda_dp_mix MODEL [--json out.json] [--iters N] [--sample-iters N] [--no-cpu-check] [--math-only | --no-math]\n"
+                 "usage: flowedge_cuda_dp_mix MODEL [--json out.json] [--iters N] [--sample-iters N] [--no-cpu-check] [--math-only | --no-math | --samples-only]\n"
                  "  MODEL: LeRobot Diffusion Policy folder or *.flowedge.safetensors (e.g. models/diffusion_pusht.flowedge.safetensors)\n"
                  "  --iters: timed launches per kernel shape (default 200); --sample-iters: timed samples per config (default 30)\n"
-                 "  --math-only: only section 5 (tensor-core MathMode TF32/BF16 at batch 8 and 64 vs the F32 path); --no-math: skip it\n");
+                 "  --math-only: only section 5 (tensor-core MathMode TF32/BF16 at batch 8 and 64 vs the F32 path); --no-math: skip it\n"
+                 "  --samples-only: only section 4 at batch 1 and 8 (a short A/B of whole samples, e.g. under an env switch)\n");
     return 2;
 }
 
@@ -359,7 +360,7 @@ int usage() {
 int main(int argc, char** argv) {
     std::string model, json_path;
     int iters = 200, sample_iters = 30;
-    bool cpu_check = true, math_only = false, with_math = true;
+    bool cpu_check = true, math_only = false, with_math = true, samples_only = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -375,6 +376,10 @@ int main(int argc, char** argv) {
         else if (a == "--no-cpu-check") cpu_check = false;
         else if (a == "--math-only") math_only = true;
         else if (a == "--no-math") with_math = false;
+        else if (a == "--samples-only") {
+            samples_only = true;
+            with_math = false;
+        }
         else if (a == "-h" || a == "--help") return usage();
         else if (!a.empty() && a[0] == '-') {
             std::fprintf(stderr, "flowedge: cuda_dp_mix: unknown option '%s'\n", a.c_str());
@@ -489,7 +494,7 @@ int main(int argc, char** argv) {
         }
 
         // ---- 2. launch census of one captured native 10-step DDIM sample (batch 1) --------------------------
-        {
+        if (!samples_only) {
             cuda::set_graph_census(true);
             std::vector<float> out(per);
             head->sample(std::span<const float>(cond).first(std::size_t(cfg.global_cond_dim)), std::span<const float>(noise).first(per),
@@ -533,40 +538,42 @@ int main(int argc, char** argv) {
         }
 
         // ---- 3. isolated kernel shapes ---------------------------------------------------------------------
-        cudaStream_t st = nullptr;
-        MIX_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        const std::vector<KernelShape> shapes = unet_shapes(cfg, 1);
-        std::printf("\nkernel shapes of one U-Net call (batch 1), p50 of %d launches (CUDA events); calls/sample = calls x 10 DDIM steps\n",
-                    iters);
-        std::printf("  %-58s %5s %6s | %9s %9s | %9s %9s | %9s %9s\n", "shape (first use)", "calls", "dtype", "F32 us", "GB/s",
-                    "BF16 us", "GB/s", "F16 us", "GB/s");
-        js << "  \"kernels_batch1\": [\n";
-        double unet_us[3] = {0, 0, 0};
-        for (std::size_t i = 0; i < shapes.size(); ++i) {
-            const KernelShape& k = shapes[i];
-            std::vector<KernelTiming> ts;
-            for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
-                if (!k.has_weights && dt != DType::F32) break;
-                ts.push_back(time_shape(k, dt, iters, st));
+        if (!samples_only) {
+            cudaStream_t st = nullptr;
+            MIX_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            const std::vector<KernelShape> shapes = unet_shapes(cfg, 1);
+            std::printf("\nkernel shapes of one U-Net call (batch 1), p50 of %d launches (CUDA events); calls/sample = calls x 10 DDIM steps\n",
+                        iters);
+            std::printf("  %-58s %5s %6s | %9s %9s | %9s %9s | %9s %9s\n", "shape (first use)", "calls", "dtype", "F32 us", "GB/s",
+                        "BF16 us", "GB/s", "F16 us", "GB/s");
+            js << "  \"kernels_batch1\": [\n";
+            double unet_us[3] = {0, 0, 0};
+            for (std::size_t i = 0; i < shapes.size(); ++i) {
+                const KernelShape& k = shapes[i];
+                std::vector<KernelTiming> ts;
+                for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+                    if (!k.has_weights && dt != DType::F32) break;
+                    ts.push_back(time_shape(k, dt, iters, st));
+                }
+                std::printf("  %-58s %5d %6s", (k.key + " (" + k.label + ")").substr(0, 58).c_str(), k.calls, k.has_weights ? "w" : "-");
+                js << "    {\"kind\": " << json_str(k.kind) << ", \"shape\": " << json_str(k.key) << ", \"first_use\": " << json_str(k.label)
+                   << ", \"calls_per_unet\": " << k.calls << ", \"calls_per_ddim10_sample\": " << 10 * k.calls << ", \"timings\": [";
+                for (std::size_t j = 0; j < ts.size(); ++j) {
+                    const double gbs = ts[j].bytes / (ts[j].p50_us * 1e-6) / 1e9;
+                    std::printf(" | %9.2f %9.1f", ts[j].p50_us, gbs);
+                    js << (j ? ", " : "") << "{\"weights\": " << json_str(std::string(dtype_name(ts[j].dtype))) << ", \"p50_us\": " << ts[j].p50_us
+                       << ", \"bytes\": " << ts[j].bytes << ", \"gb_per_s\": " << gbs << "}";
+                }
+                for (int j = 0; j < 3; ++j) unet_us[j] += k.calls * ts[std::min<std::size_t>(std::size_t(j), ts.size() - 1)].p50_us;
+                std::printf("\n");
+                js << "]}" << (i + 1 < shapes.size() ? "," : "") << "\n";
             }
-            std::printf("  %-58s %5d %6s", (k.key + " (" + k.label + ")").substr(0, 58).c_str(), k.calls, k.has_weights ? "w" : "-");
-            js << "    {\"kind\": " << json_str(k.kind) << ", \"shape\": " << json_str(k.key) << ", \"first_use\": " << json_str(k.label)
-               << ", \"calls_per_unet\": " << k.calls << ", \"calls_per_ddim10_sample\": " << 10 * k.calls << ", \"timings\": [";
-            for (std::size_t j = 0; j < ts.size(); ++j) {
-                const double gbs = ts[j].bytes / (ts[j].p50_us * 1e-6) / 1e9;
-                std::printf(" | %9.2f %9.1f", ts[j].p50_us, gbs);
-                js << (j ? ", " : "") << "{\"weights\": " << json_str(std::string(dtype_name(ts[j].dtype))) << ", \"p50_us\": " << ts[j].p50_us
-                   << ", \"bytes\": " << ts[j].bytes << ", \"gb_per_s\": " << gbs << "}";
-            }
-            for (int j = 0; j < 3; ++j) unet_us[j] += k.calls * ts[std::min<std::size_t>(std::size_t(j), ts.size() - 1)].p50_us;
-            std::printf("\n");
-            js << "]}" << (i + 1 < shapes.size() ? "," : "") << "\n";
+            js << "  ],\n";
+            std::printf("  sum over one U-Net call of isolated p50s: F32 %.1f us, BF16 %.1f us, F16 %.1f us (x10 for a DDIM-10 sample)\n",
+                        unet_us[0], unet_us[1], unet_us[2]);
+            js << "  \"isolated_unet_sum_us\": {\"F32\": " << unet_us[0] << ", \"BF16\": " << unet_us[1] << ", \"F16\": " << unet_us[2] << "},\n";
+            MIX_CHECK(cudaStreamDestroy(st));
         }
-        js << "  ],\n";
-        std::printf("  sum over one U-Net call of isolated p50s: F32 %.1f us, BF16 %.1f us, F16 %.1f us (x10 for a DDIM-10 sample)\n",
-                    unet_us[0], unet_us[1], unet_us[2]);
-        js << "  \"isolated_unet_sum_us\": {\"F32\": " << unet_us[0] << ", \"BF16\": " << unet_us[1] << ", \"F16\": " << unet_us[2] << "},\n";
-        MIX_CHECK(cudaStreamDestroy(st));
 
         // ---- 4. native sample latency per weight dtype and batch; device memory per model -------------------
         std::printf("\nnative sample latency (host wall clock around sample(): H2D inputs, one graph launch, D2H), %d reps\n", sample_iters);
@@ -574,7 +581,7 @@ int main(int argc, char** argv) {
         std::vector<SampleTiming> samples;
         js << "  \"models\": [";
         const DType dts[] = {DType::F32, DType::BF16, DType::F16};
-        for (int di = 0; di < 3; ++di) {
+        for (int di = 0; di < (samples_only ? 2 : 3); ++di) {
             const DType dt = dts[di];
             const std::string dname(dtype_name(dt));
             if (di > 0) {
@@ -598,6 +605,7 @@ int main(int argc, char** argv) {
                             double(head->device_bytes()) / 1048576.0, (double(m0.free_bytes) - double(after.free_bytes)) / 1048576.0);
             }
             for (int batch : {1, 8, 64}) {
+                if (samples_only && batch > 8) break;
                 samples.push_back(time_sample(*head, cond, noise, batch, Scheduler::Ddim, 10, sample_iters, dname.c_str()));
                 const SampleTiming& s = samples.back();
                 std::printf("  %-5s %-5s %6d %6d | %9.3f %9.3f %9.3f\n", s.dtype.c_str(), s.scheduler.c_str(), s.steps, s.batch, s.p50_ms, s.p99_ms,

@@ -19,6 +19,8 @@ struct GroupNormEpilogue {
     const float* residual = nullptr;
     /// Activation applied last, after the residual (a ResNet BasicBlock's relu(bn2(x) + identity)).
     Activation post_act = Activation::None;
+    /// Weights of the next ops, pulled into the GPU's L2 while the norm runs (see GroupNormParams::prefetch).
+    L2Prefetch prefetch{};
 };
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine=True) on x: [batch, channels, length] (biased variance),
@@ -75,6 +77,7 @@ public:
         p.film_stride = epi.film_stride;
         p.residual = epi.residual;
         p.post_act = epi.post_act;
+        p.prefetch = epi.prefetch;
         return p;
     }
 
