@@ -79,6 +79,10 @@
 #             the group_norm op test and the DiffusionHead CUDA tests, then whole samples (flowedge_cuda_dp_mix
 #             --samples-only, F32/BF16, batch 1/8, DDPM100) at budgets L2PF_MBS (default "0 16 32") alternated over
 #             L2PF_ROUNDS (2) rounds, memcheck of the bit-identity test (L2PF_MEMCHECK=0 skips it) -> $OUT/l2pf.txt, l2pf_<MB>mb_r<N>.json
+#   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
+#             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
+#             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
+#             -> $OUT/cpudiff_xeon_host.{json,md}, lscpu.txt
 #   cpuenc    issue 19 on this host's CPU: rgb_encoder_bench (a CPU-only Release build in build-cpu) on core CPUENC_CORE (2),
 #             1 thread, --layers, the band conv path and FLOWEDGE_CPU_CONV2D_NO_BAND=1 (im2col panel) alternated
 #             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{band,panel}_rN.json
@@ -623,6 +627,21 @@ stage_l2pf() {
     return "$rc"
 }
 
+stage_cpudiff() {
+    local dir=build-cpu site=/tmp/site_lerobot
+    lscpu > "$OUT/lscpu.txt"
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
+        > "$LOGS/cpudiff_configure.log" 2>&1 || return $?
+    cmake --build "$dir" -j "$JOBS" --target diffusion_cpu_bench > "$LOGS/cpudiff_build.log" 2>&1 || return $?
+    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried: LeRobot makes the PushT folder"; return 3; }
+    lerobot_site "$site" || return $?
+    [ -f models/dp_pusht/config.json ] || PYTHONPATH=$site python3 tools/make_reference_diffusion.py --pusht --policy-only --threads "$JOBS" || return $?
+    PYTHONPATH=$site BUILD=$dir PY=$(command -v python3) RUNS=${CPUDIFF_RUNS:-5} PT_RUNS=${CPUDIFF_PT_RUNS:-3} \
+        THREADS="${CPUDIFF_THREADS:-1 2 4 8 16}" DTYPES="f32 bf16 int8" MATH="f32 bf16" OUT_NAME=cpudiff_xeon_host \
+        bench/run_diffusion_cpu.sh models/dp_pusht || return $?
+    cp bench/results/cpudiff_xeon_host.json bench/results/cpudiff_xeon_host.md "$OUT/"
+}
+
 stage_cpuenc() {
     local rc=0 dir=build-cpu r path e
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
@@ -719,8 +738,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|l2pf|cpuenc|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow l2pf cpuenc asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|l2pf|cpudiff|cpuenc|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow l2pf cpudiff cpuenc asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
