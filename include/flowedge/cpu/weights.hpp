@@ -8,7 +8,8 @@
 //                (kernels/packed_linear.hpp) beside it; many-row Linear weights -> the same, or under exact math the
 //                GEMM's group layout (kernels/packed_gemm.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
-//                stored tensor.
+//                stored tensor; on the AVX-512 set 3x3 F32 weights also Winograd's transformed copy beside them
+//                (kernels/conv2d_winograd.hpp).
 //   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
 #pragma once
 #include <cstdlib>
