@@ -52,8 +52,6 @@ inline constexpr int kConv2dWinogradAccFloats = 64 * 1024;
 /// Output vectors per accumulator slab: the input transform is redone per slab, so the more the better while the
 /// accumulators of a tile block stay in L2.
 inline constexpr int kConv2dWinogradSlab = 8;
-/// Widest padded input row segment the input transform takes (floats): tiles of a row segment + halo + one vector pair.
-inline constexpr int kConv2dWinogradRowFloats = 4096;
 /// Largest share of a tile's 16 products the direct conv's 9 per output would beat: tiles * 16 / (positions * 9)
 /// above this keeps the direct paths (partial tiles at small odd maps: PushT's 3x3 layer4, 0.79, where the 16/9
 /// weight bytes also make it slower).
@@ -69,7 +67,6 @@ struct Conv2dWinogradPlan {
         if (p.kernel_h != 3 || p.kernel_w != 3 || p.stride_h != 1 || p.stride_w != 1 || !conv2d_winograd_enabled()) return;
         th = (p.out_h + 1) / 2, tw = (p.out_w + 1) / 2, tiles = th * tw;
         if (!any_size && double(tiles) * 16 > kConv2dWinogradMaxMulRatio * 9 * double(p.out_h) * p.out_w) return;
-        if (2 * tw + 2 + 2 * kLanes + 2 > kConv2dWinogradRowFloats) return;
         vecs = (p.out_channels + kLanes - 1) / kLanes;
         nb = std::min(vecs, 2);
         P = conv2d_packed_positions(nb);
@@ -83,52 +80,51 @@ struct Conv2dWinogradPlan {
 };
 
 /// V[xi][i][t - t0] (V + (xi * ci_stride + i) * ldv + t - t0) = (B^T d B)[xi] for input channels [i0, i0 + ci) of
-/// image b and tiles [t0, t1), 16 tiles of a tile row at a time: the four input rows of the segment copied padded,
-/// then each tile's column c of row r is an even or odd lane of two loads (deinterleaved by permutes).
+/// image b and tiles [t0, t1), 16 tiles of a tile row at a time: each of the patch's 4 input rows is read by four
+/// masked loads (lanes outside the image read as the zero padding, and never fault), and column c of the 16 tiles
+/// is the even or odd lanes of two of them (deinterleaved by permutes).
 inline void conv2d_winograd_input(const Conv2dParams& p, const Conv2dWinogradPlan& k, int b, int t0, int t1, int i0, int ci,
-                                  float* V, std::size_t ci_stride, std::size_t ldv, float (*rows)[kConv2dWinogradRowFloats]) {
+                                  float* V, std::size_t ci_stride, std::size_t ldv) {
     const std::size_t plane = std::size_t(p.in_h) * p.in_w;
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    // Lanes j of a load at input column c + j that fall inside the row.
+    auto inside = [&](int c) -> __mmask16 {
+        const int lo = std::clamp(-c, 0, kLanes), hi = std::clamp(p.in_w - c, lo, kLanes);
+        return __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    };
+    const std::size_t step = ci_stride * ldv;
     for (int ts = t0; ts < t1;) {
         const int ty = ts / k.tw, tx0 = ts % k.tw, n = std::min(k.tw - tx0, t1 - ts);
-        // Segment columns: input columns 2 * tx0 - pad_w + j for j < 2n + 2, zero past them (the vector loads' slack).
-        const int width = 2 * n + 2, c0 = 2 * tx0 - p.pad_w;
-        const int j_lo = std::clamp(-c0, 0, width), j_hi = std::clamp(p.in_w - c0, j_lo, width);
-        for (int i = 0; i < ci; ++i) {
-            const float* xi = p.x + (std::size_t(b) * p.in_channels + std::size_t(i0 + i)) * plane;
-            for (int r = 0; r < 4; ++r) {
-                float* row = rows[r];
-                const int ih = 2 * ty - p.pad_h + r;
-                const int end = width + 2 * kLanes + 2;
-                if (ih < 0 || ih >= p.in_h) {
-                    std::fill(row, row + end, 0.f);
-                    continue;
-                }
-                std::fill(row, row + j_lo, 0.f);
-                std::copy(xi + std::size_t(ih) * p.in_w + (c0 + j_lo), xi + std::size_t(ih) * p.in_w + (c0 + j_hi), row + j_lo);
-                std::fill(row + j_hi, row + end, 0.f);
-            }
-            for (int k0 = 0; k0 < n; k0 += kLanes) {
-                const int m = std::min(kLanes, n - k0);
+        for (int k0 = 0; k0 < n; k0 += kLanes) {
+            const int m = std::min(kLanes, n - k0), c = 2 * (tx0 + k0) - p.pad_w;
+            const __mmask16 m0 = inside(c), m1 = inside(c + kLanes), m2 = inside(c + 2), m3 = inside(c + 2 + kLanes);
+            for (int i = 0; i < ci; ++i) {
+                const float* xi = p.x + (std::size_t(b) * p.in_channels + std::size_t(i0 + i)) * plane;
                 VecF d[4][4];
                 for (int r = 0; r < 4; ++r) {
-                    const float* base = rows[r] + 2 * k0;
-                    const VecF lo = vload(base), hi = vload(base + kLanes), lo2 = vload(base + 2), hi2 = vload(base + 2 + kLanes);
+                    const int ih = 2 * ty - p.pad_h + r;
+                    if (ih < 0 || ih >= p.in_h) {
+                        d[r][0] = d[r][1] = d[r][2] = d[r][3] = vzero();
+                        continue;
+                    }
+                    // The row pointer offset by c may point before the row: only in-row lanes are read.
+                    const float* base = xi + std::size_t(ih) * p.in_w;
+                    const VecF lo = _mm512_maskz_loadu_ps(m0, base + c), hi = _mm512_maskz_loadu_ps(m1, base + c + kLanes);
+                    const VecF lo2 = _mm512_maskz_loadu_ps(m2, base + c + 2), hi2 = _mm512_maskz_loadu_ps(m3, base + c + 2 + kLanes);
                     d[r][0] = _mm512_permutex2var_ps(lo, even, hi);
                     d[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
                     d[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
                     d[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
                 }
                 VecF t[4][4];
-                for (int c = 0; c < 4; ++c) {
-                    t[0][c] = _mm512_sub_ps(d[0][c], d[2][c]);
-                    t[1][c] = _mm512_add_ps(d[1][c], d[2][c]);
-                    t[2][c] = _mm512_sub_ps(d[2][c], d[1][c]);
-                    t[3][c] = _mm512_sub_ps(d[1][c], d[3][c]);
+                for (int cc = 0; cc < 4; ++cc) {
+                    t[0][cc] = _mm512_sub_ps(d[0][cc], d[2][cc]);
+                    t[1][cc] = _mm512_add_ps(d[1][cc], d[2][cc]);
+                    t[2][cc] = _mm512_sub_ps(d[2][cc], d[1][cc]);
+                    t[3][cc] = _mm512_sub_ps(d[1][cc], d[3][cc]);
                 }
                 float* dst = V + std::size_t(i) * ldv + std::size_t(ts - t0 + k0);
-                const std::size_t step = ci_stride * ldv;
                 for (int r = 0; r < 4; ++r) {
                     float* dr = dst + std::size_t(4 * r) * step;
                     packed::store_n(dr, _mm512_sub_ps(t[r][0], t[r][2]), m);
@@ -197,7 +193,6 @@ inline void conv2d_winograd_output(const Conv2dParams& p, const Conv2dWinogradPl
 inline void conv2d_winograd_part(const Conv2dParams& p, const Conv2dWinogradPlan& k, const float* U, int pb0, int pb1, int v0, int v1) {
     alignas(64) float V[kScratchFloats];
     alignas(64) float acc[kConv2dWinogradAccFloats];
-    alignas(64) float rows[4][kConv2dWinogradRowFloats];
     // Two staged output rows of a block's widest segment (2 columns per tile) and a transpose's slack.
     alignas(64) float stage[2 * (2 * kConv2dWinogradAccFloats / (16 * kLanes) + kLanes) * kLanes];
     const std::size_t ldb = std::size_t(p.in_channels) * kLanes, ldv = std::size_t(k.T);
@@ -208,7 +203,7 @@ inline void conv2d_winograd_part(const Conv2dParams& p, const Conv2dWinogradPlan
             const int s1 = std::min(v1, s0 + k.slab);
             for (int i0 = 0; i0 < p.in_channels; i0 += k.ci) {
                 const int ci = std::min(k.ci, p.in_channels - i0);
-                conv2d_winograd_input(p, k, b, t0, t1, i0, ci, V, std::size_t(k.ci), ldv, rows);
+                conv2d_winograd_input(p, k, b, t0, t1, i0, ci, V, std::size_t(k.ci), ldv);
                 for (int x = 0; x < 16; ++x) {
                     const float* panel = V + std::size_t(x) * k.ci * ldv;
                     for (int g = s0; g < s1; g += k.nb) {
