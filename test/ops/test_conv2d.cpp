@@ -532,8 +532,8 @@ TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 set, 3x3 stride-1 F32 weights
         {1, 7, 17, 2, 3, 3, 3, 1, 1, 1, 1},       // 17 outputs: a vector and one lane
         {2, 5, 33, 5, 7, 3, 3, 1, 1, 1, 1},       // odd map, batch 2, 3 output vectors (a group of 2 and 1)
         {1, 20, 13, 9, 9, 3, 3, 1, 1, 1, 1},
-        {1, 33, 40, 11, 16, 3, 3, 1, 1, 1, 1},    // 48 tiles: blocks of 42 crossing tile rows
-        {1, 17, 70, 21, 21, 3, 3, 1, 1, 1, 1},    // PushT layer1's map
+        {1, 33, 40, 11, 16, 3, 3, 1, 1, 1, 1},    // 48 tiles, 3 output vectors: one block of every tile
+        {1, 17, 70, 21, 21, 3, 3, 1, 1, 1, 1},    // PushT layer1's map: blocks of 42 tiles crossing tile rows
         {1, 24, 200, 13, 17, 3, 3, 1, 1, 1, 1},   // 13 output vectors: two slabs, blocks of 28 tiles
         {1, 40, 24, 40, 39, 3, 3, 1, 1, 1, 1},    // 400 tiles, odd width
         {1, 300, 20, 12, 14, 3, 3, 1, 1, 1, 1},   // input transform in channel chunks (97, 97, 97, 9)
