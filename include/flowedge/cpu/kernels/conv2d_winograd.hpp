@@ -35,11 +35,12 @@ inline void pack_conv2d_winograd(const float* w, int out, int in, float* dst) {
     for (int o = 0; o < out; ++o)
         for (int i = 0; i < in; ++i) {
             const float* g = w + (std::size_t(o) * in + std::size_t(i)) * 9;
+            double t[4][3];  // G g
+            for (int a = 0; a < 4; ++a)
+                for (int v = 0; v < 3; ++v) t[a][v] = G[a][0] * g[v] + G[a][1] * g[3 + v] + G[a][2] * g[6 + v];
             for (int a = 0; a < 4; ++a)
                 for (int c = 0; c < 4; ++c) {
-                    double s = 0;
-                    for (int u = 0; u < 3; ++u)
-                        for (int v = 0; v < 3; ++v) s += G[a][u] * double(g[u * 3 + v]) * G[c][v];
+                    const double s = t[a][0] * G[c][0] + t[a][1] * G[c][1] + t[a][2] * G[c][2];
                     const std::size_t xi = std::size_t(a * 4 + c);
                     dst[((xi * vecs + std::size_t(o / kLanes)) * std::size_t(in) + std::size_t(i)) * kLanes + std::size_t(o % kLanes)] =
                         float(s);
