@@ -3,6 +3,7 @@
 // the ResNet18 encoder's shapes at an 84x84 crop plus odd sizes that leave partial tiles and row blocks; the CPU's
 // packed weights (Storage::Conv2dWeight) on the same shapes and on the edges of their cutting; and the shared
 // argument checks.
+#include <cstring>
 #include <optional>
 
 #include "cpu_packed_util.hpp"
@@ -28,6 +29,65 @@ double conv2d_tolerance(MathMode math, DType dt, int kg, bool tensor_cores) {
     if (dt == DType::F32) return 0x1p-10 + 0x1p-11 + accumulate;
     return 0x1p-8 + accumulate;  // BF16 weights under BF16 math (the only other pair the GEMM takes)
 }
+
+/// Per output of a 3x3 stride-1 conv, the magnitude Winograd F(2x2, 3x3)'s rounding scales with (docs/numerics.md):
+///   W = act slope * (sum_i sum_{a,b} |A^T[r][a]| |A^T[c][b]| (|G| |g_i| |G|^T)[a][b] (|B^T| |d_i| |B|)[a][b]
+///       + |bias| + |residual|),
+/// d_i the 4x4 input patch (zero outside the image) of the output's 2x2 tile, (r, c) its place in the tile.
+std::vector<double> winograd_scale(const Conv2dCase& k, const std::vector<float>& x, const HostWeights& w, const float* bias,
+                                   const float* res, Activation act) {
+    static constexpr double At[2][4] = {{1, 1, 1, 0}, {0, 1, 1, 1}};  // |A^T|
+    static constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}, {0, 0, 1}};  // |G|
+    static constexpr double Bt[4][4] = {{1, 0, 1, 0}, {0, 1, 1, 0}, {0, 1, 1, 0}, {0, 1, 0, 1}};  // |B^T|
+    // K[r][c][u * 3 + v][p * 4 + q]: the coefficient of |g_uv| |d_pq| in W.
+    static const auto K = [] {
+        std::vector<double> t(2 * 2 * 9 * 16, 0.0);
+        for (int r = 0; r < 2; ++r)
+            for (int c = 0; c < 2; ++c)
+                for (int a = 0; a < 4; ++a)
+                    for (int b = 0; b < 4; ++b)
+                        for (int u = 0; u < 3; ++u)
+                            for (int v = 0; v < 3; ++v)
+                                for (int pp = 0; pp < 4; ++pp)
+                                    for (int q = 0; q < 4; ++q)
+                                        t[((r * 2 + c) * 9 + u * 3 + v) * 16 + pp * 4 + q] +=
+                                            At[r][a] * At[c][b] * G[a][u] * G[b][v] * Bt[a][pp] * Bt[b][q];
+        return t;
+    }();
+    const int oh = k.in_h + 2 * k.ph - 2, ow = k.in_w + 2 * k.pw - 2;
+    std::vector<double> W(std::size_t(k.batch) * k.cout * oh * ow);
+    double d[16];
+    for (int b = 0; b < k.batch; ++b)
+        for (int o = 0; o < k.cout; ++o)
+            for (int r = 0; r < oh; ++r)
+                for (int c = 0; c < ow; ++c) {
+                    const std::size_t idx = ((std::size_t(b) * k.cout + o) * oh + r) * ow + c;
+                    const double* kk = K.data() + std::size_t((r % 2) * 2 + c % 2) * 9 * 16;
+                    double s = (bias ? std::fabs(bias[o]) : 0.0) + (res ? std::fabs(res[idx]) : 0.0);
+                    for (int i = 0; i < k.cin; ++i) {
+                        for (int pp = 0; pp < 4; ++pp)
+                            for (int q = 0; q < 4; ++q) {
+                                const int ih = r / 2 * 2 - k.ph + pp, iw = c / 2 * 2 - k.pw + q;
+                                d[pp * 4 + q] = ih < 0 || ih >= k.in_h || iw < 0 || iw >= k.in_w
+                                                    ? 0.0
+                                                    : std::fabs(x[((std::size_t(b) * k.cin + i) * k.in_h + ih) * k.in_w + iw]);
+                            }
+                        for (int uv = 0; uv < 9; ++uv) {
+                            const double g = std::fabs(w.value[(std::size_t(o) * k.cin + i) * 9 + uv]);
+                            double t = 0;
+                            for (int j = 0; j < 16; ++j) t += kk[uv * 16 + j] * d[j];
+                            s += g * t;
+                        }
+                    }
+                    W[idx] = s * act_slope(act);
+                }
+    return W;
+}
+
+/// Winograd's tolerance (times winograd_scale) for cin input channels: one rounding per input channel's FMA, two in
+/// the input transform, one for the transformed weight, four in the output transform, bias and residual, with one
+/// to spare (first order; docs/numerics.md).
+double winograd_tolerance(int cin) { return double(cin + 10) * 0x1p-24; }
 
 /// packed: CPU only, the weights as Ops<Cpu> prepares a Conv2d weight (output blocks on the SIMD sets, the stored
 /// tensor then withheld from the op; as stored on the scalar set). math: Conv2dParams::math, with the scratch the
@@ -110,6 +170,17 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
     Ops<B>::conv2d(p);
     const auto got = dy.host(ny);
     if (out) *out = got;
+#if defined(FLOWEDGE_CPU_X86)
+    if constexpr (kIsCpu<B>) {
+        // Where Ops<Cpu> took Winograd (3x3 stride-1 F32 weights on the AVX-512 set, maps its size rule admits).
+        const auto* pw = prepared ? static_cast<const cpu::PackedWeight*>(prepared.get()) : nullptr;
+        if (pw && pw->winograd() && cpu::avx512::Conv2dWinogradPlan(p).ok) {
+            const auto W = winograd_scale(k, x, w, p.bias ? bias.data() : nullptr, p.residual ? res.data() : nullptr, act);
+            check_all(got, ref, W, winograd_tolerance(k.cin), "conv2d (Winograd)");
+            return;
+        }
+    }
+#endif
     check_all(got, ref, scale, conv2d_tolerance<B>(math, dt, k.cin * k.kh * k.kw, tensor_cores), "conv2d");
     if constexpr (!kIsCpu<B>) {
         if (math != MathMode::F32) return;  // the rounded path is checked against the double reference only
@@ -447,6 +518,100 @@ TEST_CASE("conv2d on packed weights (Storage::Conv2dWeight): encoder shapes, cut
         });
     }
 }
+
+#if defined(FLOWEDGE_CPU_X86)
+TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 set, 3x3 stride-1 F32 weights): maps 1..40, channels off the vector "
+          "width, epilogues, 1-3 threads (same bits), within its bound") {
+    if (cpu::active_isa() != cpu::Isa::Avx512) {
+        MESSAGE("kernel set " << cpu::kernel_set_name() << ": no Winograd path (AVX-512 only)");
+        return;
+    }
+    using A = Activation;
+    const Conv2dCase cases[] = {
+        {1, 3, 5, 1, 1, 3, 3, 1, 1, 1, 1},        // one output: one tile, three quarters of it dropped
+        {1, 7, 17, 2, 3, 3, 3, 1, 1, 1, 1},       // 17 outputs: a vector and one lane
+        {2, 5, 33, 5, 7, 3, 3, 1, 1, 1, 1},       // odd map, batch 2, 3 output vectors (a group of 2 and 1)
+        {1, 20, 13, 9, 9, 3, 3, 1, 1, 1, 1},
+        {1, 33, 40, 11, 16, 3, 3, 1, 1, 1, 1},    // 48 tiles, 3 output vectors: one block of every tile
+        {1, 17, 70, 21, 21, 3, 3, 1, 1, 1, 1},    // PushT layer1's map: blocks of 42 tiles crossing tile rows
+        {1, 24, 200, 13, 17, 3, 3, 1, 1, 1, 1},   // 13 output vectors: two slabs, blocks of 28 tiles
+        {1, 40, 24, 40, 39, 3, 3, 1, 1, 1, 1},    // 400 tiles, odd width
+        {1, 300, 20, 12, 14, 3, 3, 1, 1, 1, 1},   // input transform in channel chunks (97, 97, 97, 9)
+        {1, 9, 36, 8, 10, 3, 3, 1, 1, 0, 0},      // no padding
+        {1, 6, 18, 7, 12, 3, 3, 1, 1, 2, 0},      // padding 2 x 0: tiles reading two zero rows
+    };
+    std::uint32_t seed = 12000;
+    int n = 0;
+    double worst = 0;
+    for (const auto& k : cases) {
+        CAPTURE(k.batch); CAPTURE(k.cin); CAPTURE(k.cout); CAPTURE(k.in_h); CAPTURE(k.in_w); CAPTURE(k.ph); CAPTURE(k.pw);
+        const int oh = k.in_h + 2 * k.ph - 2, ow = k.in_w + 2 * k.pw - 2;
+        const std::size_t ny = std::size_t(k.batch) * k.cout * oh * ow;
+        const auto x = random_vec(std::size_t(k.batch) * k.cin * k.in_h * k.in_w, seed += 10);
+        const auto bias = random_vec(std::size_t(k.cout), seed + 1);
+        const auto res = random_vec(ny, seed + 2, -2.f, 2.f);
+        const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * 9, DType::F32, seed + 3, 0.3f);
+        const auto prepared = Ops<Cpu>::prepare_weight(Storage::Conv2dWeight, w.ref(), Shape{k.cout, k.cin, 3, 3}, "test weight");
+        const auto* pw = static_cast<const cpu::PackedWeight*>(prepared.get());
+        REQUIRE(pw);
+        REQUIRE(pw->winograd());
+        const Activation act = n % 3 == 0 ? A::Relu : n % 3 == 1 ? A::None : A::Silu;
+        const bool with_bias = n % 2 == 0, with_residual = n % 4 < 2;
+        ++n;
+        Conv2dParams p;
+        p.x = x.data(); p.w = {nullptr, DType::F32, prepared.get()};
+        p.bias = with_bias ? bias.data() : nullptr; p.residual = with_residual ? res.data() : nullptr;
+        p.batch = k.batch; p.in_channels = k.cin; p.out_channels = k.cout; p.in_h = k.in_h; p.in_w = k.in_w;
+        p.out_h = oh; p.out_w = ow; p.kernel_h = 3; p.kernel_w = 3; p.pad_h = k.ph; p.pad_w = k.pw; p.act = act;
+        // The double reference.
+        std::vector<double> ref(ny);
+        for (int b = 0; b < k.batch; ++b)
+            for (int o = 0; o < k.cout; ++o)
+                for (int r = 0; r < oh; ++r)
+                    for (int c = 0; c < ow; ++c) {
+                        double s = with_bias ? bias[std::size_t(o)] : 0.0;
+                        for (int i = 0; i < k.cin; ++i)
+                            for (int u = 0; u < 3; ++u)
+                                for (int v = 0; v < 3; ++v) {
+                                    const int ih = r + u - k.ph, iw = c + v - k.pw;
+                                    if (ih < 0 || ih >= k.in_h || iw < 0 || iw >= k.in_w) continue;
+                                    s += w.value[((std::size_t(o) * k.cin + i) * 3 + u) * 3 + v] *
+                                         x[((std::size_t(b) * k.cin + i) * k.in_h + ih) * k.in_w + iw];
+                                }
+                        const std::size_t idx = ((std::size_t(b) * k.cout + o) * oh + r) * ow + c;
+                        if (with_residual) s += res[idx];
+                        ref[idx] = ref_act(act, s);
+                    }
+        const auto W = winograd_scale(k, x, w, p.bias, p.residual, act);
+        const double tol = winograd_tolerance(k.cin);
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+            CAPTURE(threads);
+            std::vector<float> y(ny, -7.f);
+            p.y = y.data();
+            with_threads(threads, [&] { cpu::avx512::conv2d_winograd(p, cpu::avx512::Conv2dWinogradPlan(p, true), pw->winograd()); });
+            check_all(y, ref, W, tol, "conv2d (Winograd kernel)");
+            for (std::size_t i = 0; i < ny; ++i) worst = std::max(worst, std::fabs(double(y[i]) - ref[i]) / (tol * std::max(W[i], 1e-30)));
+            if (threads == 1) first = y;
+            else CHECK(std::memcmp(first.data(), y.data(), ny * sizeof(float)) == 0);
+        }
+    }
+    MESSAGE("largest |error| / bound over the cases: " << worst);
+    CHECK(worst < 0.5);  // the first-order bound holds with at least 2x margin
+    // The size rule (Ops<Cpu>::conv2d): PushT's layer1..3 maps take Winograd, its 3x3 layer4 and stride 2 do not.
+    auto plan_ok = [](int c, int h) {
+        Conv2dParams p;
+        p.in_channels = p.out_channels = c; p.in_h = p.in_w = p.out_h = p.out_w = h;
+        p.kernel_h = p.kernel_w = 3; p.pad_h = p.pad_w = 1;
+        return cpu::avx512::Conv2dWinogradPlan(p).ok;
+    };
+    CHECK(plan_ok(64, 21));
+    CHECK(plan_ok(128, 11));
+    CHECK(plan_ok(256, 6));
+    CHECK_FALSE(plan_ok(512, 3));
+    CHECK(plan_ok(64, 160));
+}
+#endif
 
 TEST_CASE_TEMPLATE("conv2d rejects bad sizes, aliasing and null pointers with the shared message" * doctest::test_suite("op_checks"),
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {

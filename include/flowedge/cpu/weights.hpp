@@ -8,7 +8,8 @@
 //                (kernels/packed_linear.hpp) beside it; many-row Linear weights -> the same, or under exact math the
 //                GEMM's group layout (kernels/packed_gemm.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
-//                stored tensor.
+//                stored tensor; on the AVX-512 set 3x3 F32 weights also Winograd's transformed copy beside them
+//                (kernels/conv2d_winograd.hpp).
 //   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
 #pragma once
 #include <cstdlib>
@@ -99,6 +100,17 @@ public:
         Memory<Cpu>::check_fits(bytes, std::string(what));
         pw->m_buf = Buffer<std::byte, Cpu>(bytes);
         FLOWEDGE_CPU_SIMD_KERNEL(isa, pack_conv2d_weights(w, pw->m_out, R, pw->m_buf.data()));
+#if defined(FLOWEDGE_CPU_X86)
+        // 3x3 F32 weights on the AVX-512 set also get Winograd's transformed copy (16/9 of the weight's floats; the
+        // stride is the run's, so both stay: kernels/conv2d_winograd.hpp takes the stride-1 maps where it wins).
+        if (isa == Isa::Avx512 && avx512::conv2d_winograd_weight(int(shape.dims[2]), int(shape.dims[3]), w.dtype)) {
+            const int in = int(shape.dims[1]);
+            const std::size_t wbytes = avx512::conv2d_winograd_elements(pw->m_out, in) * sizeof(float);
+            Memory<Cpu>::check_fits(wbytes, std::string(what) + " (Winograd copy)");
+            pw->m_wino = Buffer<std::byte, Cpu>(wbytes);
+            avx512::pack_conv2d_winograd(static_cast<const float*>(w.data), pw->m_out, in, reinterpret_cast<float*>(pw->m_wino.data()));
+        }
+#endif
         return pw;
     }
 
@@ -141,9 +153,11 @@ public:
     }
     int in() const { return m_in; }
     int out() const { return m_out; }
+    /// Conv2dBlocks: Winograd's transformed copy (kernels/conv2d_winograd.hpp), or null where none was made.
+    const float* winograd() const { return m_wino.bytes() ? reinterpret_cast<const float*>(m_wino.data()) : nullptr; }
     PackedLayout layout() const { return m_layout; }
 
-    std::size_t bytes() const override { return m_buf.bytes(); }
+    std::size_t bytes() const override { return m_buf.bytes() + m_wino.bytes(); }
     bool replaces_source() const override { return m_kind != Kind::SmallRows; }
 
     /// SmallRows: repacks in place (no allocation) when arithmetic m needs another layout than the one held. Under
@@ -200,6 +214,7 @@ private:
     Isa m_isa;
     DType m_dtype;
     Buffer<std::byte, Cpu> m_buf;
+    Buffer<std::byte, Cpu> m_wino;  ///< Conv2dBlocks: Winograd's transformed copy (3x3 F32 weights, AVX-512 set), else empty
     bool m_int8 = false;
 #if defined(FLOWEDGE_CPU_X86)
     avx2::Int8Blocks m_int8_blocks{};

@@ -14,6 +14,7 @@
 #include "flowedge/cpu/kernels/elementwise.hpp"
 #include "flowedge/cpu/kernels/conv2d.hpp"
 #include "flowedge/cpu/kernels/conv2d_packed.hpp"
+#include "flowedge/cpu/kernels/conv2d_winograd.hpp"
 #include "flowedge/cpu/kernels/pool2d.hpp"
 #include "flowedge/cpu/kernels/image.hpp"
 #include "flowedge/cpu/kernels/layer_norm.hpp"
