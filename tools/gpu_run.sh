@@ -627,12 +627,17 @@ stage_l2pf() {
     return "$rc"
 }
 
+# build_cpu_bench DIR TARGET: a CPU-only Release build (no tests, no examples) of one bench program, logs in $LOGS.
+build_cpu_bench() {
+    cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
+        > "$LOGS/$2_configure.log" 2>&1 || return $?
+    cmake --build "$1" -j "$JOBS" --target "$2" > "$LOGS/$2_build.log" 2>&1
+}
+
 stage_cpudiff() {
     local dir=build-cpu site=/tmp/site_lerobot
     lscpu > "$OUT/lscpu.txt"
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
-        > "$LOGS/cpudiff_configure.log" 2>&1 || return $?
-    cmake --build "$dir" -j "$JOBS" --target diffusion_cpu_bench > "$LOGS/cpudiff_build.log" 2>&1 || return $?
+    build_cpu_bench "$dir" diffusion_cpu_bench || return $?
     ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried: LeRobot makes the PushT folder"; return 3; }
     lerobot_site "$site" || return $?
     [ -f models/dp_pusht/config.json ] || PYTHONPATH=$site python3 tools/make_reference_diffusion.py --pusht --policy-only --threads "$JOBS" || return $?
@@ -644,9 +649,7 @@ stage_cpudiff() {
 
 stage_cpuenc() {
     local rc=0 dir=build-cpu r path e
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
-        > "$LOGS/cpuenc_configure.log" 2>&1 || return $?
-    cmake --build "$dir" -j "$JOBS" --target rgb_encoder_bench > "$LOGS/cpuenc_build.log" 2>&1 || return $?
+    build_cpu_bench "$dir" rgb_encoder_bench || return $?
     for r in $(seq 1 ${CPUENC_ROUNDS:-3}); do
         for path in band panel; do
             e=FLOWEDGE_CPU_CONV2D_NO_BAND=0; [ $path = panel ] && e=FLOWEDGE_CPU_CONV2D_NO_BAND=1

@@ -309,25 +309,23 @@ inline bool amx_ping_ready() {
 }
 
 /// One TDPBF16PS into tmm0 (no op keeps tile data between calls), to keep the tile unit awake through the vector
-/// kernels that run between two products (causal_conv, the selective scan): after about 0.5 us without a tile
-/// multiply the next product starts late (measurements: bench/results/mamba_flow_cpu.md, session 18). Only where
-/// amx_ping_ready().
+/// kernels that run between two products (causal_conv, the selective scan): after a pause without a tile multiply
+/// the next product starts late (bench/results/mamba_flow_cpu.md, session 18). Only where amx_ping_ready().
 inline void amx_ping() { asm volatile("tdpbf16ps %%tmm5, %%tmm4, %%tmm0" ::: "memory"); }
-/// Channels between two pings of the conv and the scan (8 of their 16-channel blocks, about 0.3-0.4 us of the scan).
+/// Channels between two pings of the conv and the scan (8 of their 16-channel blocks: well inside that pause).
 inline constexpr int kAmxPingChannels = 128;
 
 /// Weight bytes from which a product's B tiles are streamed (amx::dot<J, true>): more than L1 keeps beside the activations.
-/// Smaller ones (x_proj, the flow head's out_proj) keep plain loads: called back to back, the flow head's out_proj
-/// took 0.141 us streamed against 0.120 plain.
+/// Smaller ones (x_proj, the flow head's out_proj) keep plain loads, which measured faster for them
+/// (bench/results/mamba_flow_cpu.md, session 18).
 inline constexpr std::size_t kAmxStreamedBytes = 32 * 1024;
 
 /// MathMode::BF16 on AMX: R rows (r0..) x N output vectors from vector v (N within v's group) over every k chunk:
 /// per chunk one A tile of the rows' BF16 x pairs and one TDPBF16PS per vector into its C tile, so each output is one
 /// sum over the chunks in k order; then the C tiles go through a stack buffer into the epilogue, bias added after the
 /// sum (C starts at zero). One C tile per vector also for groups of 1 or 2 vectors: splitting their chunks over 4 or 2
-/// C tiles (shorter TDPBF16PS chains) cost more in stores and adds than it saved (the flow head's 256 -> 8 out_proj:
-/// 0.125 -> 0.105 us per call with one). Each row of C depends only on that row of A, so a row's bits do not depend on
-/// the row count.
+/// C tiles (shorter TDPBF16PS chains) cost more in stores and adds than it saved (bench/results/mamba_flow_cpu.md).
+/// Each row of C depends only on that row of A, so a row's bits do not depend on the row count.
 template <int R, int N>
 inline void amx_tile(const Call& c, int r0, int v, const std::uint32_t* xb, std::size_t ldp) {
     static_assert(N >= 1 && N <= kAmxGroup);
