@@ -75,10 +75,6 @@
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
 #             tests: FLOW_SANITIZERS, default "memcheck racecheck synccheck") -> $OUT/flow.txt
-#   l2pf      issue 20: the U-Net's GroupNorms pulling the next convolutions' weights into L2 (FLOWEDGE_CUDA_L2_PREFETCH_MB):
-#             the group_norm op test and the DiffusionHead CUDA tests, then whole samples (flowedge_cuda_dp_mix
-#             --samples-only, F32/BF16, batch 1/8, DDPM100) at budgets L2PF_MBS (default "0 16 32") alternated over
-#             L2PF_ROUNDS (2) rounds, memcheck of the bit-identity test (L2PF_MEMCHECK=0 skips it) -> $OUT/l2pf.txt, l2pf_<MB>mb_r<N>.json
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -604,29 +600,6 @@ stage_encoder() {
     return "$rc"
 }
 
-stage_l2pf() {
-    local rc=0 r mb san
-    BUILD_TARGETS="flowedge_cuda_dp_mix cuda_models ops_norm flowedge-make-demo-diffusion" stage_build || return $?
-    mkdir -p models
-    [ -f models/diffusion_pusht.flowedge.safetensors ] || "$BUILD/flowedge-make-demo-diffusion" models/diffusion_pusht.flowedge.safetensors || rc=$?
-    "$BUILD/test/ops/ops_norm" -tc='*<flowedge::Cuda>*' > "$LOGS/l2pf_ops_norm.log" 2>&1 || rc=$?
-    "$BUILD/test/cuda/cuda_models" -tc='DiffusionHead*' > "$LOGS/l2pf_tests.log" 2>&1 || rc=$?
-    grep -hE "ERROR|CHECK|test cases|skipped" "$LOGS/l2pf_ops_norm.log" "$LOGS/l2pf_tests.log" | tee -a "$OUT/l2pf.txt"
-    for r in $(seq 1 ${L2PF_ROUNDS:-2}); do
-        for mb in ${L2PF_MBS:-0 16 32}; do
-            FLOWEDGE_CUDA_L2_PREFETCH_MB=$mb "$BUILD/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --samples-only \
-                --sample-iters ${L2PF_ITERS:-30} --json "$OUT/l2pf_${mb}mb_r$r.json" > "$LOGS/l2pf_${mb}mb_r$r.log" 2>&1 || rc=$?
-            grep -E "^  (F32|BF16) " "$LOGS/l2pf_${mb}mb_r$r.log" | sed "s/^/${mb} MB r$r: /" | tee -a "$OUT/l2pf.txt"
-        done
-    done
-    if [ "${L2PF_MEMCHECK:-1}" = 1 ]; then
-        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        "$san" --tool memcheck --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc='*L2 prefetch*' > "$LOGS/l2pf_memcheck.log" 2>&1 || rc=$?
-        grep -E "ERROR SUMMARY|test cases" "$LOGS/l2pf_memcheck.log" | sed "s/^/memcheck: /" | tee -a "$OUT/l2pf.txt"
-    fi
-    return "$rc"
-}
-
 # build_cpu_bench DIR TARGET: a CPU-only Release build (no tests, no examples) of one bench program, logs in $LOGS.
 build_cpu_bench() {
     cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
@@ -741,8 +714,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|l2pf|cpudiff|cpuenc|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow l2pf cpudiff cpuenc asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|cpudiff|cpuenc|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow cpudiff cpuenc asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

@@ -121,26 +121,6 @@ struct ConvTranspose1dParams {
     int kernel = 4, stride = 2, pad = 1;
 };
 
-/// Weights an op may ask the device to pull into its L2 cache for the ops that run after it (CUDA; a hint with no
-/// effect on results; the CPU ignores it): `rows` rows of `row_bytes` bytes from `data`, each row read from its start
-/// by its consumer (a Conv1d's [out][in * kernel] rows), so a partial prefetch takes the same leading share of
-/// every row.
-struct L2PrefetchSpan {
-    const void* data = nullptr;
-    std::int64_t rows = 0, row_bytes = 0;
-};
-
-/// Up to three spans, in the order the following ops read them (the backend's byte budget is spent in that order).
-struct L2Prefetch {
-    static constexpr int kMaxSpans = 3;
-    L2PrefetchSpan spans[kMaxSpans] = {};
-    int n = 0;
-    /// Appends `s` (skipped when empty or when all kMaxSpans are taken).
-    void add(const L2PrefetchSpan& s) {
-        if (s.data && s.rows > 0 && s.row_bytes > 0 && n < kMaxSpans) spans[n++] = s;
-    }
-};
-
 /// torch.nn.GroupNorm(groups, channels, eps, affine) followed by optional fused epilogues, in this order:
 ///   a = act(groupnorm(x) * gamma[c] + beta[c]);
 ///   if film:     a = film[b, c] * a + film[b, channels + c]      (FiLM scale|bias, plain scale)
@@ -161,8 +141,6 @@ struct GroupNormParams {
     int film_stride = 0;
     const float* residual = nullptr;
     Activation post_act = Activation::None;
-    /// Weights of the ops after this one, pulled into L2 while the norm runs (its statistics leave DRAM idle).
-    L2Prefetch prefetch{};
 };
 
 /// RMSNorm as in Mamba: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. x, y: [rows, dim].

@@ -41,18 +41,6 @@ int smem_per_block_optin();
 /// True when environment variable `name` is set to anything but "" or "0" (the A/B and escape-hatch switches).
 bool env_flag(const char* name);
 
-/// An L2Prefetch as a kernel issues it: per span, the leading bytes of each row to pull into L2 (a multiple of 16,
-/// 16-byte aligned rows). Spans the byte budget does not reach are left out.
-struct L2PrefetchPlan {
-    const char* data[L2Prefetch::kMaxSpans] = {};
-    long long rows[L2Prefetch::kMaxSpans] = {}, stride[L2Prefetch::kMaxSpans] = {}, bytes[L2Prefetch::kMaxSpans] = {};
-    int n = 0;
-};
-
-/// The plan for `pf` under this process's budget: FLOWEDGE_CUDA_L2_PREFETCH_MB megabytes per hint (default 0 = off;
-/// at most half the device's L2), spent on the spans in order, each span's share the same leading part of every row.
-L2PrefetchPlan plan_l2_prefetch(const L2Prefetch& pf);
-
 /// True when the current device supports programmatic dependent launch (compute capability >= 9.0; cached per
 /// device). FLOWEDGE_CUDA_NO_PDL=1 turns it off (for A/B timing and as an escape hatch).
 bool pdl_enabled();
@@ -114,32 +102,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-}
-
-/// Issues `plan`'s L2 prefetches, spread over every thread of the grid in chunks of <= 16 KiB. Weights depend on no
-/// earlier kernel, so kernels call it before pdl_wait(): the loads run while the previous kernel drains and while
-/// this one works, and are a hint only (no result depends on them). sm_90: one bulk prefetch per chunk (the copy
-/// engine walks it); below, one prefetch instruction per 128-byte line.
-__device__ __forceinline__ void issue_l2_prefetch(const L2PrefetchPlan& plan) {
-    constexpr long long kChunk = 16384;
-    if (plan.n == 0) return;
-    const long long threads = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-    const long long block = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const long long tid = block * blockDim.x + threadIdx.x;
-    for (int s = 0; s < plan.n; ++s) {
-        const long long per_row = (plan.bytes[s] + kChunk - 1) / kChunk;
-        for (long long i = tid; i < plan.rows[s] * per_row; i += threads) {
-            const long long r = i / per_row, j = i % per_row;
-            const char* a = plan.data[s] + r * plan.stride[s] + j * kChunk;
-            const long long left = plan.bytes[s] - j * kChunk;
-            const unsigned size = unsigned(left < kChunk ? left : kChunk);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"(size) : "memory");
-#else
-            for (unsigned o = 0; o < size; o += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a + o));
-#endif
-        }
-    }
 }
 
 // ---- Asynchronous copies global -> shared (sm_80+): a block issues all of its loads, then waits once.

@@ -83,31 +83,6 @@ bool env_flag(const char* name) {
     return v && *v && std::string_view(v) != "0";
 }
 
-L2PrefetchPlan plan_l2_prefetch(const L2Prefetch& pf) {
-    L2PrefetchPlan plan;
-    if (pf.n == 0) return plan;
-    const long long budget = (long long)l2_prefetch_budget();
-    if (budget == 0) return plan;
-    long long left = std::min(budget, (long long)cached_attribute<cudaDevAttrL2CacheSize>() / 2);
-    for (int i = 0; i < pf.n && left >= 16; ++i) {
-        const L2PrefetchSpan& s = pf.spans[i];
-        if (!s.data || s.rows <= 0 || s.row_bytes <= 0 || reinterpret_cast<std::uintptr_t>(s.data) % 16 != 0) continue;
-        long long rows = s.rows, stride = s.row_bytes;
-        if (stride % 16 != 0) {  // rows that do not start 16-byte aligned: the span as one run
-            stride *= rows;
-            rows = 1;
-        }
-        const long long bytes = std::min(stride, left / rows) / 16 * 16;
-        if (bytes <= 0) continue;
-        plan.data[plan.n] = static_cast<const char*>(s.data);
-        plan.rows[plan.n] = rows;
-        plan.stride[plan.n] = stride;
-        plan.bytes[plan.n++] = bytes;
-        left -= rows * bytes;
-    }
-    return plan;
-}
-
 bool pdl_enabled() {
     static const bool disabled = env_flag("FLOWEDGE_CUDA_NO_PDL");
     return !disabled && compute_major() >= 9;
@@ -117,29 +92,6 @@ std::atomic<int>& inject_failures() noexcept { return g_inject_failures; }
 cudaStream_t& capture_override() noexcept { return t_capture_override; }
 
 }  // namespace detail
-
-namespace {
-/// The L2 prefetch budget in bytes; -1 until first read (then FLOWEDGE_CUDA_L2_PREFETCH_MB or 0).
-std::atomic<long long> g_l2_prefetch_budget{-1};
-}  // namespace
-
-void set_l2_prefetch_budget(std::size_t bytes) noexcept { g_l2_prefetch_budget.store((long long)bytes, std::memory_order_relaxed); }
-
-std::size_t l2_prefetch_budget() {
-    long long b = g_l2_prefetch_budget.load(std::memory_order_relaxed);
-    if (b >= 0) return std::size_t(b);
-    b = 0;
-    if (const char* v = std::getenv("FLOWEDGE_CUDA_L2_PREFETCH_MB"); v && *v) {
-        char* end = nullptr;
-        const long long mb = std::strtoll(v, &end, 10);
-        if (*end != '\0' || mb < 0 || mb > 1024) [[unlikely]]
-            fail("cuda", "FLOWEDGE_CUDA_L2_PREFETCH_MB must be a whole number of megabytes" + expected_got("0..1024", std::string(v)));
-        b = mb << 20;
-    }
-    long long unset = -1;
-    g_l2_prefetch_budget.compare_exchange_strong(unset, b, std::memory_order_relaxed);
-    return std::size_t(g_l2_prefetch_budget.load(std::memory_order_relaxed));
-}
 
 bool device_available() noexcept {
     int n = 0;

@@ -79,9 +79,8 @@ __device__ __forceinline__ float group_norm_epilogue(const GroupNormParams& p, b
     return detail::apply_act(p.post_act, a);  // after the residual (ResNet BasicBlock: ReLU)
 }
 
-__global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p, detail::L2PrefetchPlan prefetch) {
+__global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[2][32];
-    detail::issue_l2_prefetch(prefetch);  // the next ops' weights: no dependency on earlier kernels
     detail::pdl_wait();  // launched with launch_pdl: x is the previous kernel's output
     detail::pdl_allow_next();
     const int cpg = p.channels / p.groups;
@@ -153,12 +152,11 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p,
 /// of the group. kInRegs: the share fits kClusterThreads * kClusterRegs elements and is read once into registers;
 /// otherwise x is read twice (sums, then the epilogue).
 template <bool kInRegs>
-__global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(GroupNormParams p, detail::L2PrefetchPlan prefetch) {
+__global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(GroupNormParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ double scratch[2][32];
     __shared__ double partial[2];  // this block's (sum, sum of squares), read by the whole cluster
     __shared__ float stats[2];     // the group's (mean, rstd)
-    detail::issue_l2_prefetch(prefetch);  // the next ops' weights: no dependency on earlier kernels
     detail::pdl_wait();            // launched with PDL: x and the residual are earlier kernels' outputs
     const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
     const int rank = int(cl.block_rank()), n_rank = int(cl.num_blocks());
@@ -286,17 +284,16 @@ void group_norm(const GroupNormParams& p, Stream s) {
     const cudaStream_t st = detail::resolve(s);
     const long long n = (long long)(p.channels / p.groups) * p.length;
     const int split = group_cluster_split(n, p.groups);
-    const detail::L2PrefetchPlan prefetch = detail::plan_l2_prefetch(p.prefetch);
     if (split == 1) {
-        detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, st, p, prefetch);
+        detail::launch_pdl(group_norm_kernel, dim3(unsigned(n_blocks)), dim3(kThreads), 0, st, p);
         FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_kernel");
         return;
     }
     const dim3 grid(unsigned(n_blocks), 1, unsigned(split));
     if ((n + split - 1) / split <= (long long)kClusterThreads * kClusterRegs)
-        detail::launch_pdl_cluster(group_norm_cluster_kernel<true>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p, prefetch);
+        detail::launch_pdl_cluster(group_norm_cluster_kernel<true>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p);
     else
-        detail::launch_pdl_cluster(group_norm_cluster_kernel<false>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p, prefetch);
+        detail::launch_pdl_cluster(group_norm_cluster_kernel<false>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_cluster_kernel");
 }
 

@@ -213,24 +213,6 @@ TEST_CASE("DiffusionHead<Cuda> graph replay and device seed: replay == captured 
     CHECK(bitwise_equal(e1, e2));
 }
 
-TEST_CASE("DiffusionHead<Cuda>: the GroupNorms' L2 prefetch of the next convolutions' weights changes no bit") {
-    const DpData d;
-    const std::size_t saved = cuda::l2_prefetch_budget();
-    cuda::set_l2_prefetch_budget(0);
-    auto off = DiffusionHead<Cuda>::load(kDpFolder, {}, DpData::kBatch);
-    const std::vector<float> ref_ddim = dp_sample(off, d, Scheduler::Ddim, 10, 0, true);
-    const std::vector<float> ref_ddpm = dp_sample(off, d, Scheduler::Ddpm, 10, 5, true);
-    // A budget below one span (each row's leading share) and one above the whole model; graphs capture the budget.
-    for (std::size_t budget : {std::size_t(3000), std::size_t(64) << 20}) {
-        CAPTURE(budget);
-        cuda::set_l2_prefetch_budget(budget);
-        auto on = DiffusionHead<Cuda>::load(kDpFolder, {}, DpData::kBatch);
-        CHECK(bitwise_equal(dp_sample(on, d, Scheduler::Ddim, 10, 0, true), ref_ddim));
-        CHECK(bitwise_equal(dp_sample(on, d, Scheduler::Ddpm, 10, 5, true), ref_ddpm));
-    }
-    cuda::set_l2_prefetch_budget(saved);
-}
-
 TEST_CASE("DiffusionHead<Cuda> on a caller's stream gives the default-stream result") {
     const DpData d;
     auto gpu = DiffusionHead<Cuda>::load(kDpFolder, {}, DpData::kBatch);

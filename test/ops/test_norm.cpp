@@ -76,22 +76,6 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     const auto got = dy.host(n);
     check_all(got, ref, scale, 2e-6, "group_norm");
     CHECK(max_norm_rel(got, ref) <= kTolRef);
-#ifdef FLOWEDGE_WITH_CUDA
-    // An L2 prefetch hint (weights of the ops after the norm: row spans, rows not 16-byte aligned, an empty span) is
-    // only a hint: the same bits, with a budget that covers some spans whole and others in part.
-    if constexpr (!kIsCpu<B>) {
-        const std::size_t saved = cuda::l2_prefetch_budget();
-        cuda::set_l2_prefetch_budget(4096 + 512);
-        GroupNormParams q = p;
-        q.prefetch.add({df.ptr(), k.batch, std::int64_t(fstride) * 4});
-        q.prefetch.add({dr.ptr(), 3, 20});
-        q.prefetch.add({});
-        q.prefetch.add({dx.ptr(), std::int64_t(k.batch) * k.channels, std::int64_t(k.length) * 4});
-        Ops<B>::group_norm(q);
-        cuda::set_l2_prefetch_budget(saved);
-        CHECK(dy.host(n) == got);
-    }
-#endif
     // In place (y == x) gives the same result.
     Ops<B>::group_norm([&] { auto q = p; q.y = dx.ptr(); return q; }());
     const auto got_in_place = dx.host(n);

@@ -59,13 +59,6 @@ void synchronize(Stream s);
 /// a sleeping one is woken with priority. Throws flowedge::Error on failure.
 void set_blocking_sync();
 
-/// Bytes a GroupNorm may ask the GPU to pull into its L2 cache for the weights of the ops after it
-/// (GroupNormParams::prefetch; the U-Net's norms name the next convolutions), spent in the hint's order; 0 = off.
-/// At most half the device's L2 is used. Starts at FLOWEDGE_CUDA_L2_PREFETCH_MB megabytes (default 0: off). Read when
-/// a kernel is launched, so a captured graph keeps the value of its capture. A hint: results do not depend on it.
-void set_l2_prefetch_budget(std::size_t bytes) noexcept;
-std::size_t l2_prefetch_budget();
-
 /// Start / stop the profiler's collection (cudaProfilerStart / Stop): a bench brackets the one call it wants profiled,
 /// run under `ncu --profile-from-start off`. Throws flowedge::Error on failure.
 void profiler_start();

@@ -99,10 +99,6 @@ public:
 
     const Parameter<B>& weight() const { return m_weight; }
     const Parameter<B>& bias() const { return m_bias; }
-    /// The stored weight as an L2 prefetch hint for the op before this one: [out] rows of in * kernel elements.
-    L2PrefetchSpan l2_span() const {
-        return {m_weight.ref().data, m_cfg.out, std::int64_t(m_cfg.in) * m_cfg.kernel * std::int64_t(dtype_size(m_weight.dtype()))};
-    }
     std::int64_t n_parameters() const {
         return std::int64_t(m_cfg.out) * m_cfg.in * m_cfg.kernel + (m_cfg.bias ? m_cfg.out : 0);
     }

@@ -68,10 +68,6 @@ public:
     }
 
     const Parameter<B>& weight() const { return m_weight; }
-    /// The stored weight as an L2 prefetch hint for the op before this one: [in] rows of out * kernel elements.
-    L2PrefetchSpan l2_span() const {
-        return {m_weight.ref().data, m_cfg.in, std::int64_t(m_cfg.out) * m_cfg.kernel * std::int64_t(dtype_size(m_weight.dtype()))};
-    }
     std::int64_t n_parameters() const {
         return std::int64_t(m_cfg.in) * m_cfg.out * m_cfg.kernel + (m_cfg.bias ? m_cfg.out : 0);
     }

@@ -19,8 +19,6 @@ struct GroupNormEpilogue {
     const float* residual = nullptr;
     /// Activation applied last, after the residual (a ResNet BasicBlock's relu(bn2(x) + identity)).
     Activation post_act = Activation::None;
-    /// Weights of the next ops, pulled into the GPU's L2 while the norm runs (see GroupNormParams::prefetch).
-    L2Prefetch prefetch{};
 };
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine=True) on x: [batch, channels, length] (biased variance),
@@ -77,7 +75,6 @@ public:
         p.film_stride = epi.film_stride;
         p.residual = epi.residual;
         p.post_act = epi.post_act;
-        p.prefetch = epi.prefetch;
         return p;
     }
 

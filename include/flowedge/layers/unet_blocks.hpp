@@ -53,9 +53,6 @@ public:
         m_norm.forward(ctx, h, y, epi);
     }
 
-    /// The convolution's weight as an L2 prefetch hint (Conv1d::l2_span).
-    L2PrefetchSpan l2_span() const { return m_conv.l2_span(); }
-
     std::int64_t n_parameters() const { return m_conv.n_parameters() + m_norm.n_parameters(); }
 
 private:
@@ -136,25 +133,16 @@ public:
         forward_with_film(ctx, x, film, y);
     }
 
-    /// The first convolution's weight: what the op before this block may pull into L2 (Conv1d::l2_span).
-    L2PrefetchSpan l2_span() const { return m_conv1.l2_span(); }
-
     /// y = block(x) given the precomputed FiLM vector (cond_encoder(g), see film_params).
     /// x: [batch, in, length]; film: [batch, 2*out] = [scale | bias]; y: [batch, out, length], must not alias x.
-    /// `after`: weights of the ops that follow the block, pulled into L2 during its last norm (a hint for the GPU).
-    void forward_with_film(Context<B>& ctx, View<const float, B> x, View<const float, B> film, View<float, B> y,
-                           const L2Prefetch& after = {}) const {
+    void forward_with_film(Context<B>& ctx, View<const float, B> x, View<const float, B> film, View<float, B> y) const {
         const std::int64_t batch = x.dim(0), len = x.dim(2);
         check_shape(film, Shape{batch, 2 * m_cfg.out}, "residual_block", "FiLM vector");
         check(x.data != y.data, "residual_block", "output aliases the input");
         typename Workspace<B>::Mark mark(*ctx.workspace);
         Workspace<B>& ws = *ctx.workspace;
         View<float, B> a = ws.template take<float>(Shape{batch, m_cfg.out, len});
-        // The first norm pulls in the weights of the residual conv and the second conv, which run next.
-        L2Prefetch next;
-        if (m_residual) next.add(m_residual->l2_span());
-        next.add(m_conv2.l2_span());
-        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out, .prefetch = next});
+        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out});
         const float* residual = x.data;
         if (m_residual) {
             View<float, B> r = ws.template take<float>(Shape{batch, m_cfg.out, len});
@@ -163,7 +151,7 @@ public:
         } else {
             check_shape(x, Shape{batch, m_cfg.out, len}, "residual_block", "identity residual");
         }
-        m_conv2.forward(ctx, a, y, {.residual = residual, .prefetch = after});
+        m_conv2.forward(ctx, a, y, {.residual = residual});
     }
 
     std::int64_t n_parameters() const {

@@ -268,18 +268,12 @@ private:
                     fail(ErrorKind::Internal, "diffusion", "activation larger than its buffer" + expected_got(std::int64_t(batch) * m_activation_floats, s.numel()));
             return View<float, B>{rot[std::size_t(slot)], s};
         };
-        // Block k, whose last norm pulls into the GPU's L2 the weights that run next: `between` (the stage's
-        // downsample or upsample conv, if one follows the block), then the next block's first conv (blocks run in
-        // m_res order) or, after the last block, the final block's.
-        auto run_res = [&](int k, const Act& in, View<float, B> out, L2PrefetchSpan between = {}) {
+        auto run_res = [&](int k, const Act& in, View<float, B> out) {
             const ResBlock& blk = m_res[std::size_t(k)];
             const int L = int(in.v.dim(2));
             layer([&] { return scratch_of(blk, batch, L); }, [&] {
                 const View<const float, B> film{films.data + film_at[std::size_t(k)], Shape{batch, 2 * blk.config().out}};
-                L2Prefetch after;
-                after.add(between);
-                after.add(std::size_t(k) + 1 < m_res.size() ? m_res[std::size_t(k) + 1].l2_span() : m_final_block.l2_span());
-                blk.forward_with_film(*pass.ctx, in.v, film, out, after);
+                blk.forward_with_film(*pass.ctx, in.v, film, out);
             });
         };
 
@@ -294,7 +288,7 @@ private:
             run_res(d.r0, cur, a);
             View<float, B> sk = ws.template take<float>(Shape{batch, out, L});
             skip[std::size_t(s)] = sk.data;
-            run_res(d.r1, Act{a, a_slot}, sk, d.downsample ? d.downsample->l2_span() : L2PrefetchSpan{});
+            run_res(d.r1, Act{a, a_slot}, sk);
             cur = Act{sk, -1};
             if (d.downsample) {
                 const Conv1d<B>& conv = *d.downsample;
@@ -331,7 +325,7 @@ private:
             run_res(up.r0, Act{cat, cat_slot}, a);
             const int b_slot = next_slot(a_slot);
             View<float, B> b2 = into_slot(b_slot, Shape{batch, m_res[std::size_t(up.r1)].config().out, L});
-            run_res(up.r1, Act{a, a_slot}, b2, up.upsample.l2_span());
+            run_res(up.r1, Act{a, a_slot}, b2);
             const int y_slot = next_slot(b_slot);
             View<float, B> y = into_slot(y_slot, Shape{batch, up.upsample.config().out, up.upsample.out_length(L)});
             if constexpr (kRun) up.upsample.forward(*pass.ctx, b2, y);
@@ -340,12 +334,7 @@ private:
         }
         const int fin_slot = next_slot(cur.slot);
         View<float, B> fin = into_slot(fin_slot, Shape{batch, c.down_dims[0], L});
-        layer([&] { return scratch_of(m_final_block, batch, L); },
-              [&] {
-                  L2Prefetch last;
-                  last.add(m_final_conv.l2_span());
-                  m_final_block.forward(*pass.ctx, cur.v, fin, {.prefetch = last});
-              });
+        layer([&] { return scratch_of(m_final_block, batch, L); }, [&] { m_final_block.forward(*pass.ctx, cur.v, fin); });
         const View<float, B> eps{pass.eps, Shape{batch, c.action_dim, L}};
         layer([&] { return scratch_of(m_final_conv, batch, L); }, [&] { m_final_conv.forward(*pass.ctx, fin, eps); });
         return result;
