@@ -23,9 +23,11 @@ __global__ void activation_kernel(ActivationParams p) {
 __global__ void axpby_kernel(AxpbyParams p) {
     detail::pdl_wait();  // launched with launch_pdl (common.cuh): inputs come from earlier kernels
     detail::pdl_allow_next();
+    // fma(b, y, a * x) spelled out: left to contraction, nvcc may fuse either product, and the fused flow solve
+    // (flow_solve.cu) must round exactly as this kernel does.
     FLOWEDGE_GRID_STRIDE(i, p.n) {
         const float ax = p.a * p.x[i];
-        p.out[i] = p.y ? ax + p.b * p.y[i] : ax;
+        p.out[i] = p.y ? __fmaf_rn(p.b, p.y[i], ax) : ax;
     }
 }
 

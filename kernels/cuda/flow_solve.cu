@@ -179,10 +179,11 @@ __device__ __forceinline__ float thread_dot(const float* w, const float* x, int 
     return part[0];
 }
 
-/// axpby's element: a * x + b * y (elementwise.cu).
+/// axpby's element, rounded as elementwise.cu's kernel: fma(b, y, a * x). Left to contraction as `a * x + b * y`,
+/// the two places may fuse different products; the first GPU run (2026-12-06) showed the fused solve differing from
+/// the per-op one exactly where a coefficient (dt, dt/6) is not a power of two.
 __device__ __forceinline__ float axpby(float x, float y, float a, float b) {
-    const float ax = a * x;
-    return ax + b * y;
+    return __fmaf_rn(b, y, a * x);
 }
 
 namespace cg = cooperative_groups;

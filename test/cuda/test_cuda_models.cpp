@@ -457,6 +457,7 @@ TEST_CASE("FlowHead<Cuda>: the fused batch-1 solve (one cluster kernel) equals t
             per_op.head().sample(cond, noise, o, s, n);
             CAPTURE(solver_name(s));
             CAPTURE(n);
+            INFO("max rel |fused - per-op| " << max_norm_rel(f, o));
             CHECK(bitwise_equal(f, o));
             fused.head().begin(cond, noise, s, n);  // advance() pieces: one fused launch each
             while (!fused.head().advance(3)) {
@@ -469,6 +470,7 @@ TEST_CASE("FlowHead<Cuda>: the fused batch-1 solve (one cluster kernel) equals t
     std::vector<float> af(static_cast<std::size_t>(A)), ao(af.size());
     fused.act(t4, noise, af, Solver::Euler, 10);
     per_op.act(t4, noise, ao, Solver::Euler, 10);
+    INFO("max rel |fused - per-op| " << max_norm_rel(af, ao));
     CHECK(bitwise_equal(af, ao));
     // Switching back and forth re-records the graphs; an active solve refuses the switch.
     fused.head().set_fused_solve(false);
@@ -509,6 +511,7 @@ TEST_CASE("MambaFlowPolicy<Cuda>: the fused action (one cluster kernel) equals t
                 CAPTURE(len);
                 CAPTURE(solver_name(s));
                 CAPTURE(n);
+                INFO("max rel |fused - per-op| " << max_norm_rel(f, o));
                 CHECK(bitwise_equal(f, o));
                 // The fused op runs where its limits allow (the smallest shapes always fit its shared memory).
                 if (len <= 4 && n <= 10) CHECK(fused.last_act_fused());
