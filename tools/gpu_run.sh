@@ -74,7 +74,8 @@
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests,
 #             mamba_flow_bench per-op / --fused-solve / --fused-act alternated, PyTorch eager, sanitizers on the fused
-#             tests: FLOW_SANITIZERS, default "memcheck racecheck synccheck") -> $OUT/flow.txt
+#             tests: FLOW_SANITIZERS, default "memcheck racecheck synccheck"), ncu of the fused kernels (FLOW_NCU=0
+#             skips it) -> $OUT/flow.txt, ncu_flow__fused_{act,solve}.txt
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -522,8 +523,9 @@ stage_prof() {
 # Issue 20's Mamba-flow action on the GPU: the fused batch-1 flow solve (kernels/cuda/flow_solve.cu) against the per-op
 # solve: the FlowHead / MambaFlowPolicy CUDA tests (bit-equality of the two, parity with the CPU and PyTorch), then
 # mamba_flow_bench on the demo checkpoint per-op, --fused-solve and --fused-act alternated FLOW_ROUNDS times, PyTorch
-# eager in the same call, compute-sanitizer memcheck / racecheck / synccheck on the fused-solve test
-# -> $OUT/flow.txt, mamba_flow_cuda_{per_op,fused_solve,fused_act}_r<N>.json, mamba_flow_pytorch_cuda.json
+# eager in the same call, ncu of the two fused kernels (FLOW_NCU=0 skips it), compute-sanitizer memcheck / racecheck /
+# synccheck on the fused tests -> $OUT/flow.txt, mamba_flow_cuda_{per_op,fused_solve,fused_act}_r<N>.json,
+# mamba_flow_pytorch_cuda.json, ncu_flow__fused_{act,solve}.txt
 stage_flow() {
     local rc=0 r path e
     BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow" stage_build || return $?
@@ -540,6 +542,20 @@ stage_flow() {
     done
     python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json" \
         2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
+    # Where the fused kernels' time goes (they ran 7x over their desk estimate in session 20): speed of light, warp
+    # stall reasons, occupancy and the source lines with the most stall samples, two launches of each.
+    if [ "${FLOW_NCU:-1}" = 1 ]; then
+        local ncu path_flag
+        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        for path_flag in --fused-act --fused-solve; do
+            "$ncu" --clock-control none -k regex:'mamba_flow_act|flow_solve' -c 2 --section SpeedOfLight --section WarpStateStats \
+                --section Occupancy --section LaunchStats --section SchedulerStats --section SourceCounters \
+                "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda $path_flag --iters 10 --warmup 0 \
+                > "$OUT/ncu_flow${path_flag//-/_}.txt" 2>&1 || rc=$?
+            grep -E "Duration|Stall|Issued|Achieved Occupancy|Registers|Shared Memory Config|Eligible" "$OUT/ncu_flow${path_flag//-/_}.txt" \
+                | head -n 40 | sed "s/^/ncu $path_flag: /" | tee -a "$OUT/flow.txt"
+        done
+    fi
     local san tool
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in ${FLOW_SANITIZERS-memcheck racecheck synccheck}; do
