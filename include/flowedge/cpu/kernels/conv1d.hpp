@@ -236,7 +236,12 @@ inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf
                 return;
             }
         }
-        if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0) {
+        // At <= kExactBf16MaxCols columns (the U-Net's L = 4 convs at batch 1) a BF16 request on BF16 blocks runs the
+        // exact 512-bit kernel: those convs stream weights, and it streams them faster than the AMX / vdpbf16ps
+        // kernels (bench/results/diffusion_cpu_bf16_zmm.md); exact results are within the BF16 bound too.
+        const bool exact_faster = p.batch * p.out_length <= packed_bf16_zmm::kExactBf16MaxCols && packed_bf16_zmm::enabled();
+        if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0 &&
+            !exact_faster) {
             const auto* wb = static_cast<const ::flowedge::bf16*>(blocks);
             if (::flowedge::cpu::amx_bf16_available() && packed_dot::amx::bh_plan(p).ns > 0) packed_dot::amx::conv1d_bh_amx(p, wb);
             else packed_dot::conv1d_bh(p, wb);

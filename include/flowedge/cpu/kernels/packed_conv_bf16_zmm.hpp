@@ -213,6 +213,10 @@ inline bool enabled() {
     return on;
 }
 
+/// Columns (batch x out_length) up to which Conv1d runs this exact kernel on BF16 blocks under MathMode::BF16 too
+/// (conv1d.hpp): there the weights stream faster through it than through the AMX / vdpbf16ps kernels.
+inline constexpr int kExactBf16MaxCols = 4;
+
 /// Conv1d on exact BF16 blocks, split by output blocks over the threads as avx2::conv1d_packed_impl does.
 inline void conv1d(const Conv1dParams& p, const bf16* wp) {
     [[maybe_unused]] const bool par =
