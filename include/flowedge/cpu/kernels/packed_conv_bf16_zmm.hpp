@@ -10,8 +10,8 @@
 // (step j+1), as in the AVX2 kernel. Each output lane sums the same products in the same order as the AVX2 kernel
 // (fresh accumulators per kPackChunk slice, FMA per step in j, slice added to the running total, same epilogue), so
 // the results are bit-identical to it for any thread count. An odd block left over for a thread runs alone (v1 idle).
-// Batch-1 passes at stride 1 also build the im2col panel with one masked vector load per row (im2col_rows), where the
-// scalar gather took ~10% of an L = 16 conv. Timings: bench/results/diffusion_cpu_bf16_zmm.md.
+// Batch-1 passes at stride 1 also build the im2col panel with one masked vector load per row (im2col_rows) instead of
+// one scalar gather per value, which every thread repeats. Timings: bench/results/diffusion_cpu_bf16_zmm.md.
 #if FLOWEDGE_ISA_AVX512
 
 namespace packed_bf16_zmm {
@@ -19,8 +19,8 @@ namespace avx2 = ::flowedge::cpu::avx2;
 
 inline constexpr int kWidth = avx2::kConvBlockWidth<bf16>;  // 24 outputs per block
 /// Columns per micro-kernel call: 3 accumulators each (24 at 8) beside the widened weights, the broadcast and the
-/// permutation indices. 8 rather than 6: `L = 8` then streams its weights in one column group instead of two, and
-/// `L = 16` in two instead of three (1024 k5 L 8: 0.82 -> 0.71 ms, 512 k5 L 16: 0.377 -> 0.34-0.35 ms).
+/// permutation indices. 8 rather than 6: L = 8 then streams its weights in one column group instead of two, and
+/// L = 16 in two instead of three (each group re-widens the slice).
 inline constexpr int kMaxCols = 8;
 
 /// vpermw indices that put step j's (lo) or step j+1's (hi) 16 outputs of a block's first 64 bytes into the high
