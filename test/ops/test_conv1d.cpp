@@ -241,6 +241,49 @@ TEST_CASE("conv1d on packed weights: same bits for any batch grouping and thread
     }
 }
 
+#if defined(FLOWEDGE_CPU_X86)
+TEST_CASE("conv1d on BF16 blocks: the AVX-512 set's 512-bit kernel gives the AVX2 set's kernel's bits") {
+    if (cpu::active_isa() != cpu::Isa::Avx512) {
+        MESSAGE("the AVX-512 set is not this process's kernel set: nothing to check");
+        return;
+    }
+    // Odd and even block counts (a thread's last block alone), odd R (a half-used last pair), column counts 1..80
+    // (every group width and the 64-column passes), several input-channel chunks, reductions longer than kPackChunk.
+    const ConvCase cases[] = {
+        {1, 1, 1, 1, 1, 1, 0, true},       {2, 3, 7, 5, 3, 1, 1, true},      {1, 37, 129, 16, 5, 1, 2, true},
+        {3, 7, 37, 7, 3, 2, 1, false},     {1, 129, 3, 4, 1, 1, 0, true},    {1, 512, 72, 16, 5, 1, 2, true},
+        {1, 4096, 48, 4, 5, 1, 2, true},   {5, 6, 9, 16, 5, 1, 2, true},     {1, 300, 200, 8, 5, 1, 2, true},
+        {1, 64, 17, 5, 5, 1, 2, false},    {1, 2048, 40, 4, 5, 1, 2, true},  {4, 401, 30, 16, 3, 1, 1, true},
+        {1, 1024, 120, 8, 3, 2, 1, true},
+    };
+    std::uint32_t seed = 9000;
+    for (const auto& k : cases) {
+        CAPTURE(k.cin);
+        CAPTURE(k.cout);
+        CAPTURE(k.lin);
+        const HostWeights w = make_weights(std::size_t(k.cout) * k.cin * k.kernel, DType::BF16, seed += 10, 0.3f);
+        const auto pw = packed_conv_bytes(w, k.cout);
+        const WeightRef ref{nullptr, DType::BF16, pw.get()};
+        const void* blocks = cpu::packed_weight(ref)->data();
+        const auto x = random_vec(std::size_t(k.batch) * k.cin * k.lin, seed + 1);
+        const auto bias = random_vec(std::size_t(k.cout), seed + 2);
+        Conv1dParams p = conv1d_params(k, x.data(), ref, k.bias ? bias.data() : nullptr);
+        const std::size_t ny = std::size_t(k.batch) * k.cout * p.out_length;
+        for (int threads : {1, 2}) {
+            CAPTURE(threads);
+            std::vector<float> y_ymm(ny, -1.f), y_zmm(ny, -2.f);
+            with_threads(threads, [&] {
+                p.y = y_ymm.data();
+                cpu::avx2::conv1d(p, blocks, false, false);
+                p.y = y_zmm.data();
+                cpu::avx512::packed_bf16_zmm::conv1d(p, static_cast<const bf16*>(blocks));
+            });
+            CHECK(bit_mismatches(y_zmm, y_ymm) == 0);
+        }
+    }
+}
+#endif
+
 TEST_CASE_TEMPLATE("conv1d rejects inconsistent shapes, bad dtypes and null pointers with the shared message" *
                        doctest::test_suite("op_checks"),
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {

@@ -116,7 +116,13 @@ std::vector<float> check_conv(const ConvCase& k, DType dt, std::uint32_t seed, b
     } else
 #endif
         Ops<Cpu>::conv1d(p);
-    if (!kBf16Kernels || (pw && dt != DType::BF16)) {
+    // BF16 blocks at <= kExactBf16MaxCols columns run the exact 512-bit kernel where it is on (Intel AVX-512 CPUs).
+    bool exact_blocks = false;
+#if defined(FLOWEDGE_CPU_X86)
+    exact_blocks = pw && dt == DType::BF16 && kernel == BhKernel::Dispatch && cpu::active_isa() == cpu::Isa::Avx512 &&
+                   cpu::avx512::packed_bf16_zmm::enabled() && k.batch * lout <= cpu::avx512::packed_bf16_zmm::kExactBf16MaxCols;
+#endif
+    if (!kBf16Kernels || (pw && dt != DType::BF16) || exact_blocks) {
         CHECK(std::memcmp(y_f32.data(), y_bf16.data(), ny * sizeof(float)) == 0);
         return y_bf16;
     }

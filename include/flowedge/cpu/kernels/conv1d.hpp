@@ -205,6 +205,8 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 #include "flowedge/cpu/kernels/packed_conv_dot.hpp"
 // The same two modes on AMX tiles (AVX-512 set, where the CPU has AMX).
 #include "flowedge/cpu/kernels/amx_conv.hpp"
+// The exact kernel on BF16 blocks with 512-bit vectors (AVX-512 set).
+#include "flowedge/cpu/kernels/packed_conv_bf16_zmm.hpp"
 
 /// Ops<Cpu>::conv1d after its checks. blocks: the weight in the packed block layout (AVX2 and AVX-512 sets; int8: the
 /// avx2::Int8Blocks of INT8 or W8A8 blocks), or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on
@@ -234,10 +236,19 @@ inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf
                 return;
             }
         }
-        if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0) {
+        // At <= kExactBf16MaxCols columns (the U-Net's L = 4 convs at batch 1) a BF16 request on BF16 blocks runs the
+        // exact 512-bit kernel: those convs stream weights, and it streams them faster than the AMX / vdpbf16ps
+        // kernels (bench/results/diffusion_cpu_bf16_zmm.md); exact results are within the BF16 bound too.
+        const bool exact_faster = p.batch * p.out_length <= packed_bf16_zmm::kExactBf16MaxCols && packed_bf16_zmm::enabled();
+        if (bf16 && p.math == MathMode::BF16 && !int8 && p.w.dtype == DType::BF16 && packed_dot::bh_pairs_per_column(p) > 0 &&
+            !exact_faster) {
             const auto* wb = static_cast<const ::flowedge::bf16*>(blocks);
             if (::flowedge::cpu::amx_bf16_available() && packed_dot::amx::bh_plan(p).ns > 0) packed_dot::amx::conv1d_bh_amx(p, wb);
             else packed_dot::conv1d_bh(p, wb);
+            return;
+        }
+        if (!int8 && p.w.dtype == DType::BF16 && packed_bf16_zmm::enabled()) {
+            packed_bf16_zmm::conv1d(p, static_cast<const ::flowedge::bf16*>(blocks));
             return;
         }
         ::flowedge::cpu::avx2::conv1d(p, blocks, int8, false);  // the AVX2 set's layout and exact kernels
