@@ -192,7 +192,8 @@ inline void conv1d_part(const Conv1dParams& p, const bf16* wp, int tid, int nth)
                         // prefetch the next slice (one slice ahead), so the stream continues while they compute.
                         const std::ptrdiff_t pf = g == 0 ? kFirstGroupPrefetch : kLaterGroupPrefetch;
                         if (two) chunk_n<true>(c1 - c0, wa + at, wb + at, panel + std::size_t(j0) * nn, std::size_t(nn), n, pf, c0, tot[0], tot[1]);
-                        else chunk_n<false>(c1 - c0, wa + at, nullptr, panel + std::size_t(j0) * nn, std::size_t(nn), n, pf, c0, tot[0], tot[1]);
+                        // One block: B is never read, but its pointer still steps with A's (null + offset is UB).
+                        else chunk_n<false>(c1 - c0, wa + at, wa + at, panel + std::size_t(j0) * nn, std::size_t(nn), n, pf, c0, tot[0], tot[1]);
                         c0 = c1;
                     }
                 }
