@@ -82,6 +82,27 @@ inline void conv1d_impl(const Conv1dParams& p, const WT* w) {
 /// (shorter float chains than one sequential sum over in*kernel elements). Even: BF16 blocks store steps in pairs.
 inline constexpr int kPackChunk = 128;
 
+/// Most columns per pass of the packed conv kernels (the packed weights are streamed once per pass).
+inline constexpr int kPackedPassCols = 64;
+
+/// The passes of the packed conv kernels: columns per pass and input channels per chunk (the panel of one pass and
+/// chunk fits kScratchFloats). Shared by conv1d_packed_part and the AVX-512 set's BF16 kernel, which must make the
+/// same passes to give the same bits. BF16 blocks pair steps (j, j+1) from j = 0, so every input-channel chunk must
+/// start at an even step: an even channel count per chunk (at least 2, hence at most kScratchFloats / (2K) columns).
+struct PackedConvPasses {
+    int cols;
+    int chunk_in;
+};
+template <class WT>
+inline PackedConvPasses packed_conv_passes(const Conv1dParams& p) {
+    const std::size_t K = std::size_t(p.kernel);
+    constexpr bool kPairs = packed_conv_steps<WT>(1) == 2;
+    const int ns = std::min({p.batch * p.out_length, kPackedPassCols, kPairs ? int(kScratchFloats / (2 * K)) : kPackedPassCols});
+    int chunk_in = int(std::min<std::size_t>(std::size_t(p.in_channels), kScratchFloats / (std::size_t(ns) * K)));
+    if (kPairs && chunk_in < p.in_channels) chunk_in &= ~1;
+    return {ns, chunk_in};
+}
+
 /// This thread's share (output blocks [blocks*tid/nth, blocks*(tid+1)/nth)) of conv1d_packed_impl, so that several
 /// convolutions can share one parallel region (linear_batch, conv_transpose1d on packed weights).
 template <class WT>
@@ -91,13 +112,8 @@ inline void conv1d_packed_part(const Conv1dParams& p, const WT* wp, int tid, int
     const int N = p.batch * Lout;
     const std::size_t R = std::size_t(Cin) * std::size_t(K), block_steps = packed_conv_steps<WT>(R);
     const int blocks = (Cout + W - 1) / W;
-    constexpr int kCols = 64;  // columns per pass (the packed weights are streamed once per pass)
-    // BF16 blocks pair steps (j, j+1) from j = 0, so every input-channel chunk must start at an even step: an even
-    // channel count per chunk (at least 2, hence at most kScratchFloats / (2K) columns per pass).
-    constexpr bool kPairs = packed_conv_steps<WT>(1) == 2;
-    const int ns = std::min({N, kCols, kPairs ? int(kScratchFloats / (2 * std::size_t(K))) : kCols});
-    int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
-    if (kPairs && chunk_in < Cin) chunk_in &= ~1;
+    constexpr int kCols = kPackedPassCols;
+    const auto [ns, chunk_in] = packed_conv_passes<WT>(p);
     {
         alignas(64) float panel[kScratchFloats];
         alignas(64) float tot[kCols * W];

@@ -53,6 +53,19 @@ inline void pair_steps(const bf16* wa, const bf16* wb, const float* x, std::size
         if constexpr (kTwo) r = _mm512_inserti64x4(r, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32)), 1);
         return r;
     };
+    // Step j of the pair at wa / wb, and step j + 1 unless the pair is the last, half-used one.
+    auto pair = [&](bool second) __attribute__((always_inline)) {
+        const __m512i ra = _mm512_loadu_si512(wa);
+        const __m512i rb = kTwo ? _mm512_loadu_si512(wb) : ra;
+        const __m512i rc = tail_slots(wa, wb);
+        step(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, ra)),
+             _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, rb)),
+             _mm512_castsi512_ps(_mm512_slli_epi32(rc, 16)), x);
+        if (second)
+            step(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j1, ra)),
+                 _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j1, rb)),
+                 _mm512_castsi512_ps(_mm512_and_si512(rc, high)), x + ldx);
+    };
     int j = 0;
     for (; j + 2 <= n; j += 2, wa += 2 * kWidth, wb += 2 * kWidth, x += 2 * ldx) {
         __builtin_prefetch(reinterpret_cast<const char*>(wa) + pf, 0, 3);
@@ -61,24 +74,9 @@ inline void pair_steps(const bf16* wa, const bf16* wb, const float* x, std::size
             __builtin_prefetch(reinterpret_cast<const char*>(wb) + pf, 0, 3);
             __builtin_prefetch(reinterpret_cast<const char*>(wb) + pf + 64, 0, 3);
         }
-        const __m512i ra = _mm512_loadu_si512(wa);
-        const __m512i rb = kTwo ? _mm512_loadu_si512(wb) : ra;
-        const __m512i rc = tail_slots(wa, wb);
-        step(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, ra)),
-             _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, rb)),
-             _mm512_castsi512_ps(_mm512_slli_epi32(rc, 16)), x);
-        step(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j1, ra)),
-             _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j1, rb)),
-             _mm512_castsi512_ps(_mm512_and_si512(rc, high)), x + ldx);
+        pair(true);
     }
-    if (j < n) {  // the first step of a last, half-used pair
-        const __m512i ra = _mm512_loadu_si512(wa);
-        const __m512i rb = kTwo ? _mm512_loadu_si512(wb) : ra;
-        const __m512i rc = tail_slots(wa, wb);
-        step(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, ra)),
-             _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOdd, idx_j, rb)),
-             _mm512_castsi512_ps(_mm512_slli_epi32(rc, 16)), x);
-    }
+    if (j < n) pair(false);
 }
 
 /// tot_a / tot_b[c*24 + o] += blocks A / B x panel columns [c0, c0 + NC) over n steps (fresh accumulators, then
@@ -158,10 +156,8 @@ inline void conv1d_part(const Conv1dParams& p, const bf16* wp, int tid, int nth)
     const int N = p.batch * Lout;
     const std::size_t R = std::size_t(Cin) * std::size_t(K), block_steps = avx2::packed_conv_steps<bf16>(R);
     const int blocks = (Cout + W - 1) / W;
-    constexpr int kCols = 64;
-    const int ns = std::min({N, kCols, int(kScratchFloats / (2 * std::size_t(K)))});
-    int chunk_in = int(std::min<std::size_t>(std::size_t(Cin), kScratchFloats / (std::size_t(ns) * std::size_t(K))));
-    if (chunk_in < Cin) chunk_in &= ~1;
+    constexpr int kCols = avx2::kPackedPassCols;
+    const auto [ns, chunk_in] = avx2::packed_conv_passes<bf16>(p);
     alignas(64) float panel[kScratchFloats];
     alignas(64) float tot[2][kCols * W];
     const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
@@ -207,10 +203,9 @@ inline void conv1d_part(const Conv1dParams& p, const bf16* wp, int tid, int nth)
     }
 }
 
-/// Whether exact BF16 blocks run here: on Intel cores (two 512-bit FMA ports on the Xeons this was measured on);
-/// elsewhere (Zen 4 splits 512-bit operations into two 256-bit halves; not measured there) the AVX2 set's 256-bit
-/// kernel stays. FLOWEDGE_CPU_BF16_YMM=1 keeps the 256-bit kernel (the old path of an A/B run in one binary),
-/// FLOWEDGE_CPU_BF16_ZMM=1 takes this one on any AVX-512 CPU.
+/// Whether exact BF16 blocks run here: on Intel cores, whose two 512-bit FMA ports are what this kernel feeds; other
+/// AVX-512 cores (Zen 4 splits 512-bit operations in halves) keep the AVX2 set's 256-bit kernel. FLOWEDGE_CPU_BF16_YMM=1
+/// keeps the 256-bit kernel everywhere (A/B runs), FLOWEDGE_CPU_BF16_ZMM=1 takes this one on any AVX-512 CPU.
 inline bool enabled() {
     static const bool on = !::flowedge::cpu::env_is("FLOWEDGE_CPU_BF16_YMM", "1") &&
                            (__builtin_cpu_is("intel") || ::flowedge::cpu::env_is("FLOWEDGE_CPU_BF16_ZMM", "1"));
