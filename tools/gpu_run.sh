@@ -542,8 +542,8 @@ stage_flow() {
     done
     python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json" \
         2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
-    # Where the fused kernels' time goes (they ran 7x over their desk estimate in session 20): speed of light, warp
-    # stall reasons, occupancy and the source lines with the most stall samples, two launches of each.
+    # Where the fused kernels' time goes, before any rewrite (bench/results/mamba_flow_cuda_fused.md): speed of light,
+    # warp stall reasons, occupancy and the source lines with the most stall samples, two launches of each.
     if [ "${FLOW_NCU:-1}" = 1 ]; then
         local ncu path_flag
         ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
