@@ -2,17 +2,19 @@
 // instead of ~6 dependent kernel launches per velocity evaluation (axpby, in_proj, each hidden layer, out_proj, axpby);
 // and the whole Mamba-flow action (state reset, prefill, condition, solve: ~97 launches per-op) as one cluster launch.
 //
-// Launch geometry: one cluster of kCluster = 8 blocks x 256 threads (8 warps) on sm_90. Block `rank` owns the rows
+// Launch geometry: one cluster of kCluster = 8 blocks of Threads = 256, 512 or 1024 threads on sm_90 (the block size
+// changes which warp computes an output, never how: FLOWEDGE_CUDA_FLOW_THREADS picks it). Block `rank` owns the rows
 // [rank * R, rank * R + R) of every hidden layer (R = H / 8); they are copied to its shared memory once (cp.async,
 // before the programmatic-dependent-launch wait: weights never depend on an earlier kernel), with the whole in_proj
 // ([H, A]: small), out_proj, c and time table. A velocity evaluation: every block computes all H outputs of in_proj
 // on its own copy (one thread per output, replaying the warp's per-lane sums and butterfly: no barrier), then for
-// each hidden layer each block computes its R outputs (a warp takes four outputs at once so their memory and
+// each hidden layer each block computes its R outputs (a warp takes up to four outputs at once so their memory and
 // shuffle latencies overlap) and stores them into every block's copy of the layer's output (distributed shared
-// memory), then the cluster barrier; out_proj's A outputs and the solver's combinations are computed by every block
-// on its own copy (the same operations in the same order, so every block holds the same state). Layer outputs rotate
-// through three buffers: a remote store into layer g's buffer comes after the barrier that ended the last remote
-// layer, when every block has finished reading layer g - 3, the buffer's previous content.
+// memory: lanes 0-7 store one rank's copy each), then the cluster barrier; out_proj's A outputs and the solver's
+// combinations are computed by every block on its own copy (the same operations in the same order, so every block
+// holds the same state). Layer outputs rotate through three buffers: a remote store into layer g's buffer comes after
+// the barrier that ended the last remote layer, when every block has finished reading layer g - 3, the buffer's
+// previous content.
 //
 // Numerics: each output is the single linear op's per-output routine (linear.cu: per-lane float sums in index
 // order, 16-byte vector or scalar steps as that op would choose for the same pointers, butterfly warp sum, lane 0's
@@ -25,7 +27,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cluster_splitk.cuh"
 #include "common.cuh"
@@ -35,25 +39,24 @@ namespace flowedge::cuda {
 namespace {
 
 constexpr int kCluster = 8;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxAction = 64;  // the state and the solver's k buffers live in shared memory
+constexpr int kMaxXProj = 64;   // x_proj outputs (dt_rank + 2 d_state) of the fused action
 
 __host__ __device__ constexpr int pad4(int n) { return (n + 3) & ~3; }
 
 /// Issues (does not commit) cp.async copies of `rows` rows of `len` floats to dst (row stride ld): row r from src(r).
 /// v16: every src(r) and dst row is 16-byte aligned and len % 4 == 0 (16-byte steps), else 4-byte steps. Called by
-/// all of a block's threads.
-template <class Src>
+/// all of a block's Threads threads.
+template <int Threads, class Src>
 __device__ __forceinline__ void copy_rows(float* dst, int ld, int rows, int len, Src src, bool v16, int tid) {
     if (v16) {
         const int q = len / 4;
-        for (int e = tid; e < rows * q; e += kThreads) {
+        for (int e = tid; e < rows * q; e += Threads) {
             const int r = e / q, c = e - r * q;
             detail::cp_async16(dst + std::size_t(r) * ld + 4 * c, src(r) + 4 * c, 16);
         }
     } else {
-        for (int e = tid; e < rows * len; e += kThreads) {
+        for (int e = tid; e < rows * len; e += Threads) {
             const int r = e / len, c = e - r * len;
             detail::cp_async4(dst + std::size_t(r) * ld + c, src(r) + c, 4);
         }
@@ -120,28 +123,39 @@ __device__ __forceinline__ void warp_dots(const float* const (&w)[N], const floa
     for (int q = 0; q < N; ++q) out[q] = detail::warp_sum(acc[q]);
 }
 
-constexpr int kDotsPerWarp = 4;
+/// Outputs a warp computes at once: enough to overlap their latencies when the block has few warps, fewer (less
+/// repeated work past the end of short layers) when many warps do that.
+template <int Warps>
+constexpr int kDotsPerWarp = Warps >= 32 ? 1 : Warps >= 16 ? 2 : 4;
 
-/// Items i = warp, warp + kWarps, ... of [0, count), kDotsPerWarp at a time: operands(i, w, x) names item i's weight
-/// row and input (length n), store(i, value) runs on lane 0 with the op's value.
-template <class Operands, class Store>
+/// Items i = warp, warp + Warps, ... of [0, count), kDotsPerWarp at a time: operands(i, w, x) names item i's weight
+/// row and input (length n); store(i, value) runs on every lane with the op's value (warp_sum's xor butterfly leaves
+/// the same bits in all 32 lanes, a + b == b + a), so a store to every block's copy can use one lane per rank.
+template <int Warps, class Operands, class Store>
 __device__ __forceinline__ void warp_dot_items(int count, int n, bool vec, int warp, int lane, Operands operands, Store store) {
-    constexpr int N = kDotsPerWarp;
-    for (int i0 = warp; i0 < count; i0 += N * kWarps) {
+    constexpr int N = kDotsPerWarp<Warps>;
+    for (int i0 = warp; i0 < count; i0 += N * Warps) {
         const float* w[N];
         const float* x[N];
 #pragma unroll
         for (int q = 0; q < N; ++q) {
-            const int i = i0 + q * kWarps;
+            const int i = i0 + q * Warps;
             operands(i < count ? i : i0, w[q], x[q]);  // past the end: a repeat of item i0, not stored
         }
         float s[N];
         warp_dots<N>(w, x, n, vec, lane, s);
-        if (lane == 0)
 #pragma unroll
-            for (int q = 0; q < N; ++q)
-                if (i0 + q * kWarps < count) store(i0 + q * kWarps, s[q]);
+        for (int q = 0; q < N; ++q)
+            if (i0 + q * Warps < count) store(i0 + q * Warps, s[q]);
     }
+}
+
+namespace cg = cooperative_groups;
+
+/// buf[i] = v in every block of the cluster, one rank per lane (lanes 0-7; every lane holds the same v): one store
+/// instruction instead of eight on one lane.
+__device__ __forceinline__ void store_all_ranks(const cg::cluster_group& cl, float* buf, int i, float v, int lane) {
+    if (lane < kCluster) cl.map_shared_rank(buf, lane)[i] = v;
 }
 
 template <int O>
@@ -186,12 +200,12 @@ __device__ __forceinline__ float axpby(float x, float y, float a, float b) {
     return __fmaf_rn(b, y, a * x);
 }
 
-namespace cg = cooperative_groups;
-
 /// One block's part of a fused flow solve: its shared-memory regions (FlowSmem at `sm`) and the cluster it shares
 /// layer outputs with. copy_weights() issues the weight copies (not committed); copy_inputs() those of c (unless the
 /// caller computes it), the time table and x; run() does steps [first, first + count) on the state in xs.
+template <int Threads>
 struct FlowBlock {
+    static constexpr int Warps = Threads / 32;
     const FlowSolveParams& p;
     cg::cluster_group cl;
     float *w_in, *w_layers, *w_out, *c_s, *t_s, *hbuf, *xs, *xt, *ks;
@@ -209,19 +223,19 @@ struct FlowBlock {
     }
 
     __device__ void copy_weights() const {
-        copy_rows(w_in, A, H, A, [&](int r) { return p.in_proj + std::size_t(r) * A; }, rows16(p.in_proj, A), tid);
+        copy_rows<Threads>(w_in, A, H, A, [&](int r) { return p.in_proj + std::size_t(r) * A; }, rows16(p.in_proj, A), tid);
         for (int l = 0; l < p.n_layers; ++l)
-            copy_rows(w_layers + std::size_t(l) * R * H, H, R, H, [&](int r) { return p.layers[l] + std::size_t(row0 + r) * H; },
+            copy_rows<Threads>(w_layers + std::size_t(l) * R * H, H, R, H, [&](int r) { return p.layers[l] + std::size_t(row0 + r) * H; },
                       rows16(p.layers[l], H), tid);
-        copy_rows(w_out, H, A, H, [&](int r) { return p.out_proj + std::size_t(r) * H; }, rows16(p.out_proj, H), tid);
+        copy_rows<Threads>(w_out, H, A, H, [&](int r) { return p.out_proj + std::size_t(r) * H; }, rows16(p.out_proj, H), tid);
     }
     /// After the PDL wait: the time table's rows the solver reads, and (with_c_x) c and x from global memory.
     __device__ void copy_inputs(bool with_c_x) const {
         const int ts = time_stride(p);
-        copy_rows(t_s, H, time_rows(p), H, [&](int r) { return p.tproj + std::size_t(r) * ts * H; }, rows16(p.tproj, H), tid);
+        copy_rows<Threads>(t_s, H, time_rows(p), H, [&](int r) { return p.tproj + std::size_t(r) * ts * H; }, rows16(p.tproj, H), tid);
         if (!with_c_x) return;
-        for (int e = tid; e < H; e += kThreads) detail::cp_async4(c_s + e, p.c + e, 4);
-        for (int e = tid; e < A; e += kThreads) detail::cp_async4(xs + e, p.x + e, 4);
+        for (int e = tid; e < H; e += Threads) detail::cp_async4(c_s + e, p.c + e, 4);
+        for (int e = tid; e < A; e += Threads) detail::cp_async4(xs + e, p.x + e, 4);
     }
 
     __device__ float* hb(int k) const { return hbuf + (k % 3) * ldh; }
@@ -231,7 +245,7 @@ struct FlowBlock {
     __device__ void in_rows(const float* x_in, int j) {
         float* out = hb(g);
         const bool vec = p.vec_mask & 1u;
-        for (int o = tid; o < H; o += kThreads) {
+        for (int o = tid; o < H; o += Threads) {
             const float s = thread_dot(w_in + std::size_t(o) * A, x_in, A, vec);
             out[o] = detail::silu(s + axpby(t_s[(j / time_stride(p)) * H + o], c_s[o], 1.f, 1.f));
         }
@@ -242,16 +256,13 @@ struct FlowBlock {
     /// every block's buffer.
     __device__ void layer_rows(const float* w, const float* in, bool vec) {
         float* out = hb(g);
-        warp_dot_items(
+        warp_dot_items<Warps>(
             R, H, vec, warp, lane,
             [&](int r, const float*& wr, const float*& xr) {
                 wr = w + std::size_t(r) * H;
                 xr = in;
             },
-            [&](int r, float s) {
-                const float v = detail::silu(s + 0.f);
-                for (int q = 0; q < kCluster; ++q) cl.map_shared_rank(out, q)[row0 + r] = v;
-            });
+            [&](int r, float s) { store_all_ranks(cl, out, row0 + r, detail::silu(s + 0.f), lane); });
         cl.sync();
         ++g;
     }
@@ -262,13 +273,15 @@ struct FlowBlock {
             layer_rows(w_layers + std::size_t(l) * R * H, hb(g - 1), (p.vec_mask >> (1 + l)) & 1u);
         const float* h = hb(g - 1);
         const bool vec_out = (p.vec_mask >> (1 + p.n_layers)) & 1u;
-        warp_dot_items(
+        warp_dot_items<Warps>(
             A, H, vec_out, warp, lane,
             [&](int o, const float*& wr, const float*& xr) {
                 wr = w_out + std::size_t(o) * H;
                 xr = h;
             },
-            [&](int o, float s) { v_out[o] = s + 0.f; });
+            [&](int o, float s) {
+                if (lane == 0) v_out[o] = s + 0.f;
+            });
         __syncthreads();
     }
     /// dst[i] = a * xv[i] + b * yv[i] over the state (this block's copy).
@@ -315,10 +328,11 @@ struct FlowBlock {
 
 #endif
 
-__global__ void __launch_bounds__(kThreads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p) {
+template <int Threads>
+__global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float sm[];
-    FlowBlock f(p, sm);
+    FlowBlock<Threads> f(p, sm);
     f.copy_weights();  // constants: before the PDL wait
     detail::cp_async_commit();
     detail::pdl_wait();  // x, c (and the time table) come from earlier kernels
@@ -368,23 +382,25 @@ struct MambaSmem {
 };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /// Rows [0, L) of rms_norm_kernel (norm.cu, one 256-thread block per row: y = x * float(1 / sqrt(mean(x^2) + eps)) *
-/// w, the sum of squares in double): one warp per row here, replaying the block's 8 warps' per-thread sums and
-/// butterflies and the in-order sum of the warp totals, so the rows equal the kernel's.
+/// w, the sum of squares in double): one warp per row here (rows warp, warp + Warps, ...), replaying the norm block's
+/// 8 warps' per-thread sums and butterflies and the in-order sum of the warp totals, so the rows equal the kernel's.
+template <int Warps>
 __device__ __forceinline__ void rms_rows(const float* x, const float* w, float* y, int L, int ld, int d, float eps, int warp,
                                          int lane) {
-    for (int t = warp; t < L; t += kWarps) {
+    constexpr int kNormThreads = 256, kNormWarps = kNormThreads / 32;  // rms_norm_kernel's block (norm.cu)
+    for (int t = warp; t < L; t += Warps) {
         const float* xr = x + t * ld;
         float* yr = y + t * ld;
-        double part[kWarps];
+        double part[kNormWarps];
 #pragma unroll
-        for (int v = 0; v < kWarps; ++v) {
+        for (int v = 0; v < kNormWarps; ++v) {
             double s = 0.0;
-            for (int i = v * 32 + lane; i < d; i += kThreads) s += double(xr[i]) * double(xr[i]);
+            for (int i = v * 32 + lane; i < d; i += kNormThreads) s += double(xr[i]) * double(xr[i]);
             part[v] = detail::warp_sum(s);
         }
         double total = 0.0;
 #pragma unroll
-        for (int v = 0; v < kWarps; ++v) total += __shfl_sync(0xffffffffu, part[v], 0);
+        for (int v = 0; v < kNormWarps; ++v) total += __shfl_sync(0xffffffffu, part[v], 0);
         const float scale = float(1.0 / sqrt(total / double(d) + double(eps)));
         for (int i = lane; i < d; i += 32) yr[i] = xr[i] * scale * w[i];
     }
@@ -411,10 +427,12 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 /// cluster barriers per layer; the norms are computed by every block on its own copy. The weight rows a block reads
 /// are copied to its shared memory at kernel start (all the flow's; the backbone's for the first staged_layers
 /// layers, as many as fit), each layer's in its own cp.async group, waited for just before the layer.
-__global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p) {
+template <int Threads>
+__global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int Warps = Threads / 32;
     extern __shared__ __align__(16) float sm[];
-    FlowBlock f(p.flow, sm);
+    FlowBlock<Threads> f(p.flow, sm);
     const MambaSmem M = MambaSmem::of(p, FlowSmem::of(p.flow).total);
     const int D = p.d_model, di = p.d_inner, S = p.d_state, R = p.dt_rank, K = p.d_conv, Lt = p.n_tokens;
     const int nb = R + 2 * S, cb = M.cb, db = M.db, c0 = f.rank * cb, tid = f.tid, warp = f.warp, lane = f.lane;
@@ -429,23 +447,20 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
     float* const zo = sm + M.zo;
     float* const dts = sm + M.dt;
     float* const hid = sm + M.hid;
-    auto to_all = [&](float* buf, int i, float v) {
-        for (int q = 0; q < kCluster; ++q) f.cl.map_shared_rank(buf, q)[i] = v;
-    };
     auto in_row = [&](int q) { return q < cb ? c0 + q : di + c0 + (q - cb); };  // in_proj row of local row q
 
     // Constants before the PDL wait, in the order they are used: each staged layer's rows, then the flow weights.
     for (int l = 0; l < staged; ++l) {
         const MambaLayerTensors& T = p.layers[l];
         float* const w = sm + M.w0 + l * M.w_layer;
-        copy_rows(w, M.ld_d, 2 * cb, D, [&](int q) { return T.in_proj + std::size_t(in_row(q)) * D; },
-                  rows16(T.in_proj, D), tid);
-        copy_rows(w + M.o_x, M.ld_i, nx, di, [&](int j) { return T.x_proj + std::size_t(f.rank + kCluster * j) * di; },
-                  rows16(T.x_proj, di), tid);
-        copy_rows(w + M.o_dt, M.ld_r, cb, R, [&](int k) { return T.dt_proj + std::size_t(c0 + k) * R; }, rows16(T.dt_proj, R),
-                  tid);
-        copy_rows(w + M.o_out, M.ld_i, db, di, [&](int q) { return T.out_proj + std::size_t(f.rank * db + q) * di; },
-                  rows16(T.out_proj, di), tid);
+        copy_rows<Threads>(w, M.ld_d, 2 * cb, D, [&](int q) { return T.in_proj + std::size_t(in_row(q)) * D; },
+                           rows16(T.in_proj, D), tid);
+        copy_rows<Threads>(w + M.o_x, M.ld_i, nx, di, [&](int j) { return T.x_proj + std::size_t(f.rank + kCluster * j) * di; },
+                           rows16(T.x_proj, di), tid);
+        copy_rows<Threads>(w + M.o_dt, M.ld_r, cb, R, [&](int k) { return T.dt_proj + std::size_t(c0 + k) * R; },
+                           rows16(T.dt_proj, R), tid);
+        copy_rows<Threads>(w + M.o_out, M.ld_i, db, di, [&](int q) { return T.out_proj + std::size_t(f.rank * db + q) * di; },
+                           rows16(T.out_proj, di), tid);
         detail::cp_async_commit();
     }
     f.copy_weights();
@@ -453,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
     detail::pdl_wait();  // the time table and the state buffers belong to earlier kernels
     f.copy_inputs(false);
     detail::cp_async_commit();
-    for (int e = tid; e < Lt * D; e += kThreads) {  // embedding rows
+    for (int e = tid; e < Lt * D; e += Threads) {  // embedding rows
         const int t = e / D, d = e - t * D;
         h[t * M.ld_d + d] = p.embedding[std::size_t(p.tokens[t]) * D + d];
     }
@@ -466,11 +481,11 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
         const bool st = l < staged;
         const float* const w = sm + M.w0 + l * M.w_layer;  // the staged rows (st)
         if (st) cp_async_wait_pending(staged - l + 1);  // this layer's group done (later layers, flow, inputs pending)
-        rms_rows(h, T.norm, n, Lt, M.ld_d, D, p.eps, warp, lane);
+        rms_rows<Warps>(h, T.norm, n, Lt, M.ld_d, D, p.eps, warp, lane);
         __syncthreads();  // n, and the staged rows copied by every thread
         // in_proj: this block's x rows c0 + q and z rows di + c0 + q (the linear op's per-output routine, no bias),
         // for every token: item i = q * Lt + t.
-        warp_dot_items(
+        warp_dot_items<Warps>(
             2 * cb * Lt, D, vm & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int q = i / Lt, t = i - q * Lt;
@@ -479,25 +494,28 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
             },
             [&](int i, float s) {
                 const int q = i / Lt, t = i - q * Lt;
-                (q < cb ? xo[t * cb + q] : zo[t * cb + q - cb]) = s + 0.f;
+                if (lane == 0) (q < cb ? xo[t * cb + q] : zo[t * cb + q - cb]) = s + 0.f;
             });
         __syncthreads();
-        // Causal conv + SiLU (causal_conv_kernel; the history is zero: a prefill starts from a reset), then the
-        // channel's conv state rows.
-        if (tid < cb) {
-            const int c = c0 + tid, hist = K - 1;
-            auto xx = [&](int j) { return j < hist ? 0.f : xo[(j - hist) * cb + tid]; };
+        // Causal conv + SiLU (causal_conv_kernel; the history is zero: a prefill starts from a reset): thread e
+        // computes channel c0 + e % cb and stores rank e / cb's copy; rank 0's thread also writes the channel's conv
+        // state rows.
+        for (int e = tid; e < cb * kCluster; e += Threads) {
+            const int k = e % cb, rank = e / cb, c = c0 + k, hist = K - 1;
+            auto xx = [&](int j) { return j < hist ? 0.f : xo[(j - hist) * cb + k]; };
             const float bias = T.conv_b ? T.conv_b[c] : 0.f;
+            float* const u_r = f.cl.map_shared_rank(u, rank);
             for (int t = 0; t < Lt; ++t) {
                 float acc = bias;
-                for (int k = 0; k < K; ++k) acc += T.conv_w[std::size_t(c) * K + k] * xx(t + k);
-                to_all(u, t * M.ld_i + c, detail::silu(acc));
+                for (int j = 0; j < K; ++j) acc += T.conv_w[std::size_t(c) * K + j] * xx(t + j);
+                u_r[t * M.ld_i + c] = detail::silu(acc);
             }
-            for (int j = 0; j < hist; ++j) T.conv_state[std::size_t(j) * di + c] = xx(Lt + j);
+            if (rank == 0)
+                for (int j = 0; j < hist; ++j) T.conv_state[std::size_t(j) * di + c] = xx(Lt + j);
         }
         f.cl.sync();
         // x_proj: outputs o = rank + 8 j of every token (item i = j * Lt + t).
-        warp_dot_items(
+        warp_dot_items<Warps>(
             nx * Lt, di, (vm >> 1) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int j = i / Lt, t = i - j * Lt;
@@ -506,22 +524,25 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
             },
             [&](int i, float s) {
                 const int j = i / Lt, t = i - j * Lt;
-                to_all(dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f);
+                store_all_ranks(f.cl, dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f, lane);
             });
         f.cl.sync();
         // dt_proj @ dt_low for this block's channels and every token (item i = k * Lt + t), before the scan.
-        warp_dot_items(
+        warp_dot_items<Warps>(
             cb * Lt, R, (vm >> 2) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int k = i / Lt, t = i - k * Lt;
                 wr = st ? w + M.o_dt + k * M.ld_r : T.dt_proj + std::size_t(c0 + k) * R;
                 xr = dbl + t * M.ld_b;
             },
-            [&](int i, float s) { dts[i] = s; });
+            [&](int i, float s) {
+                if (lane == 0) dts[i] = s;
+            });
         __syncthreads();
         // dt = softplus(dt_proj @ dt_low + b) and the selective scan (selective_scan_kernel, d_state <= 32: lane n
-        // holds state n, zero at a reset), this block's channels, one warp per channel.
-        for (int k = warp; k < cb; k += kWarps) {
+        // holds state n, zero at a reset), this block's channels, one warp per channel; every lane ends with the
+        // output (xor butterfly), lanes 0-7 store it into the eight blocks' copies.
+        for (int k = warp; k < cb; k += Warps) {
             const int c = c0 + k;
             float state = 0.f;
             const float a = lane < S ? T.A[std::size_t(c) * S + lane] : 0.f;
@@ -537,18 +558,16 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
                     part += state * Ct[lane];
                 }
                 const float sum = detail::warp_sum(part);
-                if (lane == 0) {
-                    float yv = sum + dd * uv;
-                    yv *= detail::silu(zo[t * cb + k]);
-                    to_all(y, t * M.ld_i + c, yv);
-                }
+                float yv = sum + dd * uv;
+                yv *= detail::silu(zo[t * cb + k]);
+                store_all_ranks(f.cl, y, t * M.ld_i + c, yv, lane);
             }
             if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = state;
         }
         f.cl.sync();
         // out_proj + residual: this block's outputs; the last layer only for the last row (prefill_last).
         const int t_from = l == p.n_layers - 1 ? Lt - 1 : 0, nt = Lt - t_from;
-        warp_dot_items(
+        warp_dot_items<Warps>(
             db * nt, di, (vm >> 3) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int q = i / nt, t = t_from + (i - q * nt);
@@ -557,22 +576,24 @@ __global__ void __launch_bounds__(kThreads, 1) mamba_flow_act_kernel(const __gri
             },
             [&](int i, float s) {
                 const int q = i / nt, t = t_from + (i - q * nt), o = f.rank * db + q;
-                to_all(h, t * M.ld_d + o, h[t * M.ld_d + o] + (s + 0.f));
+                const float v = h[t * M.ld_d + o] + (s + 0.f);
+                __syncwarp();  // every lane has read this block's old value before lane rank stores the new one
+                store_all_ranks(f.cl, h, t * M.ld_d + o, v, lane);
             });
         f.cl.sync();
     }
     // Final norm of the last row (warp 0); c = cond_proj @ it for this block's flow rows, into every block's copy.
-    rms_rows(h + (Lt - 1) * M.ld_d, p.norm_f, hid, 1, M.ld_d, D, p.eps, warp, lane);
+    rms_rows<Warps>(h + (Lt - 1) * M.ld_d, p.norm_f, hid, 1, M.ld_d, D, p.eps, warp, lane);
     __syncthreads();
     if (f.rank == 0)
-        for (int i = tid; i < D; i += kThreads) p.hidden[i] = hid[i];
-    warp_dot_items(
+        for (int i = tid; i < D; i += Threads) p.hidden[i] = hid[i];
+    warp_dot_items<Warps>(
         f.R, D, (p.vec_mask >> 16) & 1u, warp, lane,
         [&](int r, const float*& wr, const float*& xr) {
             wr = p.cond_proj + std::size_t(f.row0 + r) * D;
             xr = hid;
         },
-        [&](int r, float s) { to_all(f.c_s, f.row0 + r, s + 0.f); });
+        [&](int r, float s) { store_all_ranks(f.cl, f.c_s, f.row0 + r, s + 0.f, lane); });
     detail::cp_async_wait<0>();
     f.cl.sync();  // c complete in every block; flow weights and time table landed in this block
     f.run();
@@ -600,13 +621,37 @@ void check_flow_pointers(const FlowSolveParams& p, bool c_in) {
     for (int l = 0; l < p.n_layers; ++l) check(p.layers[l] != nullptr, "cuda flow_solve", "null hidden-layer weight pointer");
 }
 
-/// Opts `kernel` in to the device's whole per-block shared memory (once per kernel and device: a driver call per launch
-/// would cost microseconds of a ~20 us action) and launches it as one cluster of kCluster blocks with PDL.
-template <class Params>
+/// Threads per block of the fused kernels: FLOWEDGE_CUDA_FLOW_THREADS = 256, 512 or 1024 (read once; for A/B timing,
+/// the bits do not depend on it), else 512.
+int flow_threads() {
+    static const int threads = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_FLOW_THREADS");
+        if (!e || !*e) return 512;
+        const std::string v(e);
+        if (v == "256" || v == "512" || v == "1024") return std::stoi(v);
+        fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_THREADS" + expected_got("256, 512 or 1024", v));
+    }();
+    return threads;
+}
+
+/// Opts `kernel` (the instance for Threads per block) in to the device's whole per-block shared memory (once per
+/// kernel and device: a driver call per launch would cost microseconds of a ~20 us action) and launches it as one
+/// cluster of kCluster blocks with PDL.
+template <int Threads, class Params>
 void launch_cluster(void (*kernel)(Params), std::size_t bytes, const Params& p, Stream s) {
     static std::atomic<int> opted_device{-1};
     detail::opt_in_smem_once(kernel, bytes, detail::smem_per_block_optin(), opted_device);
-    detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(kThreads), bytes, detail::resolve(s), unsigned(kCluster), p);
+    detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(Threads), bytes, detail::resolve(s), unsigned(kCluster), p);
+}
+
+/// Launches kernel<flow_threads()> (Kernel: a generic lambda returning the instance for its integral_constant).
+template <class Params, class Kernel>
+void launch_flow_kernel(Kernel kernel, std::size_t bytes, const Params& p, Stream s) {
+    switch (flow_threads()) {
+        case 256: launch_cluster<256>(kernel(std::integral_constant<int, 256>{}), bytes, p, s); break;
+        case 1024: launch_cluster<1024>(kernel(std::integral_constant<int, 1024>{}), bytes, p, s); break;
+        default: launch_cluster<512>(kernel(std::integral_constant<int, 512>{}), bytes, p, s); break;
+    }
 }
 
 }  // namespace
@@ -616,7 +661,7 @@ bool flow_solve(const FlowSolveParams& p, Stream s) {
     check_flow_pointers(p, true);
     const std::size_t bytes = sizeof(float) * std::size_t(FlowSmem::of(p).total);
     if (bytes > std::size_t(detail::smem_per_block_optin())) return false;
-    launch_cluster(flow_solve_kernel, bytes, p, s);
+    launch_flow_kernel([](auto t) { return &flow_solve_kernel<decltype(t)::value>; }, bytes, p, s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("flow_solve_kernel");
     return true;
 }
@@ -626,7 +671,7 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
     if (!flow_solve_applies(f) || f.first != 0 || f.count != f.steps) return false;
     if (!(p.n_layers >= 1 && p.n_layers <= kMambaActMaxLayers && p.n_tokens >= 1 && p.n_tokens <= kMambaActMaxTokens &&
           p.d_model > 0 && p.d_model % kCluster == 0 && p.d_inner > 0 && p.d_inner % kCluster == 0 && p.d_state >= 1 &&
-          p.d_state <= 32 && p.dt_rank >= 1 && p.dt_rank + 2 * p.d_state <= kCluster * kWarps && p.d_conv >= 1 &&
+          p.d_state <= 32 && p.dt_rank >= 1 && p.dt_rank + 2 * p.d_state <= kMaxXProj && p.d_conv >= 1 &&
           f.action_dim <= kMambaActMaxAction))
         return false;
     check_flow_pointers(f, false);
@@ -648,7 +693,7 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
     while (staged > 0 && bytes_with(staged) > limit) --staged;
     const std::size_t bytes = bytes_with(staged);
     if (bytes > limit) return false;
-    launch_cluster(mamba_flow_act_kernel, bytes, q, s);
+    launch_flow_kernel([](auto t) { return &mamba_flow_act_kernel<decltype(t)::value>; }, bytes, q, s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("mamba_flow_act_kernel");
     return true;
 }
