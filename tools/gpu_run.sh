@@ -73,11 +73,11 @@
 #             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path, ENC_CUR_ENV sets the current path's switches
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests, also at
-#             every block size FLOW_THREADS (default "256 512 1024"), mamba_flow_bench per-op / --fused-solve /
-#             --fused-act at each block size alternated in FLOW_ROUNDS rounds, the cluster exchange probe, PyTorch
-#             eager, sanitizers on the fused tests: FLOW_SANITIZERS, default "memcheck racecheck synccheck", each cut at
-#             FLOW_SANITIZER_TIMEOUT s), ncu of the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt,
-#             cluster_exchange_probe.json, ncu_flow__fused_{act,solve}.txt
+#             every block size and exchange of FLOW_MODES, default "256:barrier 512:barrier 1024:barrier 256:mbarrier
+#             512:mbarrier 1024:mbarrier"; mamba_flow_bench per-op / --fused-solve / --fused-act in each mode,
+#             alternated in FLOW_ROUNDS rounds; the cluster exchange probe; PyTorch eager; sanitizers on the fused
+#             tests: FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s), ncu of the fused
+#             kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json, ncu_flow__fused_{act,solve}.txt
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -529,26 +529,27 @@ stage_prof() {
 # synccheck on the fused tests -> $OUT/flow.txt, mamba_flow_cuda_{per_op,fused_solve,fused_act}_r<N>.json,
 # mamba_flow_pytorch_cuda.json, ncu_flow__fused_{act,solve}.txt
 stage_flow() {
-    local rc=0 r path e t
+    local rc=0 r path m modes=${FLOW_MODES:-256:barrier 512:barrier 1024:barrier 256:mbarrier 512:mbarrier 1024:mbarrier}
+    local fused_cases='*fused batch-1 solve*,*fused action*'
     BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow cuda_cluster_exchange_probe" stage_build || return $?
     mkdir -p models
     [ -f models/mamba_flow.safetensors ] || "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
     "$BUILD/test/cuda/cuda_models" -tc='FlowHead*,MambaFlow*,Mamba<Cuda>*' > "$LOGS/flow_tests.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|x " "$LOGS/flow_tests.log" | tee -a "$OUT/flow.txt"
-    # The fused kernels at every block size (FLOWEDGE_CUDA_FLOW_THREADS; the bits must not depend on it).
-    for t in ${FLOW_THREADS:-256 512 1024}; do
-        FLOWEDGE_CUDA_FLOW_THREADS=$t "$BUILD/test/cuda/cuda_models" -tc='*fused batch-1 solve*,*fused action*' \
-            > "$LOGS/flow_tests_t$t.log" 2>&1 || rc=$?
-        grep -E "ERROR|CHECK|test cases" "$LOGS/flow_tests_t$t.log" | sed "s/^/threads $t: /" | tee -a "$OUT/flow.txt"
+    # The fused kernels at every block size and exchange (threads:exchange; the bits must not depend on either).
+    for m in $modes; do
+        FLOWEDGE_CUDA_FLOW_THREADS=${m%:*} FLOWEDGE_CUDA_FLOW_EXCHANGE=${m#*:} "$BUILD/test/cuda/cuda_models" -tc="$fused_cases" \
+            > "$LOGS/flow_tests_${m/:/_}.log" 2>&1 || rc=$?
+        grep -E "ERROR|CHECK|test cases" "$LOGS/flow_tests_${m/:/_}.log" | sed "s/^/$m: /" | tee -a "$OUT/flow.txt"
     done
     for r in $(seq 1 ${FLOW_ROUNDS:-2}); do
         "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_cuda_per_op_r$r.json" \
             ${MAMBA_ARGS:-} 2>&1 | sed "s/^/per_op r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
-        for t in ${FLOW_THREADS:-256 512 1024}; do
+        for m in $modes; do
             for path in fused_solve fused_act; do
-                FLOWEDGE_CUDA_FLOW_THREADS=$t "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda --${path/_/-} \
-                    --json "$OUT/mamba_flow_cuda_${path}_t${t}_r$r.json" ${MAMBA_ARGS:-} 2>&1 \
-                    | sed "s/^/$path t$t r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
+                FLOWEDGE_CUDA_FLOW_THREADS=${m%:*} FLOWEDGE_CUDA_FLOW_EXCHANGE=${m#*:} "$BUILD/mamba_flow_bench" \
+                    models/mamba_flow.safetensors --device cuda --${path/_/-} --json "$OUT/mamba_flow_cuda_${path}_${m/:/_}_r$r.json" \
+                    ${MAMBA_ARGS:-} 2>&1 | grep -E "action|solve|prefill|Error|error" | sed "s/^/$path $m r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
             done
         done
     done
@@ -556,15 +557,17 @@ stage_flow() {
     "$BUILD/cuda_cluster_exchange_probe" --json "$OUT/cluster_exchange_probe.json" 2>&1 | tee -a "$OUT/flow.txt" || rc=$?
     python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json" \
         2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
-    local san tool
+    # Sanitizers on the fused tests (FLOW_SANITIZE="tool:threads:exchange ..."), each cut at FLOW_SANITIZER_TIMEOUT s.
+    local san item tool
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in ${FLOW_SANITIZERS-memcheck racecheck synccheck}; do
-        timeout ${FLOW_SANITIZER_TIMEOUT:-120} "$san" --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" \
-            -tc='*fused batch-1 solve*,*fused action*' > "$LOGS/flow_$tool.log" 2>&1 || rc=$?
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/flow.txt"
+    for item in ${FLOW_SANITIZE-memcheck:512:mbarrier racecheck:512:mbarrier memcheck:512:barrier racecheck:512:barrier}; do
+        tool=${item%%:*} m=${item#*:}
+        FLOWEDGE_CUDA_FLOW_THREADS=${m%:*} FLOWEDGE_CUDA_FLOW_EXCHANGE=${m#*:} timeout ${FLOW_SANITIZER_TIMEOUT:-120} "$san" \
+            --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc="$fused_cases" > "$LOGS/flow_${item//:/_}.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_${item//:/_}.log" | sed "s/^/$item: /" | tee -a "$OUT/flow.txt"
     done
     # Where the fused kernels' time goes (bench/results/mamba_flow_cuda_fused.md): speed of light, warp stall
-    # reasons, occupancy, two launches of each, at the default block size.
+    # reasons, occupancy, two launches of each, at the default block size and exchange.
     if [ "${FLOW_NCU:-1}" = 1 ]; then
         local ncu path_flag
         ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -76,7 +76,7 @@ __host__ __device__ constexpr int time_rows(const FlowSolveParams& p) { return 2
 
 /// Offsets (floats) of the shared-memory regions; every region starts 16-byte aligned.
 struct FlowSmem {
-    int w_in = 0, w_layers = 0, w_out = 0, c = 0, tproj = 0, h = 0, state = 0, total = 0;
+    int w_in = 0, w_layers = 0, w_out = 0, c = 0, tproj = 0, h = 0, state = 0, bars = 0, total = 0;
     __host__ __device__ static FlowSmem of(const FlowSolveParams& p) {
         const int H = p.hidden, A = p.action_dim, R = H / kCluster, J = time_rows(p);
         FlowSmem s;
@@ -87,7 +87,8 @@ struct FlowSmem {
         s.tproj = s.c + pad4(H);
         s.h = s.tproj + pad4(J * H);
         s.state = s.h + 3 * pad4(H);
-        s.total = s.state + 6 * pad4(A);  // x, xt, k0..k3
+        s.bars = s.state + 6 * pad4(A);  // x, xt, k0..k3
+        s.total = s.bars + 4;            // the exchange's two mbarriers (8 bytes each, 16-byte aligned region)
         return s;
     }
 };
@@ -152,11 +153,94 @@ __device__ __forceinline__ void warp_dot_items(int count, int n, bool vec, int w
 
 namespace cg = cooperative_groups;
 
-/// buf[i] = v in every block of the cluster, one rank per lane (lanes 0-7; every lane holds the same v): one store
-/// instruction instead of eight on one lane.
-__device__ __forceinline__ void store_all_ranks(const cg::cluster_group& cl, float* buf, int i, float v, int lane) {
-    if (lane < kCluster) cl.map_shared_rank(buf, lane)[i] = v;
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
 }
+
+/// One layer-to-layer exchange after another: every block stores values into every block's shared memory (each
+/// exchange is all-to-all, so no block can be more than one exchange ahead of another), then waits for the values
+/// addressed to it. Barrier mode: plain remote stores, then the cluster barrier. Mbarrier mode: st.async remote
+/// stores that count their bytes on the receiver's mbarrier (complete_tx), and each block waits only until its own
+/// bytes have arrived; two mbarriers alternate (exchange k on bar k % 2, parity (k / 2) % 2). Every thread runs the
+/// same sequence: begin(bytes received), put()s, end().
+struct Exchange {
+    cg::cluster_group cl;
+    unsigned bars;       // shared::cta address of the two mbarriers
+    unsigned count = 0;  // exchanges ended so far
+    bool async;
+    int tid, lane;
+
+    __device__ Exchange(float* bar_region, bool mbarrier_mode)
+        : cl(cg::this_cluster()), bars(smem_u32(bar_region)), async(mbarrier_mode), tid(int(threadIdx.x)), lane(tid & 31) {}
+    /// Before the first cluster barrier of the kernel (which publishes the mbarriers to the other blocks).
+    __device__ void init() const {
+        if (!async || tid != 0) return;
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8u) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __device__ unsigned bar() const { return bars + 8u * (count & 1u); }
+    /// This block will receive `bytes` in this exchange (thread 0 arms the mbarrier; its phase cannot complete before).
+    __device__ void begin(unsigned bytes) const {
+        if (async && tid == 0)
+            asm volatile(
+                "{ .reg .b64 st;\n"
+                "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1; }" ::"r"(bar()),
+                "r"(bytes)
+                : "memory");
+    }
+    /// buf[i] = v in block `rank` (the caller's thread only).
+    __device__ void put_to(int rank, float* buf, int i, float v) const {
+        if (async)
+            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
+                             map_rank(smem_u32(buf + i), unsigned(rank))),
+                         "r"(__float_as_uint(v)), "r"(map_rank(bar(), unsigned(rank)))
+                         : "memory");
+        else
+            cl.map_shared_rank(buf, rank)[i] = v;
+    }
+    /// buf[i] = v in every block, one rank per lane (lanes 0-7; every lane holds the same v): one store instruction
+    /// instead of eight on one lane.
+    __device__ void put(float* buf, int i, float v) const {
+        if (lane < kCluster) put_to(lane, buf, i, v);
+    }
+    __device__ void end() {
+        if (async) {
+            const unsigned b = bar(), parity = (count >> 1) & 1u;
+            unsigned done = 0, spins = 0;
+            unsigned long long t0 = 0;
+            for (;;) {
+                asm volatile(
+                    "{ .reg .pred p;\n"
+                    "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                    "selp.u32 %0, 1, 0, p; }"
+                    : "=r"(done)
+                    : "r"(b), "r"(parity)
+                    : "memory");
+                if (done) break;
+                if ((++spins & 4095u) == 0) {  // a lost byte count is a bug: fail the launch, never hang
+                    unsigned long long t;
+                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                    if (t0 == 0) t0 = t;
+                    else if (t - t0 > 200000000ull) __trap();
+                }
+            }
+            // No warp starts the next exchange while another still waits on this one: the mbarrier's next phase but
+            // one must not complete under a lagging waiter (it would see its parity again and wait forever).
+            __syncthreads();
+        } else {
+            cl.sync();
+        }
+        ++count;
+    }
+    /// The end of the kernel: no block leaves while another may still store into its shared memory.
+    __device__ void finish() const {
+        if (async) cl.sync();
+    }
+};
 
 template <int O>
 __device__ __forceinline__ void butterfly_step(float (&part)[32]) {
@@ -208,11 +292,12 @@ struct FlowBlock {
     static constexpr int Warps = Threads / 32;
     const FlowSolveParams& p;
     cg::cluster_group cl;
+    Exchange& ex;
     float *w_in, *w_layers, *w_out, *c_s, *t_s, *hbuf, *xs, *xt, *ks;
     int H, A, R, rank, row0, ldh, lda, tid, warp, lane;
     int g = 0;  // layer outputs produced so far; output g lives in hbuf[g % 3]
 
-    __device__ FlowBlock(const FlowSolveParams& prm, float* sm) : p(prm), cl(cg::this_cluster()) {
+    __device__ FlowBlock(const FlowSolveParams& prm, float* sm, Exchange& exchange) : p(prm), cl(cg::this_cluster()), ex(exchange) {
         const FlowSmem L = FlowSmem::of(p);
         H = p.hidden, A = p.action_dim, R = H / kCluster;
         rank = int(cl.block_rank()), row0 = rank * R;
@@ -256,14 +341,15 @@ struct FlowBlock {
     /// every block's buffer.
     __device__ void layer_rows(const float* w, const float* in, bool vec) {
         float* out = hb(g);
+        ex.begin(unsigned(sizeof(float) * H));
         warp_dot_items<Warps>(
             R, H, vec, warp, lane,
             [&](int r, const float*& wr, const float*& xr) {
                 wr = w + std::size_t(r) * H;
                 xr = in;
             },
-            [&](int r, float s) { store_all_ranks(cl, out, row0 + r, detail::silu(s + 0.f), lane); });
-        cl.sync();
+            [&](int r, float s) { ex.put(out, row0 + r, detail::silu(s + 0.f)); });
+        ex.end();
         ++g;
     }
     /// v_out = velocity(x_in, half step j) (this block's copy).
@@ -329,10 +415,12 @@ struct FlowBlock {
 #endif
 
 template <int Threads>
-__global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p) {
+__global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p, int mbarrier_exchange) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float sm[];
-    FlowBlock<Threads> f(p, sm);
+    Exchange ex(sm + FlowSmem::of(p).bars, mbarrier_exchange != 0);
+    ex.init();
+    FlowBlock<Threads> f(p, sm, ex);
     f.copy_weights();  // constants: before the PDL wait
     detail::cp_async_commit();
     detail::pdl_wait();  // x, c (and the time table) come from earlier kernels
@@ -342,6 +430,7 @@ __global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_con
     f.cl.sync();  // every block of the cluster runs (and its copies landed) before any remote store
     f.run();
     if (f.rank == 0 && f.tid < f.A) p.x[f.tid] = f.xs[f.tid];
+    ex.finish();
 #else
     __trap();  // clusters need sm_90; the host launches this kernel only there
 #endif
@@ -428,11 +517,14 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 /// are copied to its shared memory at kernel start (all the flow's; the backbone's for the first staged_layers
 /// layers, as many as fit), each layer's in its own cp.async group, waited for just before the layer.
 template <int Threads>
-__global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p) {
+__global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p,
+                                                                    int mbarrier_exchange) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int Warps = Threads / 32;
     extern __shared__ __align__(16) float sm[];
-    FlowBlock<Threads> f(p.flow, sm);
+    Exchange ex(sm + FlowSmem::of(p.flow).bars, mbarrier_exchange != 0);
+    ex.init();
+    FlowBlock<Threads> f(p.flow, sm, ex);
     const MambaSmem M = MambaSmem::of(p, FlowSmem::of(p.flow).total);
     const int D = p.d_model, di = p.d_inner, S = p.d_state, R = p.dt_rank, K = p.d_conv, Lt = p.n_tokens;
     const int nb = R + 2 * S, cb = M.cb, db = M.db, c0 = f.rank * cb, tid = f.tid, warp = f.warp, lane = f.lane;
@@ -500,21 +592,22 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         // Causal conv + SiLU (causal_conv_kernel; the history is zero: a prefill starts from a reset): thread e
         // computes channel c0 + e % cb and stores rank e / cb's copy; rank 0's thread also writes the channel's conv
         // state rows.
+        ex.begin(unsigned(sizeof(float) * Lt * di));
         for (int e = tid; e < cb * kCluster; e += Threads) {
             const int k = e % cb, rank = e / cb, c = c0 + k, hist = K - 1;
             auto xx = [&](int j) { return j < hist ? 0.f : xo[(j - hist) * cb + k]; };
             const float bias = T.conv_b ? T.conv_b[c] : 0.f;
-            float* const u_r = f.cl.map_shared_rank(u, rank);
             for (int t = 0; t < Lt; ++t) {
                 float acc = bias;
                 for (int j = 0; j < K; ++j) acc += T.conv_w[std::size_t(c) * K + j] * xx(t + j);
-                u_r[t * M.ld_i + c] = detail::silu(acc);
+                ex.put_to(rank, u, t * M.ld_i + c, detail::silu(acc));
             }
             if (rank == 0)
                 for (int j = 0; j < hist; ++j) T.conv_state[std::size_t(j) * di + c] = xx(Lt + j);
         }
-        f.cl.sync();
+        ex.end();
         // x_proj: outputs o = rank + 8 j of every token (item i = j * Lt + t).
+        ex.begin(unsigned(sizeof(float) * Lt * nb));
         warp_dot_items<Warps>(
             nx * Lt, di, (vm >> 1) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
@@ -524,9 +617,9 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
             },
             [&](int i, float s) {
                 const int j = i / Lt, t = i - j * Lt;
-                store_all_ranks(f.cl, dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f, lane);
+                ex.put(dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f);
             });
-        f.cl.sync();
+        ex.end();
         // dt_proj @ dt_low for this block's channels and every token (item i = k * Lt + t), before the scan.
         warp_dot_items<Warps>(
             cb * Lt, R, (vm >> 2) & 1u, warp, lane,
@@ -542,6 +635,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         // dt = softplus(dt_proj @ dt_low + b) and the selective scan (selective_scan_kernel, d_state <= 32: lane n
         // holds state n, zero at a reset), this block's channels, one warp per channel; every lane ends with the
         // output (xor butterfly), lanes 0-7 store it into the eight blocks' copies.
+        ex.begin(unsigned(sizeof(float) * Lt * di));
         for (int k = warp; k < cb; k += Warps) {
             const int c = c0 + k;
             float state = 0.f;
@@ -560,13 +654,14 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 const float sum = detail::warp_sum(part);
                 float yv = sum + dd * uv;
                 yv *= detail::silu(zo[t * cb + k]);
-                store_all_ranks(f.cl, y, t * M.ld_i + c, yv, lane);
+                ex.put(y, t * M.ld_i + c, yv);
             }
             if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = state;
         }
-        f.cl.sync();
+        ex.end();
         // out_proj + residual: this block's outputs; the last layer only for the last row (prefill_last).
         const int t_from = l == p.n_layers - 1 ? Lt - 1 : 0, nt = Lt - t_from;
+        ex.begin(unsigned(sizeof(float) * nt * D));
         warp_dot_items<Warps>(
             db * nt, di, (vm >> 3) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
@@ -578,26 +673,29 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 const int q = i / nt, t = t_from + (i - q * nt), o = f.rank * db + q;
                 const float v = h[t * M.ld_d + o] + (s + 0.f);
                 __syncwarp();  // every lane has read this block's old value before lane rank stores the new one
-                store_all_ranks(f.cl, h, t * M.ld_d + o, v, lane);
+                ex.put(h, t * M.ld_d + o, v);
             });
-        f.cl.sync();
+        ex.end();
     }
     // Final norm of the last row (warp 0); c = cond_proj @ it for this block's flow rows, into every block's copy.
     rms_rows<Warps>(h + (Lt - 1) * M.ld_d, p.norm_f, hid, 1, M.ld_d, D, p.eps, warp, lane);
     __syncthreads();
     if (f.rank == 0)
         for (int i = tid; i < D; i += Threads) p.hidden[i] = hid[i];
+    ex.begin(unsigned(sizeof(float) * f.H));
     warp_dot_items<Warps>(
         f.R, D, (p.vec_mask >> 16) & 1u, warp, lane,
         [&](int r, const float*& wr, const float*& xr) {
             wr = p.cond_proj + std::size_t(f.row0 + r) * D;
             xr = hid;
         },
-        [&](int r, float s) { store_all_ranks(f.cl, f.c_s, f.row0 + r, s + 0.f, lane); });
+        [&](int r, float s) { ex.put(f.c_s, f.row0 + r, s + 0.f); });
     detail::cp_async_wait<0>();
-    f.cl.sync();  // c complete in every block; flow weights and time table landed in this block
+    ex.end();  // c complete in every block
+    __syncthreads();  // the flow weights and time table every thread copied landed
     f.run();
     if (f.rank == 0 && tid < f.A) p.flow.x[tid] = f.xs[tid];
+    ex.finish();
 #else
     __trap();  // clusters need sm_90; the host launches this kernel only there
 #endif
@@ -634,23 +732,37 @@ int flow_threads() {
     return threads;
 }
 
+/// How the fused kernels' blocks exchange layer outputs (Exchange): FLOWEDGE_CUDA_FLOW_EXCHANGE = barrier (remote stores
+/// + cluster barrier, the default) or mbarrier (st.async + mbarrier transaction counts; read once).
+bool mbarrier_exchange() {
+    static const bool on = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_FLOW_EXCHANGE");
+        const std::string v = e ? e : "";
+        if (v.empty() || v == "barrier") return false;
+        if (v == "mbarrier") return true;
+        fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_EXCHANGE" + expected_got("barrier or mbarrier", v));
+    }();
+    return on;
+}
+
 /// Opts `kernel` (the instance for Threads per block) in to the device's whole per-block shared memory (once per
 /// kernel and device: a driver call per launch would cost microseconds of a ~20 us action) and launches it as one
 /// cluster of kCluster blocks with PDL.
 template <int Threads, class Params>
-void launch_cluster(void (*kernel)(Params), std::size_t bytes, const Params& p, Stream s) {
+void launch_cluster(void (*kernel)(Params, int), std::size_t bytes, const Params& p, bool mbarrier, Stream s) {
     static std::atomic<int> opted_device{-1};
     detail::opt_in_smem_once(kernel, bytes, detail::smem_per_block_optin(), opted_device);
-    detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(Threads), bytes, detail::resolve(s), unsigned(kCluster), p);
+    detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(Threads), bytes, detail::resolve(s), unsigned(kCluster), p,
+                               int(mbarrier));
 }
 
 /// Launches kernel<flow_threads()> (Kernel: a generic lambda returning the instance for its integral_constant).
 template <class Params, class Kernel>
-void launch_flow_kernel(Kernel kernel, std::size_t bytes, const Params& p, Stream s) {
+void launch_flow_kernel(Kernel kernel, std::size_t bytes, const Params& p, bool mbarrier, Stream s) {
     switch (flow_threads()) {
-        case 256: launch_cluster<256>(kernel(std::integral_constant<int, 256>{}), bytes, p, s); break;
-        case 1024: launch_cluster<1024>(kernel(std::integral_constant<int, 1024>{}), bytes, p, s); break;
-        default: launch_cluster<512>(kernel(std::integral_constant<int, 512>{}), bytes, p, s); break;
+        case 256: launch_cluster<256>(kernel(std::integral_constant<int, 256>{}), bytes, p, mbarrier, s); break;
+        case 1024: launch_cluster<1024>(kernel(std::integral_constant<int, 1024>{}), bytes, p, mbarrier, s); break;
+        default: launch_cluster<512>(kernel(std::integral_constant<int, 512>{}), bytes, p, mbarrier, s); break;
     }
 }
 
@@ -661,7 +773,7 @@ bool flow_solve(const FlowSolveParams& p, Stream s) {
     check_flow_pointers(p, true);
     const std::size_t bytes = sizeof(float) * std::size_t(FlowSmem::of(p).total);
     if (bytes > std::size_t(detail::smem_per_block_optin())) return false;
-    launch_flow_kernel([](auto t) { return &flow_solve_kernel<decltype(t)::value>; }, bytes, p, s);
+    launch_flow_kernel([](auto t) { return &flow_solve_kernel<decltype(t)::value>; }, bytes, p, mbarrier_exchange(), s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("flow_solve_kernel");
     return true;
 }
@@ -693,7 +805,9 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
     while (staged > 0 && bytes_with(staged) > limit) --staged;
     const std::size_t bytes = bytes_with(staged);
     if (bytes > limit) return false;
-    launch_flow_kernel([](auto t) { return &mamba_flow_act_kernel<decltype(t)::value>; }, bytes, q, s);
+    // The mbarrier exchange needs every block to send to every block in each exchange (x_proj: >= 8 outputs).
+    const bool mbarrier = mbarrier_exchange() && p.dt_rank + 2 * p.d_state >= kCluster;
+    launch_flow_kernel([](auto t) { return &mamba_flow_act_kernel<decltype(t)::value>; }, bytes, q, mbarrier, s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("mamba_flow_act_kernel");
     return true;
 }
