@@ -25,6 +25,7 @@
 #include "mamba_flow_parts.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
 #include <flowedge/cuda/device.hpp>
+#include <flowedge/cuda/launchers.hpp>
 #endif
 
 using namespace flowedge;
@@ -100,7 +101,47 @@ struct Options {
     bool parts = false;
     bool fused_solve = false;
     bool fused_act = false;
+    bool phases = false;
 };
+
+#ifdef FLOWEDGE_WITH_CUDA
+/// The fused kernel's phase clock of the last launch, summed per phase kind in order of first appearance: printed
+/// as cycles and microseconds (scaled by the launch's global-timer span) and returned as JSON.
+nlohmann::json print_phases(const char* what) {
+    const cuda::FlowPhaseProfile prof = cuda::last_flow_phases();
+    long long total = 0;
+    std::vector<std::string> order;
+    std::vector<long long> cycles;
+    std::vector<int> count;
+    for (const auto& ph : prof.phases) {
+        total += ph.cycles;
+        const auto it = std::find(order.begin(), order.end(), ph.name);
+        const std::size_t k = it == order.end() ? order.size() : std::size_t(it - order.begin());
+        if (k == order.size()) {
+            order.push_back(ph.name);
+            cycles.push_back(0);
+            count.push_back(0);
+        }
+        cycles[k] += ph.cycles;
+        count[k] += 1;
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    if (total == 0) {
+        std::printf("  phase clock (%s): nothing recorded (the fused kernel did not run)\n", what);
+        return rows;
+    }
+    const double ns_per_cycle = prof.total_ns / double(total);
+    std::printf("  phase clock of one %s launch (block 0; %.2f us between the first and last stamp, %lld cycles):\n", what,
+                prof.total_ns / 1000.0, total);
+    for (std::size_t k = 0; k < order.size(); ++k) {
+        const double us = double(cycles[k]) * ns_per_cycle / 1000.0;
+        std::printf("    %-52s x%-3d %9lld cycles %8.2f us %5.1f%%  (%.2f us each)\n", order[k].c_str(), count[k], cycles[k], us,
+                    100.0 * double(cycles[k]) / double(total), us / count[k]);
+        rows.push_back({{"phase", order[k]}, {"count", count[k]}, {"cycles", cycles[k]}, {"us", us}});
+    }
+    return {{"launch", what}, {"span_us", prof.total_ns / 1000.0}, {"cycles", total}, {"phases", rows}};
+}
+#endif
 
 /// Times one resident policy (MambaFlowPolicy<Cpu> or MambaFlowPolicy<Cuda>) and prints/writes the results.
 template <class Policy>
@@ -162,6 +203,17 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
         [&](int i) { mamba.step(std::int32_t(i % mamba.config().vocab), row); });
     policy.act(tokens, noise, action, Solver::Euler, steps);
     const bool act_ran_fused = policy.last_act_fused();  // --fused-act where the op applied
+    nlohmann::json phases = nullptr;
+#ifdef FLOWEDGE_WITH_CUDA
+    if constexpr (on_cuda) {
+        if (o.phases && act_ran_fused) phases = print_phases("mamba_flow_act");
+        if (o.phases && !o.fused_act && o.fused_solve) {
+            head.sample(cond, noise, action, Solver::Euler, steps);
+            phases = print_phases("flow_solve");
+            policy.act(tokens, noise, action, Solver::Euler, steps);
+        }
+    }
+#endif
     double diff_vs_f32 = 0;
     for (int i = 0; i < A; ++i) diff_vs_f32 = std::max(diff_vs_f32, double(std::abs(action[std::size_t(i)] - action_f32[std::size_t(i)])));
 
@@ -230,6 +282,7 @@ int run(Policy& policy, const Options& o, const std::string& gpu) {
                                 : nlohmann::json{{"action_p50_us", 40}, {"decode_step_p50_us", 10}}},
         };
         if (!census.is_null()) j["graph_census"] = census;
+        if (!phases.is_null()) j["phase_clock"] = phases;
         if (!parts.is_null()) j["parts"] = parts;
         if (!on_cuda) j["kernel_set"] = kernels;
         std::ofstream(o.json_path) << j.dump(2) << "\n";
@@ -251,6 +304,8 @@ int main(int argc, char** argv) {
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
     app.add_flag("--fused-solve", o.fused_solve, "run the flow solve as the backend's fused op where it has one (CUDA: one cluster kernel; FlowHead::set_fused_solve)");
     app.add_flag("--fused-act", o.fused_act, "run act() as the backend's fused op where it has one (CUDA: the whole action in one cluster kernel; MambaFlowPolicy::set_fused_act)");
+    app.add_flag("--phases", o.phases, "CUDA, with --fused-act or --fused-solve: record the fused kernel's phase clock "
+                                       "(FLOWEDGE_CUDA_FLOW_PHASES=1) and print one launch's cycles per phase");
     app.add_flag("--parts", o.parts, "CPU: also replay each op of one action alone and print it against the FMA and L2 floors");
     app.add_option("--dtype", o.dtype, "storage of the projection weights: f32 | bf16 | f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
     app.add_option("--math", o.math, "arithmetic of the projections: f32 (exact) | bf16 (opt-in, set_math) | tf32")
@@ -258,6 +313,7 @@ int main(int argc, char** argv) {
     app.add_option("--device", o.device, "cpu | cuda (cuda needs a -DFLOWEDGE_BACKEND=cuda build and a GPU)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     CLI11_PARSE(app, argc, argv);
+    if (o.phases) setenv("FLOWEDGE_CUDA_FLOW_PHASES", "1", 1);  // read once, at the first fused launch
 
     try {
         const Device device = parse_device(o.device);

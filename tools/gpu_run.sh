@@ -76,8 +76,10 @@
 #             every block size and exchange of FLOW_MODES, default "256:barrier 512:barrier 1024:barrier 256:mbarrier
 #             512:mbarrier 1024:mbarrier"; mamba_flow_bench per-op / --fused-solve / --fused-act in each mode,
 #             alternated in FLOW_ROUNDS rounds; the cluster exchange probe; PyTorch eager; sanitizers on the fused
-#             tests: FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s), ncu of the fused
-#             kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json, ncu_flow__fused_{act,solve}.txt
+#             tests: FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s), the phase clock of
+#             each fused kernel (mamba_flow_bench --phases), ncu of the fused kernels (FLOW_NCU=0 skips it)
+#             -> $OUT/flow.txt, cluster_exchange_probe.json, mamba_flow_cuda_fused_{act,solve}_phases.json,
+#             ncu_flow__fused_{act,solve}.txt
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -552,6 +554,11 @@ stage_flow() {
                     ${MAMBA_ARGS:-} 2>&1 | grep -E "action|solve|prefill|Error|error" | sed "s/^/$path $m r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
             done
         done
+    done
+    # The default mode's phase clock: cycles per phase of one fused launch (block 0), each path.
+    for path in fused_act fused_solve; do
+        "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda --${path/_/-} --phases --iters 200 --warmup 20 \
+            --json "$OUT/mamba_flow_cuda_${path}_phases.json" 2>&1 | sed "s/^/phases $path: /" | tee -a "$OUT/flow.txt" || rc=$?
     done
     # One exchange step alone (cluster barrier vs st.async + mbarrier), the floor under each fused layer.
     "$BUILD/cuda_cluster_exchange_probe" --json "$OUT/cluster_exchange_probe.json" 2>&1 | tee -a "$OUT/flow.txt" || rc=$?

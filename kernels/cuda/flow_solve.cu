@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cluster_splitk.cuh"
 #include "common.cuh"
@@ -41,6 +42,26 @@ namespace {
 constexpr int kCluster = 8;
 constexpr int kMaxAction = 64;  // the state and the solver's k buffers live in shared memory
 constexpr int kMaxXProj = 64;   // x_proj outputs (dt_rank + 2 d_state) of the fused action
+
+/// The phase clock (FLOWEDGE_CUDA_FLOW_PHASES=1, a diagnostic): block 0's thread 0 stamps clock64() at the end of every
+/// phase of a fused launch (after the barrier or exchange that ends it), and the global timer at the start and end.
+enum Phase : unsigned char {
+    kStart, kSetup, kNorm, kInProj, kConv, kXProj, kDtProj, kScan, kOutProj, kCond, kVelIn, kVelHidden, kVelOut, kCombine, kPhases
+};
+constexpr const char* kPhaseName[kPhases] = {"start", "setup (weights issued, embedding, first barrier)",
+                                             "backbone rms_norm", "backbone in_proj", "backbone conv + exchange",
+                                             "backbone x_proj + exchange", "backbone dt_proj", "backbone scan + exchange",
+                                             "backbone out_proj + exchange", "final norm + cond_proj + exchange",
+                                             "velocity in_proj", "velocity hidden layer + exchange", "velocity out_proj",
+                                             "solver combination"};
+constexpr int kMaxStamps = 512;
+__device__ long long g_phase_clock[kMaxStamps];
+__device__ unsigned char g_phase_kind[kMaxStamps];
+__device__ int g_phase_count;
+__device__ unsigned long long g_phase_ns[2];  // global timer at kernel start and end
+
+/// Bits of the fused kernels' `flags` argument.
+constexpr int kFlagMbarrier = 1, kFlagPhases = 2;
 
 __host__ __device__ constexpr int pad4(int n) { return (n + 3) & ~3; }
 
@@ -162,7 +183,7 @@ __device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
 
 /// One layer-to-layer exchange after another: every block stores values into every block's shared memory (each
 /// exchange is all-to-all, so no block can be more than one exchange ahead of another), then waits for the values
-/// addressed to it. Barrier mode: plain remote stores, then the cluster barrier. Mbarrier mode: st.async remote
+/// addressed to it. Barrier mode: plain remote stores, then the cluster barrier. Mbarrier mode (default): st.async remote
 /// stores that count their bytes on the receiver's mbarrier (complete_tx), and each block waits only until its own
 /// bytes have arrived; two mbarriers alternate (exchange k on bar k % 2, parity (k / 2) % 2). Every thread runs the
 /// same sequence: begin(bytes received), put()s, end().
@@ -173,8 +194,27 @@ struct Exchange {
     bool async;
     int tid, lane;
 
-    __device__ Exchange(float* bar_region, bool mbarrier_mode)
-        : cl(cg::this_cluster()), bars(smem_u32(bar_region)), async(mbarrier_mode), tid(int(threadIdx.x)), lane(tid & 31) {}
+    bool record;         // the phase clock (block 0, thread 0)
+
+    __device__ Exchange(float* bar_region, int flags)
+        : cl(cg::this_cluster()), bars(smem_u32(bar_region)), async(flags & kFlagMbarrier), tid(int(threadIdx.x)),
+          lane(tid & 31), record((flags & kFlagPhases) && tid == 0 && cl.block_rank() == 0) {}
+    /// The phase clock: the end of a phase of kind k (kStart also resets the record and stamps the global timer).
+    __device__ void stamp(Phase k) const {
+        if (!record) return;
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        if (k == kStart) {
+            g_phase_count = 0;
+            g_phase_ns[0] = ns;
+        }
+        g_phase_ns[1] = ns;
+        const int n = g_phase_count;
+        if (n >= kMaxStamps) return;
+        g_phase_clock[n] = clock64();
+        g_phase_kind[n] = k;
+        g_phase_count = n + 1;
+    }
     /// Before the first cluster barrier of the kernel (which publishes the mbarriers to the other blocks).
     __device__ void init() const {
         if (!async || tid != 0) return;
@@ -335,6 +375,7 @@ struct FlowBlock {
             out[o] = detail::silu(s + axpby(t_s[(j / time_stride(p)) * H + o], c_s[o], 1.f, 1.f));
         }
         __syncthreads();
+        ex.stamp(kVelIn);
         ++g;
     }
     /// This block's rows of one hidden layer: out[o] = silu(w_row(o) . in + 0.f) (the op's absent bias), stored into
@@ -350,6 +391,7 @@ struct FlowBlock {
             },
             [&](int r, float s) { ex.put(out, row0 + r, detail::silu(s + 0.f)); });
         ex.end();
+        ex.stamp(kVelHidden);
         ++g;
     }
     /// v_out = velocity(x_in, half step j) (this block's copy).
@@ -369,11 +411,13 @@ struct FlowBlock {
                 if (lane == 0) v_out[o] = s + 0.f;
             });
         __syncthreads();
+        ex.stamp(kVelOut);
     }
     /// dst[i] = a * xv[i] + b * yv[i] over the state (this block's copy).
     __device__ void combine(float* dst, const float* xv, const float* yv, float a, float b) const {
         if (tid < A) dst[tid] = axpby(xv[tid], yv[tid], a, b);
         __syncthreads();
+        ex.stamp(kCombine);
     }
 
     __device__ void run() {
@@ -415,10 +459,11 @@ struct FlowBlock {
 #endif
 
 template <int Threads>
-__global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p, int mbarrier_exchange) {
+__global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_constant__ FlowSolveParams p, int flags) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) float sm[];
-    Exchange ex(sm + FlowSmem::of(p).bars, mbarrier_exchange != 0);
+    Exchange ex(sm + FlowSmem::of(p).bars, flags);
+    ex.stamp(kStart);
     ex.init();
     FlowBlock<Threads> f(p, sm, ex);
     f.copy_weights();  // constants: before the PDL wait
@@ -428,6 +473,7 @@ __global__ void __launch_bounds__(Threads, 1) flow_solve_kernel(const __grid_con
     detail::cp_async_commit();
     detail::cp_async_wait<0>();
     f.cl.sync();  // every block of the cluster runs (and its copies landed) before any remote store
+    ex.stamp(kSetup);
     f.run();
     if (f.rank == 0 && f.tid < f.A) p.x[f.tid] = f.xs[f.tid];
     ex.finish();
@@ -517,12 +563,12 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 /// are copied to its shared memory at kernel start (all the flow's; the backbone's for the first staged_layers
 /// layers, as many as fit), each layer's in its own cp.async group, waited for just before the layer.
 template <int Threads>
-__global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p,
-                                                                    int mbarrier_exchange) {
+__global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid_constant__ MambaFlowActParams p, int flags) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int Warps = Threads / 32;
     extern __shared__ __align__(16) float sm[];
-    Exchange ex(sm + FlowSmem::of(p.flow).bars, mbarrier_exchange != 0);
+    Exchange ex(sm + FlowSmem::of(p.flow).bars, flags);
+    ex.stamp(kStart);
     ex.init();
     FlowBlock<Threads> f(p.flow, sm, ex);
     const MambaSmem M = MambaSmem::of(p, FlowSmem::of(p.flow).total);
@@ -566,6 +612,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
     }
     if (tid < f.A) f.xs[tid] = p.noise[tid];  // x = noise
     f.cl.sync();  // every block runs before any remote store; the stores above are visible in the block
+    ex.stamp(kSetup);
 
     for (int l = 0; l < p.n_layers; ++l) {
         const MambaLayerTensors& T = p.layers[l];
@@ -575,6 +622,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         if (st) cp_async_wait_pending(staged - l + 1);  // this layer's group done (later layers, flow, inputs pending)
         rms_rows<Warps>(h, T.norm, n, Lt, M.ld_d, D, p.eps, warp, lane);
         __syncthreads();  // n, and the staged rows copied by every thread
+        ex.stamp(kNorm);
         // in_proj: this block's x rows c0 + q and z rows di + c0 + q (the linear op's per-output routine, no bias),
         // for every token: item i = q * Lt + t.
         warp_dot_items<Warps>(
@@ -589,6 +637,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 if (lane == 0) (q < cb ? xo[t * cb + q] : zo[t * cb + q - cb]) = s + 0.f;
             });
         __syncthreads();
+        ex.stamp(kInProj);
         // Causal conv + SiLU (causal_conv_kernel; the history is zero: a prefill starts from a reset): thread e
         // computes channel c0 + e % cb and stores rank e / cb's copy; rank 0's thread also writes the channel's conv
         // state rows.
@@ -606,6 +655,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 for (int j = 0; j < hist; ++j) T.conv_state[std::size_t(j) * di + c] = xx(Lt + j);
         }
         ex.end();
+        ex.stamp(kConv);
         // x_proj: outputs o = rank + 8 j of every token (item i = j * Lt + t).
         ex.begin(unsigned(sizeof(float) * Lt * nb));
         warp_dot_items<Warps>(
@@ -620,6 +670,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 ex.put(dbl, t * M.ld_b + f.rank + kCluster * j, s + 0.f);
             });
         ex.end();
+        ex.stamp(kXProj);
         // dt_proj @ dt_low for this block's channels and every token (item i = k * Lt + t), before the scan.
         warp_dot_items<Warps>(
             cb * Lt, R, (vm >> 2) & 1u, warp, lane,
@@ -632,6 +683,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 if (lane == 0) dts[i] = s;
             });
         __syncthreads();
+        ex.stamp(kDtProj);
         // dt = softplus(dt_proj @ dt_low + b) and the selective scan (selective_scan_kernel, d_state <= 32: lane n
         // holds state n, zero at a reset), this block's channels, one warp per channel; every lane ends with the
         // output (xor butterfly), lanes 0-7 store it into the eight blocks' copies.
@@ -659,6 +711,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
             if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = state;
         }
         ex.end();
+        ex.stamp(kScan);
         // out_proj + residual: this block's outputs; the last layer only for the last row (prefill_last).
         const int t_from = l == p.n_layers - 1 ? Lt - 1 : 0, nt = Lt - t_from;
         ex.begin(unsigned(sizeof(float) * nt * D));
@@ -676,6 +729,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
                 ex.put(h, t * M.ld_d + o, v);
             });
         ex.end();
+        ex.stamp(kOutProj);
     }
     // Final norm of the last row (warp 0); c = cond_proj @ it for this block's flow rows, into every block's copy.
     rms_rows<Warps>(h + (Lt - 1) * M.ld_d, p.norm_f, hid, 1, M.ld_d, D, p.eps, warp, lane);
@@ -693,6 +747,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
     detail::cp_async_wait<0>();
     ex.end();  // c complete in every block
     __syncthreads();  // the flow weights and time table every thread copied landed
+    ex.stamp(kCond);
     f.run();
     if (f.rank == 0 && tid < f.A) p.flow.x[tid] = f.xs[tid];
     ex.finish();
@@ -732,14 +787,15 @@ int flow_threads() {
     return threads;
 }
 
-/// How the fused kernels' blocks exchange layer outputs (Exchange): FLOWEDGE_CUDA_FLOW_EXCHANGE = barrier (remote stores
-/// + cluster barrier, the default) or mbarrier (st.async + mbarrier transaction counts; read once).
+/// How the fused kernels' blocks exchange layer outputs (Exchange): FLOWEDGE_CUDA_FLOW_EXCHANGE = mbarrier (st.async +
+/// mbarrier transaction counts, the default: faster at every block size) or barrier (remote stores + cluster barrier);
+/// read once.
 bool mbarrier_exchange() {
     static const bool on = [] {
         const char* e = std::getenv("FLOWEDGE_CUDA_FLOW_EXCHANGE");
         const std::string v = e ? e : "";
-        if (v.empty() || v == "barrier") return false;
-        if (v == "mbarrier") return true;
+        if (v.empty() || v == "mbarrier") return true;
+        if (v == "barrier") return false;
         fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_EXCHANGE" + expected_got("barrier or mbarrier", v));
     }();
     return on;
@@ -748,12 +804,18 @@ bool mbarrier_exchange() {
 /// Opts `kernel` (the instance for Threads per block) in to the device's whole per-block shared memory (once per
 /// kernel and device: a driver call per launch would cost microseconds of a ~20 us action) and launches it as one
 /// cluster of kCluster blocks with PDL.
+bool phases_on() {
+    static const bool on = detail::env_flag("FLOWEDGE_CUDA_FLOW_PHASES");
+    return on;
+}
+
 template <int Threads, class Params>
 void launch_cluster(void (*kernel)(Params, int), std::size_t bytes, const Params& p, bool mbarrier, Stream s) {
     static std::atomic<int> opted_device{-1};
     detail::opt_in_smem_once(kernel, bytes, detail::smem_per_block_optin(), opted_device);
+    const int flags = (mbarrier ? kFlagMbarrier : 0) | (phases_on() ? kFlagPhases : 0);
     detail::launch_pdl_cluster(kernel, dim3(1, 1, kCluster), dim3(Threads), bytes, detail::resolve(s), unsigned(kCluster), p,
-                               int(mbarrier));
+                               flags);
 }
 
 /// Launches kernel<flow_threads()> (Kernel: a generic lambda returning the instance for its integral_constant).
@@ -810,6 +872,25 @@ bool mamba_flow_act(const MambaFlowActParams& p, Stream s) {
     launch_flow_kernel([](auto t) { return &mamba_flow_act_kernel<decltype(t)::value>; }, bytes, q, mbarrier, s);
     FLOWEDGE_CUDA_CHECK_LAUNCH("mamba_flow_act_kernel");
     return true;
+}
+
+FlowPhaseProfile last_flow_phases() {
+    FlowPhaseProfile r;
+    if (!phases_on()) return r;
+    FLOWEDGE_CUDA_CHECK(cudaDeviceSynchronize());
+    int n = 0;
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_phase_count, sizeof n));
+    n = std::min(n, kMaxStamps);
+    if (n == 0) return r;
+    std::vector<long long> clock(static_cast<std::size_t>(n));
+    std::vector<unsigned char> kind(static_cast<std::size_t>(n));
+    unsigned long long ns[2] = {0, 0};
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyFromSymbol(clock.data(), g_phase_clock, sizeof(long long) * std::size_t(n)));
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyFromSymbol(kind.data(), g_phase_kind, std::size_t(n)));
+    FLOWEDGE_CUDA_CHECK(cudaMemcpyFromSymbol(ns, g_phase_ns, sizeof ns));
+    r.total_ns = double(ns[1] - ns[0]);
+    for (int i = 1; i < n; ++i) r.phases.push_back({kPhaseName[kind[std::size_t(i)]], clock[std::size_t(i)] - clock[std::size_t(i) - 1]});
+    return r;
 }
 
 }  // namespace flowedge::cuda

@@ -6,6 +6,8 @@
 // pointers. Weight dtypes F32/BF16/F16 are dispatched at run time to templated kernels.
 #pragma once
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "flowedge/backend.hpp"
 #include "flowedge/op_params.hpp"
@@ -28,6 +30,19 @@ bool flow_solve(const FlowSolveParams& p, Stream s);
 /// nothing, where it does not apply (the flow_solve conditions, d_inner or d_model not a multiple of 8, d_state > 32,
 /// R + 2S > 64, cond width != d_model, more layers or tokens than the limits, shared memory).
 bool mamba_flow_act(const MambaFlowActParams& p, Stream s);
+/// The phase clock of the last fused flow_solve / mamba_flow_act launch (a diagnostic; bench/mamba_flow_bench
+/// --phases): one entry per phase in order, block 0's SM cycles from the previous phase end to this one, and the
+/// launch's global-timer span. Empty unless FLOWEDGE_CUDA_FLOW_PHASES=1 was set before the first fused launch.
+/// Synchronises the device.
+struct FlowPhaseProfile {
+    struct Phase {
+        std::string name;
+        long long cycles = 0;
+    };
+    std::vector<Phase> phases;
+    double total_ns = 0;
+};
+FlowPhaseProfile last_flow_phases();
 /// All items of `p` in one kernel launch; each output equals linear() on its item (same per-output math).
 void linear_batch(const LinearBatchParams& p, Stream s);
 /// p.math == TF32/BF16 and conv1d_mma_selected(p): runs conv1d_gemm when it applies, else conv1d_mma for F32
