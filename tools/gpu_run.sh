@@ -564,13 +564,15 @@ stage_flow() {
     "$BUILD/cuda_cluster_exchange_probe" --json "$OUT/cluster_exchange_probe.json" 2>&1 | tee -a "$OUT/flow.txt" || rc=$?
     python3 bench/pytorch_mamba_flow.py models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_pytorch_cuda.json" \
         2>&1 | tail -n 3 | tee -a "$OUT/flow.txt"
-    # Sanitizers on the fused tests (FLOW_SANITIZE="tool:threads:exchange ..."), each cut at FLOW_SANITIZER_TIMEOUT s.
-    local san item tool
+    # Sanitizers (FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s): memcheck on the
+    # fused tests, racecheck and synccheck on their one-configuration case (the loops outrun racecheck's time).
+    local san item tool cases
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for item in ${FLOW_SANITIZE-memcheck:512:mbarrier racecheck:512:mbarrier memcheck:512:barrier racecheck:512:barrier}; do
-        tool=${item%%:*} m=${item#*:}
+    for item in ${FLOW_SANITIZE-memcheck:512:mbarrier racecheck:512:mbarrier synccheck:512:mbarrier racecheck:512:barrier}; do
+        tool=${item%%:*} m=${item#*:} cases=$fused_cases
+        [ "$tool" = memcheck ] || cases='*one configuration each*'
         FLOWEDGE_CUDA_FLOW_THREADS=${m%:*} FLOWEDGE_CUDA_FLOW_EXCHANGE=${m#*:} timeout ${FLOW_SANITIZER_TIMEOUT:-120} "$san" \
-            --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc="$fused_cases" > "$LOGS/flow_${item//:/_}.log" 2>&1 || rc=$?
+            --tool $tool --error-exitcode 9 "$BUILD/test/cuda/cuda_models" -tc="$cases" > "$LOGS/flow_${item//:/_}.log" 2>&1 || rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/flow_${item//:/_}.log" | sed "s/^/$item: /" | tee -a "$OUT/flow.txt"
     done
     # Where the fused kernels' time goes (bench/results/mamba_flow_cuda_fused.md): speed of light, warp stall

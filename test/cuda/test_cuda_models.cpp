@@ -543,6 +543,26 @@ TEST_CASE("MambaFlowPolicy<Cuda>: the fused action (one cluster kernel) equals t
     CHECK(bitwise_equal(a3, b3));
 }
 
+// One small configuration of each fused kernel, short enough for compute-sanitizer's racecheck and synccheck
+// (tools/gpu_run.sh flow stage): the cases above loop over ~60 configurations and outrun its time limit there.
+TEST_CASE("fused Mamba-flow kernels, one configuration each (sanitizer runs): equal to the per-op path") {
+    auto fused = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    auto per_op = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
+    fused.head().set_fused_solve(true);
+    fused.set_fused_act(true);
+    const int A = fused.action_dim();
+    const std::vector<float> cond = npy(kMfRef / "flow_cond1.npy"), noise = npy(kMfRef / "flow_noise1.npy");
+    std::vector<float> f(static_cast<std::size_t>(A)), o(f.size());
+    fused.head().sample(cond, noise, f, Solver::Heun, 3);
+    per_op.head().sample(cond, noise, o, Solver::Heun, 3);
+    CHECK(bitwise_equal(f, o));
+    const std::vector<std::int32_t> t4 = npy_i32(kMfRef / "tokens4.npy");
+    fused.act(t4, noise, f, Solver::Euler, 3);
+    per_op.act(t4, noise, o, Solver::Euler, 3);
+    CHECK(fused.last_act_fused());
+    CHECK(bitwise_equal(f, o));
+}
+
 TEST_CASE("FlowHead<Cuda> on a caller's stream gives the default-stream result") {
     auto p = MambaFlowPolicy<Cuda>::load(kMambaFlow, {}, 64, 3);
     const std::vector<float> cond = npy(kMfRef / "flow_cond3.npy"), noise = npy(kMfRef / "flow_noise3.npy");
