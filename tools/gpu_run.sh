@@ -75,7 +75,7 @@
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests, also at
 #             every block size and exchange of FLOW_MODES, default "256:barrier 512:barrier 1024:barrier 256:mbarrier
 #             512:mbarrier 1024:mbarrier"; mamba_flow_bench per-op / --fused-solve / --fused-act in each mode,
-#             alternated in FLOW_ROUNDS rounds; the cluster exchange probe; PyTorch eager; sanitizers on the fused
+#             alternated in FLOW_ROUNDS rounds, and FLOW_BASE_SRC's (default .base-src, when carried) fused paths; the cluster exchange probe; PyTorch eager; sanitizers on the fused
 #             tests: FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s), the phase clock of
 #             each fused kernel (mamba_flow_bench --phases), ncu of the fused kernels (FLOW_NCU=0 skips it)
 #             -> $OUT/flow.txt, cluster_exchange_probe.json, mamba_flow_cuda_fused_{act,solve}_phases.json,
@@ -533,7 +533,20 @@ stage_prof() {
 stage_flow() {
     local rc=0 r path m modes=${FLOW_MODES:-256:barrier 512:barrier 1024:barrier 256:mbarrier 512:mbarrier 1024:mbarrier}
     local fused_cases='*fused batch-1 solve*,*fused action*'
+    # FLOW_BASE_SRC (default .base-src, a `git archive` of an earlier commit, carried): its mamba_flow_bench is built
+    # alongside and timed in the same rounds (its default fused mode), for the A/B against that tree.
+    local base=${FLOW_BASE_SRC:-.base-src} base_bin= bpid=
+    if [ -f "$base/CMakeLists.txt" ]; then
+        base_bin=build-flow-base/mamba_flow_bench
+        ( cmake -S "$base" -B build-flow-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 && cmake --build build-flow-base -j "$JOBS" --target mamba_flow_bench ) \
+            > "$LOGS/flow_base_build.log" 2>&1 &
+        bpid=$!
+    fi
     BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow cuda_cluster_exchange_probe" stage_build || return $?
+    if [ -n "$bpid" ]; then
+        wait "$bpid" || { echo "base tree $base ($(cat "$base/COMMIT" 2>/dev/null)): build failed" | tee -a "$OUT/flow.txt"; base_bin=; }
+    fi
     mkdir -p models
     [ -f models/mamba_flow.safetensors ] || "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
     "$BUILD/test/cuda/cuda_models" -tc='FlowHead*,MambaFlow*,Mamba<Cuda>*' > "$LOGS/flow_tests.log" 2>&1 || rc=$?
@@ -547,6 +560,12 @@ stage_flow() {
     for r in $(seq 1 ${FLOW_ROUNDS:-2}); do
         "$BUILD/mamba_flow_bench" models/mamba_flow.safetensors --device cuda --json "$OUT/mamba_flow_cuda_per_op_r$r.json" \
             ${MAMBA_ARGS:-} 2>&1 | sed "s/^/per_op r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
+        if [ -n "$base_bin" ]; then
+            for path in fused_solve fused_act; do
+                "$base_bin" models/mamba_flow.safetensors --device cuda --${path/_/-} --json "$OUT/mamba_flow_cuda_${path}_base_r$r.json" \
+                    ${MAMBA_ARGS:-} 2>&1 | grep -E "action|solve|prefill|Error|error" | sed "s/^/$path base r$r: /" | tee -a "$OUT/flow.txt" || rc=$?
+            done
+        fi
         for m in $modes; do
             for path in fused_solve fused_act; do
                 FLOWEDGE_CUDA_FLOW_THREADS=${m%:*} FLOWEDGE_CUDA_FLOW_EXCHANGE=${m#*:} "$BUILD/mamba_flow_bench" \
