@@ -75,11 +75,11 @@
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests, also at
 #             every block size and exchange of FLOW_MODES, default "256:barrier 512:barrier 1024:barrier 256:mbarrier
 #             512:mbarrier 1024:mbarrier"; mamba_flow_bench per-op / --fused-solve / --fused-act in each mode,
-#             alternated in FLOW_ROUNDS rounds, and FLOW_BASE_SRC's (default .base-src, when carried) fused paths; the cluster exchange probe; PyTorch eager; sanitizers on the fused
-#             tests: FLOW_SANITIZE="tool:threads:exchange ...", each cut at FLOW_SANITIZER_TIMEOUT s), the phase clock of
-#             each fused kernel (mamba_flow_bench --phases), ncu of the fused kernels (FLOW_NCU=0 skips it)
-#             -> $OUT/flow.txt, cluster_exchange_probe.json, mamba_flow_cuda_fused_{act,solve}_phases.json,
-#             ncu_flow__fused_{act,solve}.txt
+#             alternated in FLOW_ROUNDS rounds, and FLOW_BASE_SRC's (default .base-src, when carried) fused paths;
+#             the cluster exchange probe; PyTorch eager; sanitizers: FLOW_SANITIZE="tool:threads:exchange ...", each
+#             cut at FLOW_SANITIZER_TIMEOUT s; the phase clock of each fused kernel (mamba_flow_bench --phases); ncu of
+#             the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json,
+#             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
