@@ -44,7 +44,8 @@ constexpr int kMaxAction = 64;  // the state and the solver's k buffers live in 
 constexpr int kMaxXProj = 64;   // x_proj outputs (dt_rank + 2 d_state) of the fused action
 
 /// The phase clock (FLOWEDGE_CUDA_FLOW_PHASES=1, a diagnostic): block 0's thread 0 stamps clock64() at the end of every
-/// phase of a fused launch (after the barrier or exchange that ends it), and the global timer at the start and end.
+/// phase of a fused launch (after the barrier or exchange that ends it; the first kMaxStamps), and the global timer
+/// at the first and the last stamp. One record for the process: the last fused launch's.
 enum Phase : unsigned char {
     kStart, kSetup, kNorm, kInProj, kConv, kXProj, kDtProj, kScan, kOutProj, kCond, kVelIn, kVelHidden, kVelOut, kCombine, kPhases
 };
@@ -58,7 +59,7 @@ constexpr int kMaxStamps = 512;
 __device__ long long g_phase_clock[kMaxStamps];
 __device__ unsigned char g_phase_kind[kMaxStamps];
 __device__ int g_phase_count;
-__device__ unsigned long long g_phase_ns[2];  // global timer at kernel start and end
+__device__ unsigned long long g_phase_ns[2];  // global timer at the first and the last stamp
 
 /// Bits of the fused kernels' `flags` argument.
 constexpr int kFlagMbarrier = 1, kFlagPhases = 2;
