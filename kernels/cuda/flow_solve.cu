@@ -151,12 +151,11 @@ __device__ __forceinline__ void warp_dots(const float* const (&w)[N], const floa
 template <int Warps>
 constexpr int kDotsPerWarp = Warps >= 32 ? 1 : Warps >= 16 ? 2 : 4;
 
-/// Items i = warp, warp + Warps, ... of [0, count), kDotsPerWarp at a time: operands(i, w, x) names item i's weight
+/// Items i = warp, warp + Warps, ... of [0, count), N at a time (default kDotsPerWarp; more where a warp has many): operands(i, w, x) names item i's weight
 /// row and input (length n); store(i, value) runs on every lane with the op's value (warp_sum's xor butterfly leaves
 /// the same bits in all 32 lanes, a + b == b + a), so a store to every block's copy can use one lane per rank.
-template <int Warps, class Operands, class Store>
+template <int Warps, int N = kDotsPerWarp<Warps>, class Operands, class Store>
 __device__ __forceinline__ void warp_dot_items(int count, int n, bool vec, int warp, int lane, Operands operands, Store store) {
-    constexpr int N = kDotsPerWarp<Warps>;
     for (int i0 = warp; i0 < count; i0 += N * Warps) {
         const float* w[N];
         const float* x[N];
@@ -283,19 +282,23 @@ struct Exchange {
     }
 };
 
-template <int O>
-__device__ __forceinline__ void butterfly_step(float (&part)[32]) {
+template <int O, int M>
+__device__ __forceinline__ void butterfly_step(float (&part)[M]) {
 #pragma unroll
     for (int i = 0; i < O; ++i) part[i] += part[i + O];
 }
 
 /// One thread's replay of warp_dots' value for one output of a short row (in_proj: n = A <= kMaxAction = 64, so a
 /// lane holds at most one 4-element step of the vector path, or two elements): the 32 lanes' sums in their order,
-/// then the butterfly's additions as lane 0 sees them (lane i + lane i + o for o = 16, 8, 4, 2, 1).
+/// then the butterfly's additions as lane 0 sees them (lane i + lane i + o for o = 16, 8, 4, 2, 1). M (a power of two)
+/// covers every lane that holds an element (thread_lanes()): the other lanes' sums are +0, so the butterfly's levels
+/// o >= M only turn a -0 into +0 in lanes below M, which one x + 0.f does (it is idempotent), and the levels below M
+/// run as the warp's.
+template <int M>
 __device__ __forceinline__ float thread_dot(const float* w, const float* x, int n, bool vec) {
-    float part[32];
+    float part[M];
 #pragma unroll
-    for (int l = 0; l < 32; ++l) {
+    for (int l = 0; l < M; ++l) {
         float acc = 0.f;
         if (vec) {
             if (const int i = 4 * l; i < n) {
@@ -310,13 +313,21 @@ __device__ __forceinline__ float thread_dot(const float* w, const float* x, int 
         }
         part[l] = acc;
     }
-    butterfly_step<16>(part);
-    butterfly_step<8>(part);
-    butterfly_step<4>(part);
-    butterfly_step<2>(part);
-    butterfly_step<1>(part);
+    if constexpr (M < 32) {
+#pragma unroll
+        for (int l = 0; l < M; ++l) part[l] = part[l] + 0.f;
+    }
+    if constexpr (M >= 32) butterfly_step<16>(part);
+    if constexpr (M >= 16) butterfly_step<8>(part);
+    if constexpr (M >= 8) butterfly_step<4>(part);
+    if constexpr (M >= 4) butterfly_step<2>(part);
+    if constexpr (M >= 2) butterfly_step<1>(part);
     return part[0];
 }
+
+/// Lanes of the warp routine that hold elements of a row of n: the vector path's 4-element steps, or the scalar path's
+/// elements l and l + 32.
+__host__ __device__ constexpr int thread_lanes(int n, bool vec) { return vec ? (n + 3) / 4 : (n < 32 ? n : 32); }
 
 /// axpby's element, rounded as elementwise.cu's kernel: fma(b, y, a * x). Left to contraction as `a * x + b * y`,
 /// the two places may fuse different products; the first GPU run (2026-12-06) showed the fused solve differing from
@@ -371,10 +382,17 @@ struct FlowBlock {
     __device__ void in_rows(const float* x_in, int j) {
         float* out = hb(g);
         const bool vec = p.vec_mask & 1u;
-        for (int o = tid; o < H; o += Threads) {
-            const float s = thread_dot(w_in + std::size_t(o) * A, x_in, A, vec);
-            out[o] = detail::silu(s + axpby(t_s[(j / time_stride(p)) * H + o], c_s[o], 1.f, 1.f));
-        }
+        const int lanes = thread_lanes(A, vec);
+        const float* const tj = t_s + (j / time_stride(p)) * H;
+        auto rows = [&](auto m) {
+            for (int o = tid; o < H; o += Threads) {
+                const float s = thread_dot<decltype(m)::value>(w_in + std::size_t(o) * A, x_in, A, vec);
+                out[o] = detail::silu(s + axpby(tj[o], c_s[o], 1.f, 1.f));
+            }
+        };
+        if (lanes <= 2) rows(std::integral_constant<int, 2>{});
+        else if (lanes <= 8) rows(std::integral_constant<int, 8>{});
+        else rows(std::integral_constant<int, 32>{});
         __syncthreads();
         ex.stamp(kVelIn);
         ++g;
@@ -625,8 +643,8 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         __syncthreads();  // n, and the staged rows copied by every thread
         ex.stamp(kNorm);
         // in_proj: this block's x rows c0 + q and z rows di + c0 + q (the linear op's per-output routine, no bias),
-        // for every token: item i = q * Lt + t.
-        warp_dot_items<Warps>(
+        // for every token: item i = q * Lt + t; 2 cb Lt items (256 here) per block, 4 in flight per warp.
+        warp_dot_items<Warps, 4>(
             2 * cb * Lt, D, vm & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int q = i / Lt, t = i - q * Lt;
@@ -673,7 +691,7 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         ex.end();
         ex.stamp(kXProj);
         // dt_proj @ dt_low for this block's channels and every token (item i = k * Lt + t), before the scan.
-        warp_dot_items<Warps>(
+        warp_dot_items<Warps, 4>(
             cb * Lt, R, (vm >> 2) & 1u, warp, lane,
             [&](int i, const float*& wr, const float*& xr) {
                 const int k = i / Lt, t = i - k * Lt;
@@ -686,31 +704,49 @@ __global__ void __launch_bounds__(Threads, 1) mamba_flow_act_kernel(const __grid
         __syncthreads();
         ex.stamp(kDtProj);
         // dt = softplus(dt_proj @ dt_low + b) and the selective scan (selective_scan_kernel, d_state <= 32: lane n
-        // holds state n, zero at a reset), this block's channels, one warp per channel; every lane ends with the
-        // output (xor butterfly), lanes 0-7 store it into the eight blocks' copies.
+        // holds state n, zero at a reset), this block's channels. With d_state <= 16 a warp scans two channels, one
+        // per half: the op's full-warp butterfly would first add the 16 zero lanes, which only turns a -0 into +0
+        // (x + 0.f), then run the levels 8..1 inside the half, so the sums keep the op's bits. Every lane of a half ends
+        // with its channel's output; lanes 0-7 of the half store it into the eight blocks' copies.
         ex.begin(unsigned(sizeof(float) * Lt * di));
-        for (int k = warp; k < cb; k += Warps) {
-            const int c = c0 + k;
-            float state = 0.f;
-            const float a = lane < S ? T.A[std::size_t(c) * S + lane] : 0.f;
-            const float dd = T.D ? T.D[c] : 0.f, dtb = T.dt_bias[c];
-            for (int t = 0; t < Lt; ++t) {
-                const float dtv = detail::softplus(dts[k * Lt + t] + dtb);
-                const float uv = u[t * M.ld_i + c];
-                const float* Bt = dbl + t * M.ld_b + R;
-                const float* Ct = Bt + S;
-                float part = 0.f;
-                if (lane < S) {
-                    state = expf(dtv * a) * state + dtv * Bt[lane] * uv;
-                    part += state * Ct[lane];
+        auto scan = [&](auto channels_per_warp) {
+            constexpr int G = decltype(channels_per_warp)::value, W = 32 / G;
+            const int sub = lane / W, sl = lane % W;
+            for (int k0 = warp * G; k0 < cb; k0 += Warps * G) {
+                const bool live = k0 + sub < cb;  // an odd last channel: the other half repeats k0 and stores nothing
+                const int k = live ? k0 + sub : k0, c = c0 + k;
+                float state = 0.f;
+                const float a = sl < S ? T.A[std::size_t(c) * S + sl] : 0.f;
+                const float dd = T.D ? T.D[c] : 0.f, dtb = T.dt_bias[c];
+                for (int t = 0; t < Lt; ++t) {
+                    const float dtv = detail::softplus(dts[k * Lt + t] + dtb);
+                    const float uv = u[t * M.ld_i + c];
+                    const float* Bt = dbl + t * M.ld_b + R;
+                    const float* Ct = Bt + S;
+                    float part = 0.f;
+                    if (sl < S) {
+                        state = expf(dtv * a) * state + dtv * Bt[sl] * uv;
+                        part += state * Ct[sl];
+                    }
+                    float sum;
+                    if constexpr (G == 1) {
+                        sum = detail::warp_sum(part);
+                    } else {
+                        sum = part + 0.f;
+#pragma unroll
+                        for (int o = W / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                    }
+                    float yv = sum + dd * uv;
+                    yv *= detail::silu(zo[t * cb + k]);
+                    if (live && sl < kCluster) ex.put_to(sl, y, t * M.ld_i + c, yv);
                 }
-                const float sum = detail::warp_sum(part);
-                float yv = sum + dd * uv;
-                yv *= detail::silu(zo[t * cb + k]);
-                ex.put(y, t * M.ld_i + c, yv);
+                if (live && sl < S) T.ssm_state[std::size_t(c) * S + sl] = state;
             }
-            if (lane < S) T.ssm_state[std::size_t(c) * S + lane] = state;
-        }
+        };
+        if (S <= 16)
+            scan(std::integral_constant<int, 2>{});
+        else
+            scan(std::integral_constant<int, 1>{});
         ex.end();
         ex.stamp(kScan);
         // out_proj + residual: this block's outputs; the last layer only for the last row (prefill_last).

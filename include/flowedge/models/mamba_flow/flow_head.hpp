@@ -169,8 +169,7 @@ public:
         check_live("result");
         if (!(out.size() == std::size_t(m_cfg.action_dim))) [[unlikely]]
             fail(ErrorKind::BadShape, "flow_head", "output has the wrong size" + expected_got(m_cfg.action_dim, out.size()));
-        Memory<B>::copy_to_host(out.data(), m_x, out.size_bytes(), m_exec.stream());
-        Memory<B>::synchronize(m_exec.stream());
+        Memory<B>::copy_to_host(out.data(), m_x, out.size_bytes(), m_exec.stream());  // returns with the data on the host
         m_active = false;
         m_done = 0;
         return std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); });

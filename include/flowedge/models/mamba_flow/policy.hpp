@@ -118,7 +118,9 @@ private:
                 h.cancel();
                 return false;
             }
-            Memory<B>::synchronize(m.stream());  // the head reads the action on its own stream
+            // The head copies the action back on its own stream: wait here only when that is another stream (the
+            // copy back itself returns once the data is on the host).
+            if (h.stream().handle != m.stream().handle) Memory<B>::synchronize(m.stream());
             // A non-finite action: the per-op path recomputes it and its result() names the step.
             return h.end_fused_act(out);
         } else {
