@@ -96,9 +96,9 @@ inline double fma_peak_gflops_per_core() {
 #endif
 }
 
-/// Read bandwidth of one core in GB/s over `bytes` (re-read whole, 256 bytes of loads in flight per step in the
-/// widest native vectors: 64-byte vectors without AVX-512 are lowered through the stack and measured ~16 GB/s even in
-/// L1), best of a few passes after a warm one.
+/// Read bandwidth of one core in GB/s over `bytes` (re-read whole, 256 bytes of loads in flight per step), best of a
+/// few passes after a warm one. The vectors are the widest the build has: wider ones would be lowered through the
+/// stack, and the probe would time those spills instead of the reads.
 inline double read_bandwidth_gbs(std::size_t bytes) {
 #if defined(__AVX512F__)
     constexpr std::size_t kVecBytes = 64;

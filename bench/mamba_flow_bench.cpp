@@ -109,21 +109,19 @@ struct Options {
 /// as cycles and microseconds (scaled by the launch's global-timer span) and returned as JSON.
 nlohmann::json print_phases(const char* what) {
     const cuda::FlowPhaseProfile prof = cuda::last_flow_phases();
+    struct Kind {
+        std::string name;
+        long long cycles = 0;
+        int count = 0;
+    };
+    std::vector<Kind> kinds;  // in order of first appearance
     long long total = 0;
-    std::vector<std::string> order;
-    std::vector<long long> cycles;
-    std::vector<int> count;
     for (const auto& ph : prof.phases) {
         total += ph.cycles;
-        const auto it = std::find(order.begin(), order.end(), ph.name);
-        const std::size_t k = it == order.end() ? order.size() : std::size_t(it - order.begin());
-        if (k == order.size()) {
-            order.push_back(ph.name);
-            cycles.push_back(0);
-            count.push_back(0);
-        }
-        cycles[k] += ph.cycles;
-        count[k] += 1;
+        auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.name == ph.name; });
+        if (it == kinds.end()) it = kinds.insert(kinds.end(), Kind{ph.name});
+        it->cycles += ph.cycles;
+        it->count += 1;
     }
     nlohmann::json rows = nlohmann::json::array();
     if (total == 0) {
@@ -133,11 +131,11 @@ nlohmann::json print_phases(const char* what) {
     const double ns_per_cycle = prof.total_ns / double(total);
     std::printf("  phase clock of one %s launch (block 0; %.2f us between the first and last stamp, %lld cycles):\n", what,
                 prof.total_ns / 1000.0, total);
-    for (std::size_t k = 0; k < order.size(); ++k) {
-        const double us = double(cycles[k]) * ns_per_cycle / 1000.0;
-        std::printf("    %-52s x%-3d %9lld cycles %8.2f us %5.1f%%  (%.2f us each)\n", order[k].c_str(), count[k], cycles[k], us,
-                    100.0 * double(cycles[k]) / double(total), us / count[k]);
-        rows.push_back({{"phase", order[k]}, {"count", count[k]}, {"cycles", cycles[k]}, {"us", us}});
+    for (const Kind& k : kinds) {
+        const double us = double(k.cycles) * ns_per_cycle / 1000.0;
+        std::printf("    %-52s x%-3d %9lld cycles %8.2f us %5.1f%%  (%.2f us each)\n", k.name.c_str(), k.count, k.cycles, us,
+                    100.0 * double(k.cycles) / double(total), us / k.count);
+        rows.push_back({{"phase", k.name}, {"count", k.count}, {"cycles", k.cycles}, {"us", us}});
     }
     return {{"launch", what}, {"span_us", prof.total_ns / 1000.0}, {"cycles", total}, {"phases", rows}};
 }

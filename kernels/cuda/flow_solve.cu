@@ -174,7 +174,11 @@ __device__ __forceinline__ void warp_dot_items(int count, int n, bool vec, int w
 
 namespace cg = cooperative_groups;
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 __device__ __forceinline__ unsigned map_rank(unsigned addr, unsigned rank) {
     unsigned r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
@@ -197,13 +201,12 @@ struct Exchange {
     bool record;         // the phase clock (block 0, thread 0)
 
     __device__ Exchange(float* bar_region, int flags)
-        : cl(cg::this_cluster()), bars(smem_u32(bar_region)), async(flags & kFlagMbarrier), tid(int(threadIdx.x)),
+        : cl(cg::this_cluster()), bars(detail::smem_addr(bar_region)), async(flags & kFlagMbarrier), tid(int(threadIdx.x)),
           lane(tid & 31), record((flags & kFlagPhases) && tid == 0 && cl.block_rank() == 0) {}
     /// The phase clock: the end of a phase of kind k (kStart also resets the record and stamps the global timer).
     __device__ void stamp(Phase k) const {
         if (!record) return;
-        unsigned long long ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        const unsigned long long ns = global_ns();
         if (k == kStart) {
             g_phase_count = 0;
             g_phase_ns[0] = ns;
@@ -236,7 +239,7 @@ struct Exchange {
     __device__ void put_to(int rank, float* buf, int i, float v) const {
         if (async)
             asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
-                             map_rank(smem_u32(buf + i), unsigned(rank))),
+                             map_rank(detail::smem_addr(buf + i), unsigned(rank))),
                          "r"(__float_as_uint(v)), "r"(map_rank(bar(), unsigned(rank)))
                          : "memory");
         else
@@ -262,8 +265,7 @@ struct Exchange {
                     : "memory");
                 if (done) break;
                 if ((++spins & 4095u) == 0) {  // a lost byte count is a bug: fail the launch, never hang
-                    unsigned long long t;
-                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                    const unsigned long long t = global_ns();
                     if (t0 == 0) t0 = t;
                     else if (t - t0 > 200000000ull) __trap();
                 }
@@ -838,14 +840,14 @@ bool mbarrier_exchange() {
     return on;
 }
 
-/// Opts `kernel` (the instance for Threads per block) in to the device's whole per-block shared memory (once per
-/// kernel and device: a driver call per launch would cost microseconds of a ~20 us action) and launches it as one
-/// cluster of kCluster blocks with PDL.
+/// FLOWEDGE_CUDA_FLOW_PHASES (read once): the fused kernels record the phase clock.
 bool phases_on() {
     static const bool on = detail::env_flag("FLOWEDGE_CUDA_FLOW_PHASES");
     return on;
 }
 
+/// Opts `kernel` (the instance for Threads per block) in to the device's whole per-block shared memory, once per
+/// kernel and device because it is a driver call, and launches it as one cluster of kCluster blocks with PDL.
 template <int Threads, class Params>
 void launch_cluster(void (*kernel)(Params, int), std::size_t bytes, const Params& p, bool mbarrier, Stream s) {
     static std::atomic<int> opted_device{-1};
