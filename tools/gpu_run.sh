@@ -5,8 +5,9 @@
 #
 # Usage: tools/gpu_run.sh [STAGE...]      (no stage = all, in this order)
 #   info      nvidia-smi, nvcc, cmake, compute-sanitizer versions
-#   build     configure build-cuda (-DFLOWEDGE_BACKEND=cuda -DFLOWEDGE_CUDA_ARCHITECTURES=90, Ninja if present) and build
-#             (all targets, or BUILD_TARGETS="t1 t2 ...")
+#   build     configure build-cuda (-DFLOWEDGE_BACKEND=cuda -DFLOWEDGE_CUDA_ARCHITECTURES=90, the fused Mamba-flow
+#             kernels at every block size FLOW_BLOCK_SIZES (default "256;512;1024") for the flow stage's A/B; Ninja if
+#             present) and build (all targets, or BUILD_TARGETS="t1 t2 ...")
 #   gputests  ctest -L gpu --output-on-failure
 #   cputests  ctest -LE gpu (the whole CPU suite)
 #   demo      flowedge-make-demo-diffusion / flowedge-make-demo-mamba-flow into models/ (skipped if present)
@@ -137,7 +138,8 @@ stage_build() {
                                       -Dnanobind_ROOT="$(python3 -m nanobind --cmake_dir)")
     if [ ! -f "$BUILD/CMakeCache.txt" ]; then
         cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 "${py[@]}" || return $?
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_CUDA_FLOW_BLOCK_SIZES="${FLOW_BLOCK_SIZES:-256;512;1024}" \
+              "${py[@]}" || return $?
     fi
     # BUILD_TARGETS="a b ...": only those targets (a short device call); default: everything.
     # shellcheck disable=SC2086

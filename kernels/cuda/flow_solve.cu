@@ -813,15 +813,28 @@ void check_flow_pointers(const FlowSolveParams& p, bool c_in) {
     for (int l = 0; l < p.n_layers; ++l) check(p.layers[l] != nullptr, "cuda flow_solve", "null hidden-layer weight pointer");
 }
 
+// The block sizes this build carries (CMake's FLOWEDGE_CUDA_FLOW_BLOCK_SIZES; 512 always).
+#ifndef FLOWEDGE_CUDA_FLOW_BLOCKS_256
+#define FLOWEDGE_CUDA_FLOW_BLOCKS_256 0
+#endif
+#ifndef FLOWEDGE_CUDA_FLOW_BLOCKS_1024
+#define FLOWEDGE_CUDA_FLOW_BLOCKS_1024 0
+#endif
+
 /// Threads per block of the fused kernels: FLOWEDGE_CUDA_FLOW_THREADS = 256, 512 or 1024 (read once; for A/B timing,
-/// the bits do not depend on it), else 512.
+/// the bits do not depend on it), else 512. A size the build does not carry is an error saying how to add it.
 int flow_threads() {
     static const int threads = [] {
         const char* e = std::getenv("FLOWEDGE_CUDA_FLOW_THREADS");
         if (!e || !*e) return 512;
         const std::string v(e);
-        if (v == "256" || v == "512" || v == "1024") return std::stoi(v);
-        fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_THREADS" + expected_got("256, 512 or 1024", v));
+        if (v != "256" && v != "512" && v != "1024")
+            fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_THREADS" + expected_got("256, 512 or 1024", v));
+        const int n = std::stoi(v);
+        if ((n == 256 && !FLOWEDGE_CUDA_FLOW_BLOCKS_256) || (n == 1024 && !FLOWEDGE_CUDA_FLOW_BLOCKS_1024))
+            fail("cuda flow kernels", "FLOWEDGE_CUDA_FLOW_THREADS=" + v + " is not compiled into this build: configure with "
+                 "-DFLOWEDGE_CUDA_FLOW_BLOCK_SIZES=\"256;512;1024\" (default: 512 only)");
+        return n;
     }();
     return threads;
 }
@@ -861,8 +874,12 @@ void launch_cluster(void (*kernel)(Params, int), std::size_t bytes, const Params
 template <class Params, class Kernel>
 void launch_flow_kernel(Kernel kernel, std::size_t bytes, const Params& p, bool mbarrier, Stream s) {
     switch (flow_threads()) {
+#if FLOWEDGE_CUDA_FLOW_BLOCKS_256
         case 256: launch_cluster<256>(kernel(std::integral_constant<int, 256>{}), bytes, p, mbarrier, s); break;
+#endif
+#if FLOWEDGE_CUDA_FLOW_BLOCKS_1024
         case 1024: launch_cluster<1024>(kernel(std::integral_constant<int, 1024>{}), bytes, p, mbarrier, s); break;
+#endif
         default: launch_cluster<512>(kernel(std::integral_constant<int, 512>{}), bytes, p, mbarrier, s); break;
     }
 }

@@ -1,5 +1,6 @@
 # ctest driver: configure, build and run one consumer project in a scratch folder (optionally after installing flowedge).
 # -DKIND=add_subdirectory|find_package -DSRC=<flowedge source> -DBIN=<flowedge build> -DWORK=<scratch dir> -DGEN=<generator>
+# [-DOPT=<flags>]: the consumer's CMAKE_CXX_FLAGS_RELEASE (its build type stays Release).
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 set(extra "")
@@ -9,6 +10,9 @@ if(KIND STREQUAL "find_package")
     message(FATAL_ERROR "install of flowedge into ${WORK}/prefix failed (${rc})")
   endif()
   set(extra "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
+endif()
+if(DEFINED OPT)
+  list(APPEND extra "-DCMAKE_CXX_FLAGS_RELEASE=${OPT}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}/test/consumers/${KIND}" -B "${WORK}/build" -G "${GEN}"
                         -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_SOURCE_DIR=${SRC} ${extra} RESULT_VARIABLE rc)
