@@ -35,11 +35,12 @@ emulate=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
 targets=(ops_linear ops_conv1d ops_conv_transpose1d ops_norm ops_elementwise ops_mamba ops_diffusion_step ops_math_mode
          ops_conv2d ops_image ops_dtype ops_packed_linear ops_no_alloc io_safetensors io_npy io_npz
          mamba_flow_parity_pytorch diffusion_parity_lerobot diffusion_policy act_policy)
-# ctest entries: each executable whole, except three that run reduced under emulation (the emulated_* entries of
-# test/CMakeLists.txt: one image-policy episode each, conv1d without its two largest shape sets).
+# ctest entries: each executable whole, except five that run reduced under emulation (the emulated_* entries of
+# test/CMakeLists.txt: one image-policy episode each, conv1d without its two largest shape sets, conv2d and the
+# LeRobot parity file without the cases of x86-only kernels).
 tests=(ops_linear emulated_ops_conv1d ops_conv_transpose1d ops_norm ops_elementwise ops_mamba ops_diffusion_step
-       ops_math_mode ops_conv2d ops_image ops_dtype ops_packed_linear ops_no_alloc io_safetensors io_npy io_npz
-       mamba_flow_parity_pytorch diffusion_parity_lerobot emulated_diffusion_policy emulated_act_policy)
+       ops_math_mode emulated_ops_conv2d ops_image ops_dtype ops_packed_linear ops_no_alloc io_safetensors io_npy io_npz
+       mamba_flow_parity_pytorch emulated_diffusion_parity_lerobot emulated_diffusion_policy emulated_act_policy)
 programs=(flow_sample mamba_forward diffusion_sample)
 
 # One build goal over the tests and programs (flowedge_compile_check), so make keeps both cores busy.

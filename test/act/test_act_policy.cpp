@@ -167,6 +167,9 @@ TEST_CASE_TEMPLATE("ActPolicy under TF32 / BF16 math stays within its stated bou
                    FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!optest::ready<B>()) return;
     for (const std::string name : {"act_cam1", "act_cam2"}) {
+        // On a CPU where BF16 math has no kernels (no AVX512_BF16) both modes compute exactly: act_cam1 shows it, and
+        // act_cam2's F32 chunk is the parity case's (~30 s of the sanitized suite saved).
+        if (std::is_same_v<B, Cpu> && name == "act_cam2" && !cpu::bf16_math_available()) continue;
         CAPTURE(name);
         std::vector<float> exact, tf32;
         const double e_f32 = chunk_error_at<B>(name, MathMode::F32, &exact);
