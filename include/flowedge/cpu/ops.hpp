@@ -3,6 +3,7 @@
 // in cpu/isa.hpp); which kernel runs for which weight is decided here and in cpu/weights.hpp. Scratch (im2col
 // panels, partial sums) lives in fixed arrays on the calling thread's stack; nothing touches the heap.
 #pragma once
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -28,8 +29,12 @@ namespace flowedge {
 
 /// Host backend: header-only, runs synchronously on the calling thread (plus OpenMP workers for the
 /// large weight-streaming ops), never allocates. Stream arguments are ignored.
-template <>
-struct Ops<Cpu> {
+/// A (constrained) partial specialization rather than Ops<Cpu> spelled out, so that it is a class template
+/// specialization: a member is instantiated only where it is used, and a project can compile all of them once
+/// (FLOWEDGE_CPU_OPS_EXTERN below).
+template <Backend B>
+    requires std::same_as<B, Cpu>
+struct Ops<B> {
     /// The weight-preparation hook: the layout this process's kernel set wants for a bound tensor (cpu/weights.hpp),
     /// or null to read it as stored. Load time only.
     static std::unique_ptr<PreparedWeight> prepare_weight(Storage s, const WeightRef& w, const Shape& shape, std::string_view what,
@@ -309,3 +314,12 @@ struct Ops<Cpu> {
 };
 
 }  // namespace flowedge
+
+// FLOWEDGE_CPU_OPS_EXTERN: this translation unit uses the CPU ops compiled elsewhere, in one translation unit that
+// says `template struct flowedge::Ops<flowedge::Cpu>;` (after including this header). At -O0/-Og GCC and Clang then
+// emit none of the ops or the kernels behind them here, which is most of the compile time of a TU that calls ops; an
+// optimising build still inlines (and so compiles) what it calls. The sanitized test suite uses it
+// (FLOWEDGE_TEST_SHARED_MODELS; test/support/cpu_models_ops.cpp).
+#ifdef FLOWEDGE_CPU_OPS_EXTERN
+extern template struct flowedge::Ops<flowedge::Cpu>;
+#endif
