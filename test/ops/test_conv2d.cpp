@@ -321,11 +321,14 @@ TEST_CASE_TEMPLATE("conv2d_group_norm: CUDA's fused conv + GroupNorm (the use_gr
             {{3, 5, 32, 9, 4, 3, 3, 1, 1, 1, 1}, 2, A::None, true, A::Relu},
             {{1, 9, 16, 5, 5, 1, 1, 1, 1, 0, 0}, 1, A::Silu, true, A::Mish},
             {{2, 12, 24, 6, 7, 5, 5, 1, 1, 2, 2}, 6, A::Mish, false, A::Softplus},
+            // channels per group not a multiple of the 4-channel register tile; a map with one position.
+            {{1, 16, 12, 5, 7, 3, 3, 1, 1, 1, 1}, 4, A::Relu, true, A::Relu},
+            {{2, 40, 20, 3, 3, 3, 3, 2, 2, 0, 0}, 2, A::None, false, A::Relu},
         };
         std::uint32_t seed = 900;
         for (const Unit& u : units) CHECK(run_conv2d_group_norm<B>(u.k, u.groups, u.act, u.residual, u.post, seed += 10) == clusters);
-        // Where it declines (the caller runs conv2d + group_norm): a conv bias, 16-bit weights, a group over 8192
-        // outputs (the stem's 16 x 42 x 42).
+        // Where it declines (the caller runs conv2d + group_norm): a conv bias, 16-bit weights, a group over
+        // 16384 outputs (the stem's 16 x 42 x 42).
         CHECK_FALSE(run_conv2d_group_norm<B>({1, 8, 16, 6, 6, 3, 3, 1, 1, 1, 1}, 2, A::Relu, false, A::None, 7, DType::F32, true));
         CHECK_FALSE(run_conv2d_group_norm<B>({1, 8, 16, 6, 6, 3, 3, 1, 1, 1, 1}, 2, A::Relu, false, A::None, 8, DType::BF16));
         CHECK_FALSE(run_conv2d_group_norm<B>({1, 3, 64, 84, 84, 7, 7, 2, 2, 3, 3}, 4, A::Relu, false, A::None, 9));

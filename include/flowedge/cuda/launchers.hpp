@@ -95,7 +95,8 @@ void conv2d(const Conv2dParams& p, Stream s);
 bool conv2d_gemm(const Conv2dParams& p, Stream s);
 /// Conv2d + GroupNorm in one launch (kernels/cuda/conv2d_group_norm.cu: one thread-block cluster per image and group);
 /// false, with nothing launched, where it does not apply (below sm_90, non-F32 weights or math, a conv bias, residual
-/// or activation, FiLM, a group of more than 8192 outputs, the shared memory).
+/// or activation, FiLM, a group of more than 16384 outputs (8192 where the device runs clusters of 8 only), the
+/// shared memory).
 bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s);
 /// Scratch bytes conv2d_gemm needs for p's shape on an sm_80+ device (p.math itself is ignored: models size their
 /// workspace at load), else 0.

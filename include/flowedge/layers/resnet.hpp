@@ -224,12 +224,12 @@ private:
                 } else {
                     epi.act = act;
                 }
-                // CUDA: the conv and its GroupNorm as one launch where the fused kernel applies (F32 math). Opt-in
-                // (FLOWEDGE_CUDA_CONV_GN=1) until a GPU run has confirmed it against LeRobot.
+                // CUDA: the conv and its GroupNorm as one launch where the fused kernel applies (F32 math; at batch 1
+                // the encoder's time is its launch count). FLOWEDGE_CUDA_CONV_GN=0 runs the two kernels (A/B).
                 if constexpr (requires(const Conv2dGroupNormParams& q) { Ops<B>::conv2d_group_norm(q, Stream{}); }) {
                     static const bool fused = [] {
                         const char* v = std::getenv("FLOWEDGE_CUDA_CONV_GN");
-                        return v && std::string_view(v) == "1";
+                        return !(v && std::string_view(v) == "0");
                     }();
                     if (fused && ctx.math == MathMode::F32 && !ctx.f32_gemm && !u.conv.config().bias) {
                         Conv2dGroupNormParams q;
