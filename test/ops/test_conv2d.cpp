@@ -84,6 +84,18 @@ std::vector<double> winograd_scale(const Conv2dCase& k, const std::vector<float>
     return W;
 }
 
+#if defined(FLOWEDGE_CPU_X86)
+/// Whether the Winograd plan of kernel set isa (AVX-512 or AVX2) takes p (any_size: past the size rule).
+bool winograd_plan_ok(cpu::Isa isa, const Conv2dParams& p, bool any_size = false) {
+    return isa == cpu::Isa::Avx512 ? cpu::avx512::Conv2dWinogradPlan(p, any_size).ok : cpu::avx2::Conv2dWinogradPlan(p, any_size).ok;
+}
+/// The Winograd kernel of set isa on the transformed weights u, whatever the size rule says.
+void winograd_run(cpu::Isa isa, const Conv2dParams& p, const float* u) {
+    if (isa == cpu::Isa::Avx512) cpu::avx512::conv2d_winograd(p, cpu::avx512::Conv2dWinogradPlan(p, true), u);
+    else cpu::avx2::conv2d_winograd(p, cpu::avx2::Conv2dWinogradPlan(p, true), u);
+}
+#endif
+
 /// Winograd's tolerance (times winograd_scale) for cin input channels: one rounding per input channel's FMA, two in
 /// the input transform, one for the transformed weight, four in the output transform, bias and residual, with one
 /// to spare (first order; docs/numerics.md).
@@ -172,9 +184,9 @@ void run_conv2d(const Conv2dCase& k, DType dt, Activation act, bool with_bias, b
     if (out) *out = got;
 #if defined(FLOWEDGE_CPU_X86)
     if constexpr (kIsCpu<B>) {
-        // Where Ops<Cpu> took Winograd (3x3 stride-1 F32 weights on the AVX-512 set, maps its size rule admits).
+        // Where Ops<Cpu> took Winograd (3x3 stride-1 F32 weights on a SIMD set, maps its size rule admits).
         const auto* pw = prepared ? static_cast<const cpu::PackedWeight*>(prepared.get()) : nullptr;
-        if (pw && pw->winograd() && cpu::avx512::Conv2dWinogradPlan(p).ok) {
+        if (pw && pw->winograd() && winograd_plan_ok(pw->isa(), p)) {
             const auto W = winograd_scale(k, x, w, p.bias ? bias.data() : nullptr, p.residual ? res.data() : nullptr, act);
             check_all(got, ref, W, winograd_tolerance(k.cin), "conv2d (Winograd)");
             return;
@@ -523,12 +535,14 @@ TEST_CASE("conv2d on packed weights (Storage::Conv2dWeight): encoder shapes, cut
 }
 
 #if defined(FLOWEDGE_CPU_X86)
-TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 set, 3x3 stride-1 F32 weights): maps 1..40, channels off the vector "
-          "width, epilogues, 1-3 threads (same bits), within its bound") {
-    if (cpu::active_isa() != cpu::Isa::Avx512) {
-        MESSAGE("kernel set " << cpu::kernel_set_name() << ": no Winograd path (AVX-512 only)");
+TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 and AVX2 sets, 3x3 stride-1 F32 weights): maps 1..40, channels off "
+          "the vector width, epilogues, 1-3 threads (same bits), within its bound") {
+    const cpu::Isa isa = cpu::active_isa();
+    if (isa != cpu::Isa::Avx512 && isa != cpu::Isa::Avx2) {
+        MESSAGE("kernel set " << cpu::kernel_set_name() << ": no Winograd path (AVX-512 and AVX2 only)");
         return;
     }
+    MESSAGE("kernel set " << cpu::kernel_set_name());
     using A = Activation;
     const Conv2dCase cases[] = {
         {1, 3, 5, 1, 1, 3, 3, 1, 1, 1, 1},        // one output: one tile, three quarters of it dropped
@@ -592,7 +606,7 @@ TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 set, 3x3 stride-1 F32 weights
             CAPTURE(threads);
             std::vector<float> y(ny, -7.f);
             p.y = y.data();
-            with_threads(threads, [&] { cpu::avx512::conv2d_winograd(p, cpu::avx512::Conv2dWinogradPlan(p, true), pw->winograd()); });
+            with_threads(threads, [&] { winograd_run(isa, p, pw->winograd()); });
             check_all(y, ref, W, tol, "conv2d (Winograd kernel)");
             for (std::size_t i = 0; i < ny; ++i) worst = std::max(worst, std::fabs(double(y[i]) - ref[i]) / (tol * std::max(W[i], 1e-30)));
             if (threads == 1) first = y;
@@ -602,11 +616,11 @@ TEST_CASE("conv2d by Winograd F(2x2, 3x3) (AVX-512 set, 3x3 stride-1 F32 weights
     MESSAGE("largest |error| / bound over the cases: " << worst);
     CHECK(worst < 0.5);  // the first-order bound holds with at least 2x margin
     // The size rule (Ops<Cpu>::conv2d): PushT's layer1..3 maps take Winograd, its 3x3 layer4 and stride 2 do not.
-    auto plan_ok = [](int c, int h) {
+    auto plan_ok = [&](int c, int h) {
         Conv2dParams p;
         p.in_channels = p.out_channels = c; p.in_h = p.in_w = p.out_h = p.out_w = h;
         p.kernel_h = p.kernel_w = 3; p.pad_h = p.pad_w = 1;
-        return cpu::avx512::Conv2dWinogradPlan(p).ok;
+        return winograd_plan_ok(isa, p);
     };
     CHECK(plan_ok(64, 21));
     CHECK(plan_ok(128, 11));

@@ -214,7 +214,7 @@ TEST_CASE("Ops<Cpu>::conv2d on packed Conv2d weights (direct blocks, band path a
         MESSAGE("kernel set " << cpu::kernel_set_name() << " packs no Conv2d weights");
         return;
     }
-    // Load: a 64 -> 64 3x3 F32 weight (the AVX-512 set also makes Winograd's copy) and the activations.
+    // Load: a 64 -> 64 3x3 F32 weight (with Winograd's transformed copy) and the activations.
     std::vector<float> w(64 * 64 * 9, 0.01f), x(64 * 40 * 40, 0.25f), y(64 * 40 * 40), res(64 * 40 * 40, 0.5f), bias(64, 0.1f);
     const auto prepared = Ops<Cpu>::prepare_weight(Storage::Conv2dWeight, {w.data(), DType::F32}, Shape{64, 64, 3, 3}, "test weight");
     REQUIRE(prepared);
@@ -225,7 +225,7 @@ TEST_CASE("Ops<Cpu>::conv2d on packed Conv2d weights (direct blocks, band path a
         p.x = x.data(); p.w = {nullptr, DType::F32, prepared.get()}; p.bias = bias.data(); p.y = y.data();
         p.in_channels = 64; p.out_channels = 64; p.in_h = 40; p.in_w = 40; p.out_h = 40; p.out_w = 40;
         p.kernel_h = 3; p.kernel_w = 3; p.pad_h = 1; p.pad_w = 1; p.act = Activation::Relu; p.residual = res.data();
-        Ops<Cpu>::conv2d(p);  // 40x40 stride 1: Winograd on the AVX-512 set, parallel over tile blocks
+        Ops<Cpu>::conv2d(p);  // 40x40 stride 1: Winograd, parallel over tile blocks
         p.in_h = p.in_w = p.out_h = p.out_w = 3;
         Ops<Cpu>::conv2d(p);  // 3x3 map: the direct path
         p.in_h = p.in_w = 40; p.out_h = p.out_w = 20; p.stride_h = p.stride_w = 2; p.residual = nullptr;

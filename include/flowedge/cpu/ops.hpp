@@ -218,8 +218,12 @@ struct Ops<B> {
                                      expected_got("Conv2d blocks of " + std::to_string(p.out_channels) + " x " + std::to_string(R),
                                                   std::to_string(pw->out()) + " x " + std::to_string(pw->in())));
 #if defined(FLOWEDGE_CPU_X86)
-            if (const float* u = pw->winograd(); u && pw->isa() == cpu::Isa::Avx512) {
-                if (const cpu::avx512::Conv2dWinogradPlan wk(p); wk.ok) return cpu::avx512::conv2d_winograd(p, wk, u);
+            if (const float* u = pw->winograd()) {
+                if (pw->isa() == cpu::Isa::Avx512) {
+                    if (const cpu::avx512::Conv2dWinogradPlan wk(p); wk.ok) return cpu::avx512::conv2d_winograd(p, wk, u);
+                } else if (const cpu::avx2::Conv2dWinogradPlan wk(p); wk.ok) {
+                    return cpu::avx2::conv2d_winograd(p, wk, u);
+                }
             }
 #endif
             FLOWEDGE_CPU_SIMD_KERNEL(pw->isa(), conv2d_packed(p, pw->data(), pw->dtype()));

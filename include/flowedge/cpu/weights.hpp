@@ -8,7 +8,7 @@
 //                (kernels/packed_linear.hpp) beside it; many-row Linear weights -> the same, or under exact math the
 //                GEMM's group layout (kernels/packed_gemm.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
-//                stored tensor; on the AVX-512 set 3x3 F32 weights also Winograd's transformed copy beside them
+//                stored tensor; on the SIMD sets 3x3 F32 weights also Winograd's transformed copy beside them
 //                (kernels/conv2d_winograd.hpp).
 //   scalar and Eigen sets: nothing is prepared (Eigen's products read the stored row-major tensors through Maps).
 #pragma once
@@ -101,14 +101,16 @@ public:
         pw->m_buf = Buffer<std::byte, Cpu>(bytes);
         FLOWEDGE_CPU_SIMD_KERNEL(isa, pack_conv2d_weights(w, pw->m_out, R, pw->m_buf.data()));
 #if defined(FLOWEDGE_CPU_X86)
-        // 3x3 F32 weights on the AVX-512 set also get Winograd's transformed copy (16/9 of the weight's floats; the
+        // 3x3 F32 weights on the SIMD sets also get Winograd's transformed copy (16/9 of the weight's floats; the
         // stride is the run's, so both stay: kernels/conv2d_winograd.hpp takes the stride-1 maps where it wins).
-        if (isa == Isa::Avx512 && avx512::conv2d_winograd_weight(int(shape.dims[2]), int(shape.dims[3]), w.dtype)) {
-            const int in = int(shape.dims[1]);
-            const std::size_t wbytes = avx512::conv2d_winograd_elements(pw->m_out, in) * sizeof(float);
+        const int kh = int(shape.dims[2]), kw = int(shape.dims[3]), in = int(shape.dims[1]);
+        if (isa == Isa::Avx512 ? avx512::conv2d_winograd_weight(kh, kw, w.dtype) : avx2::conv2d_winograd_weight(kh, kw, w.dtype)) {
+            const std::size_t wbytes = (isa == Isa::Avx512 ? avx512::conv2d_winograd_elements(pw->m_out, in)
+                                                           : avx2::conv2d_winograd_elements(pw->m_out, in)) * sizeof(float);
             Memory<Cpu>::check_fits(wbytes, std::string(what) + " (Winograd copy)");
             pw->m_wino = Buffer<std::byte, Cpu>(wbytes);
-            avx512::pack_conv2d_winograd(static_cast<const float*>(w.data), pw->m_out, in, reinterpret_cast<float*>(pw->m_wino.data()));
+            FLOWEDGE_CPU_SIMD_KERNEL(isa, pack_conv2d_winograd(static_cast<const float*>(w.data), pw->m_out, in,
+                                                               reinterpret_cast<float*>(pw->m_wino.data())));
         }
 #endif
         return pw;

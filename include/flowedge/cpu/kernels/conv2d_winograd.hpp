@@ -1,4 +1,4 @@
-// torch.nn.Conv2d 3x3, stride 1, by Winograd's F(2x2, 3x3) (Lavin & Gray 2016), AVX-512 set only: every 2x2 block
+// torch.nn.Conv2d 3x3, stride 1, by Winograd's F(2x2, 3x3) (Lavin & Gray 2016), AVX-512 and AVX2 sets: every 2x2 block
 // ("tile") of outputs comes from the 4x4 input patch d under it (rows 2ty - pad_h .., columns 2tx - pad_w ..):
 //   V = B^T d B (per input channel),  U = G g G^T (per weight [o][i], made at load),
 //   M[xi][tile][o] = sum_i V[xi][tile][i] U[xi][i][o]   (16 independent products, xi = 4 * row + column),
@@ -8,8 +8,9 @@
 // run on conv2d_packed.hpp's micro-kernel ("outputs in lanes": U_xi packed like a Conv2d weight's output blocks with
 // the input channel as the reduction step, V_xi as its panel with tiles as positions). The output transform runs
 // on the accumulators, then the packed path's epilogue (bias, residual, activation) after a transpose to rows.
-// Error bound: docs/numerics.md. Kernel-set body: included once per instruction set by cpu/kernels.hpp.
-#if FLOWEDGE_ISA_AVX512
+// Error bound: docs/numerics.md. Kernel-set body: included once per instruction set by cpu/kernels.hpp; the two
+// sets differ only in the input transform's masked loads and even/odd deinterleave (wino_* below).
+#if FLOWEDGE_ISA_SIMD
 
 /// FLOWEDGE_CPU_CONV2D_NO_WINOGRAD=1 keeps every conv on the direct paths (and makes no transformed copy at load):
 /// the old path of an A/B run in one binary.
@@ -80,26 +81,52 @@ struct Conv2dWinogradPlan {
     }
 };
 
+#if FLOWEDGE_ISA_AVX512
+/// Lanes j of a load at input column c + j that fall inside a row of w columns.
+using WinoMask = __mmask16;
+inline WinoMask wino_inside(int c, int w) {
+    const int lo = std::clamp(-c, 0, kLanes), hi = std::clamp(w - c, lo, kLanes);
+    return WinoMask(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+/// The lanes of m from p (the others 0; lanes outside m are never read, so p may point outside the row).
+inline VecF wino_load(WinoMask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+/// even[j] = (lo, hi)[2j], odd[j] = (lo, hi)[2j + 1] over the 2 kLanes floats of lo then hi.
+inline void wino_deinterleave(VecF lo, VecF hi, VecF& even, VecF& odd) {
+    const __m512i e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    even = _mm512_permutex2var_ps(lo, e, hi);
+    odd = _mm512_permutex2var_ps(lo, _mm512_add_epi32(e, _mm512_set1_epi32(1)), hi);
+}
+inline VecF wsub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
+#else
+using WinoMask = __m256i;
+inline WinoMask wino_inside(int c, int w) {
+    const int lo = std::clamp(-c, 0, kLanes), hi = std::clamp(w - c, lo, kLanes);
+    const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), j), _mm256_cmpgt_epi32(j, _mm256_set1_epi32(lo - 1)));
+}
+inline VecF wino_load(WinoMask m, const float* p) { return _mm256_maskload_ps(p, m); }
+inline void wino_deinterleave(VecF lo, VecF hi, VecF& even, VecF& odd) {
+    // per 128-bit half: lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6, then the 64-bit pairs reordered
+    even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+    odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+}
+inline VecF wsub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
+#endif
+
 /// V[xi][i][t - t0] (V + (xi * ci_stride + i) * ldv + t - t0) = (B^T d B)[xi] for input channels [i0, i0 + ci) of
-/// image b and tiles [t0, t1), 16 tiles of a tile row at a time: each of the patch's 4 input rows is read by four
-/// masked loads (lanes outside the image read as the zero padding, and never fault), and column c of the 16 tiles
+/// image b and tiles [t0, t1), kLanes tiles of a tile row at a time: each of the patch's 4 input rows is read by four
+/// masked loads (lanes outside the image read as the zero padding, and never fault), and column c of the kLanes tiles
 /// is the even or odd lanes of two of them (deinterleaved by permutes).
 inline void conv2d_winograd_input(const Conv2dParams& p, const Conv2dWinogradPlan& k, int b, int t0, int t1, int i0, int ci,
                                   float* V, std::size_t ci_stride, std::size_t ldv) {
     const std::size_t plane = std::size_t(p.in_h) * p.in_w;
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    // Lanes j of a load at input column c + j that fall inside the row.
-    auto inside = [&](int c) -> __mmask16 {
-        const int lo = std::clamp(-c, 0, kLanes), hi = std::clamp(p.in_w - c, lo, kLanes);
-        return __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    };
     const std::size_t step = ci_stride * ldv;
     for (int ts = t0; ts < t1;) {
         const int ty = ts / k.tw, tx0 = ts % k.tw, n = std::min(k.tw - tx0, t1 - ts);
         for (int k0 = 0; k0 < n; k0 += kLanes) {
             const int m = std::min(kLanes, n - k0), c = 2 * (tx0 + k0) - p.pad_w;
-            const __mmask16 m0 = inside(c), m1 = inside(c + kLanes), m2 = inside(c + 2), m3 = inside(c + 2 + kLanes);
+            const WinoMask m0 = wino_inside(c, p.in_w), m1 = wino_inside(c + kLanes, p.in_w);
+            const WinoMask m2 = wino_inside(c + 2, p.in_w), m3 = wino_inside(c + 2 + kLanes, p.in_w);
             for (int i = 0; i < ci; ++i) {
                 const float* xi = p.x + (std::size_t(b) * p.in_channels + std::size_t(i0 + i)) * plane;
                 VecF d[4][4];
@@ -111,27 +138,23 @@ inline void conv2d_winograd_input(const Conv2dParams& p, const Conv2dWinogradPla
                     }
                     // The row pointer offset by c may point before the row: only in-row lanes are read.
                     const float* base = xi + std::size_t(ih) * p.in_w;
-                    const VecF lo = _mm512_maskz_loadu_ps(m0, base + c), hi = _mm512_maskz_loadu_ps(m1, base + c + kLanes);
-                    const VecF lo2 = _mm512_maskz_loadu_ps(m2, base + c + 2), hi2 = _mm512_maskz_loadu_ps(m3, base + c + 2 + kLanes);
-                    d[r][0] = _mm512_permutex2var_ps(lo, even, hi);
-                    d[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
-                    d[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
-                    d[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
+                    wino_deinterleave(wino_load(m0, base + c), wino_load(m1, base + c + kLanes), d[r][0], d[r][1]);
+                    wino_deinterleave(wino_load(m2, base + c + 2), wino_load(m3, base + c + 2 + kLanes), d[r][2], d[r][3]);
                 }
                 VecF t[4][4];
                 for (int cc = 0; cc < 4; ++cc) {
-                    t[0][cc] = _mm512_sub_ps(d[0][cc], d[2][cc]);
-                    t[1][cc] = _mm512_add_ps(d[1][cc], d[2][cc]);
-                    t[2][cc] = _mm512_sub_ps(d[2][cc], d[1][cc]);
-                    t[3][cc] = _mm512_sub_ps(d[1][cc], d[3][cc]);
+                    t[0][cc] = wsub(d[0][cc], d[2][cc]);
+                    t[1][cc] = vadd(d[1][cc], d[2][cc]);
+                    t[2][cc] = wsub(d[2][cc], d[1][cc]);
+                    t[3][cc] = wsub(d[1][cc], d[3][cc]);
                 }
                 float* dst = V + std::size_t(i) * ldv + std::size_t(ts - t0 + k0);
                 for (int r = 0; r < 4; ++r) {
                     float* dr = dst + std::size_t(4 * r) * step;
-                    packed::store_n(dr, _mm512_sub_ps(t[r][0], t[r][2]), m);
-                    packed::store_n(dr + step, _mm512_add_ps(t[r][1], t[r][2]), m);
-                    packed::store_n(dr + 2 * step, _mm512_sub_ps(t[r][2], t[r][1]), m);
-                    packed::store_n(dr + 3 * step, _mm512_sub_ps(t[r][1], t[r][3]), m);
+                    packed::store_n(dr, wsub(t[r][0], t[r][2]), m);
+                    packed::store_n(dr + step, vadd(t[r][1], t[r][2]), m);
+                    packed::store_n(dr + 2 * step, wsub(t[r][2], t[r][1]), m);
+                    packed::store_n(dr + 3 * step, wsub(t[r][1], t[r][3]), m);
                 }
             }
         }
@@ -157,13 +180,13 @@ inline void conv2d_winograd_output(const Conv2dParams& p, const Conv2dWinogradPl
                 for (int x = 0; x < 16; ++x) m[x] = vload(av + std::size_t(x) * ldx + std::size_t(q) * kLanes);
                 VecF s[2][4];
                 for (int c = 0; c < 4; ++c) {
-                    s[0][c] = _mm512_add_ps(_mm512_add_ps(m[c], m[4 + c]), m[8 + c]);
-                    s[1][c] = _mm512_sub_ps(_mm512_sub_ps(m[4 + c], m[8 + c]), m[12 + c]);
+                    s[0][c] = vadd(vadd(m[c], m[4 + c]), m[8 + c]);
+                    s[1][c] = wsub(wsub(m[4 + c], m[8 + c]), m[12 + c]);
                 }
                 for (int r = 0; r < 2; ++r) {
-                    vstore(stage + std::size_t(r) * lds + std::size_t(2 * q) * kLanes, _mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), s[r][2]));
+                    vstore(stage + std::size_t(r) * lds + std::size_t(2 * q) * kLanes, vadd(vadd(s[r][0], s[r][1]), s[r][2]));
                     vstore(stage + std::size_t(r) * lds + std::size_t(2 * q + 1) * kLanes,
-                           _mm512_sub_ps(_mm512_sub_ps(s[r][1], s[r][2]), s[r][3]));
+                           wsub(wsub(s[r][1], s[r][2]), s[r][3]));
                 }
             }
             const int lanes = std::min(kLanes, p.out_channels - v * kLanes);
@@ -244,4 +267,4 @@ inline void conv2d_winograd(const Conv2dParams& p, const Conv2dWinogradPlan& k, 
     }
 }
 
-#endif  // FLOWEDGE_ISA_AVX512
+#endif  // FLOWEDGE_ISA_SIMD
