@@ -71,7 +71,8 @@
 #   encoder   issue 19: the conv2d op test and the encoder / policy tests (CUDA instances), the PushT encoder alone in
 #             rounds (ENC_ROUNDS x ENC_ITERS) with its features' bits hash, the policy chunk, ncu of one encoder call,
 #             memcheck + racecheck on the conv op test (ENC_NCU=0 / ENC_SANITIZERS="..." trim them);
-#             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path, ENC_CUR_ENV sets the current path's switches
+#             ENC_PREV_ENV="VAR=1 ..." alternates a previous kernel path, ENC_CUR_ENV sets the current path's switches,
+#             ENC_BASE_SRC=DIR (a carried `git archive` of an earlier commit) times that tree's encoder in the same rounds
 #             -> $OUT/encoder.txt and the files it names
 #   flow      issue 20: the fused batch-1 flow solve and the fused whole action vs the per-op path (CUDA tests, also at
 #             every block size and exchange of FLOW_MODES, default "256:barrier 512:barrier 1024:barrier 256:mbarrier
@@ -618,11 +619,25 @@ stage_flow() {
 # chunk, ncu per-kernel table of one encoder call, compute-sanitizer memcheck + racecheck on the conv op test. With
 # ENC_PREV_ENV="VAR=1 ..." (the switches that select a previous kernel path) every test and timing also runs under
 # those variables, alternated with the current path, for the A/B
-# -> $OUT/encoder.txt, encoder_{cur,prev}_r<N>.txt, policy_bench_cuda_f32_{cur,prev}.json, ncu_encoder.csv.
+# -> $OUT/encoder.txt, encoder_{cur,prev,base}_r<N>.txt, policy_bench_cuda_f32_{cur,prev}.json, ncu_encoder.csv.
 stage_encoder() {
     local rc=0 cuda_cases='*<flowedge::Cuda>*' prev=${ENC_PREV_ENV:-} cur=${ENC_CUR_ENV:-} paths=cur
     [ -n "$prev" ] && paths="cur prev"
+    # ENC_BASE_SRC (a `git archive` of an earlier commit with its COMMIT file, carried; unset: none): its policy_bench
+    # is built alongside and timed in the same rounds, for the A/B against that tree's kernels.
+    local base=${ENC_BASE_SRC:-} base_bin= bpid=
+    if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
+        base_bin=build-enc-base/policy_bench
+        ( cmake -S "$base" -B build-enc-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
+              cmake --build build-enc-base -j "$JOBS" --target policy_bench ) \
+            > "$LOGS/enc_base_build.log" 2>&1 &
+        bpid=$!
+    fi
     BUILD_TARGETS="policy_bench ops_conv2d diffusion_rgb_encoder diffusion_policy" stage_build || return $?
+    if [ -n "$bpid" ]; then
+        wait "$bpid" || { echo "base tree $base ($(cat "$base/COMMIT" 2>/dev/null)): build failed" | tee -a "$OUT/encoder.txt"; base_bin=; }
+    fi
     local path e t
     for path in $paths; do
         e=$cur; [ $path = prev ] && e=$prev
@@ -641,6 +656,10 @@ stage_encoder() {
                 > "$OUT/encoder_${path}_r$r.txt" 2>&1 || rc=$?
             sed "s/^/$path r$r: /" "$OUT/encoder_${path}_r$r.txt" | tee -a "$OUT/encoder.txt"
         done
+        if [ -n "$base_bin" ]; then
+            "$base_bin" "$POLICY_FOLDER" --device cuda --encoder-only ${ENC_ITERS:-400} > "$OUT/encoder_base_r$r.txt" 2>&1 || rc=$?
+            sed "s/^/base r$r: /" "$OUT/encoder_base_r$r.txt" | tee -a "$OUT/encoder.txt"
+        fi
     done
     for path in $paths; do
         e=$cur; [ $path = prev ] && e=$prev
