@@ -538,7 +538,7 @@ stage_flow() {
     local fused_cases='*fused batch-1 solve*,*fused action*'
     # FLOW_BASE_SRC (default .base-src, a `git archive` of an earlier commit, carried): its mamba_flow_bench is built
     # alongside and timed in the same rounds (its default fused mode), for the A/B against that tree.
-    local base=${FLOW_BASE_SRC:-.base-src} base_bin= bpid=
+    local base=${FLOW_BASE_SRC:-.base-src} base_bin='' bpid=''
     if [ -f "$base/CMakeLists.txt" ]; then
         base_bin=build-flow-base/mamba_flow_bench
         ( cmake -S "$base" -B build-flow-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
@@ -625,7 +625,7 @@ stage_encoder() {
     [ -n "$prev" ] && paths="cur prev"
     # ENC_BASE_SRC (a `git archive` of an earlier commit with its COMMIT file, carried; unset: none): its policy_bench
     # is built alongside and timed in the same rounds, for the A/B against that tree's kernels.
-    local base=${ENC_BASE_SRC:-} base_bin= bpid=
+    local base=${ENC_BASE_SRC:-} base_bin='' bpid=''
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
         base_bin=build-enc-base/policy_bench
         ( cmake -S "$base" -B build-enc-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
