@@ -245,6 +245,10 @@ __global__ void __launch_bounds__(kThreads, 4) conv2d_group_norm_kernel(const __
 /// Shared memory a cluster-16 launch may use: 16 blocks of this size must fit on one GPC.
 constexpr std::size_t kCluster16SmemCap = 96 * 1024;
 
+/// Dynamic shared memory a block may take: the device's opt-in limit less the static stats, scratch and a reserve.
+/// Also the one value every call sets as the kernels' MaxDynamicSharedMemorySize (opt_in_smem_once's contract).
+std::size_t smem_limit() { return std::size_t(detail::smem_per_block_optin()) - 2048; }
+
 /// 16 blocks per cluster where the device can run such a cluster with kCluster16SmemCap bytes per block (a
 /// non-portable size; Hopper can), else 8; FLOWEDGE_CUDA_CONV_GN_CLUSTER=8 forces 8 (A/B). Cached per device.
 int cluster_for_device() {
@@ -259,8 +263,7 @@ int cluster_for_device() {
     if (dev < 16 && cached[dev].load(std::memory_order_acquire)) return cached[dev].load(std::memory_order_relaxed);
     int size = 8;
     if (cudaFuncSetAttribute(conv2d_group_norm_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-        cudaFuncSetAttribute(conv2d_group_norm_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(std::min<std::size_t>(kCluster16SmemCap, std::size_t(detail::smem_per_block_optin()) - 2048))) ==
+        cudaFuncSetAttribute(conv2d_group_norm_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_limit())) ==
             cudaSuccess) {
         cudaLaunchAttribute attr{};
         attr.id = cudaLaunchAttributeClusterDimension;
@@ -270,7 +273,7 @@ int cluster_for_device() {
         cudaLaunchConfig_t cfg{};
         cfg.gridDim = dim3(1, 1, 16);
         cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = std::min<std::size_t>(kCluster16SmemCap, std::size_t(detail::smem_per_block_optin()) - 2048);
+        cfg.dynamicSmemBytes = std::min(kCluster16SmemCap, smem_limit());
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
         int clusters = 0;
@@ -293,7 +296,7 @@ bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s) {
     if (n.groups <= 0 || c.out_channels % n.groups != 0) return false;
     int cluster = cluster_for_device();
     Geom g = make_geom(p, cluster);
-    const std::size_t limit = std::size_t(detail::smem_per_block_optin()) - 2048;  // static stats + scratch, reserve
+    const std::size_t limit = smem_limit();
     if (cluster == 16 && sizeof(float) * std::size_t(g.total) > std::min(limit, kCluster16SmemCap)) g = make_geom(p, cluster = 8);
     if (g.n > g.cluster * kThreads * kMaxFinishPerThread) return false;
     const std::size_t bytes = sizeof(float) * std::size_t(g.total);
