@@ -87,8 +87,8 @@
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
 #             -> $OUT/cpudiff_xeon_host.{json,md}, lscpu.txt
 #   cpuenc    issue 19 on this host's CPU: rgb_encoder_bench (a CPU-only Release build in build-cpu) on core CPUENC_CORE (2),
-#             1 thread, --layers, the band conv path and FLOWEDGE_CPU_CONV2D_NO_BAND=1 (im2col panel) alternated
-#             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{band,panel}_rN.json
+#             1 thread, --layers, Winograd (the default) and FLOWEDGE_CPU_CONV2D_NO_WINOGRAD=1 (direct) alternated
+#             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{wino,direct}_rN.json, lscpu.txt
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -705,10 +705,12 @@ stage_cpudiff() {
 
 stage_cpuenc() {
     local rc=0 dir=build-cpu r path e
+    lscpu > "$OUT/lscpu.txt"
     build_cpu_bench "$dir" rgb_encoder_bench || return $?
     for r in $(seq 1 ${CPUENC_ROUNDS:-3}); do
-        for path in band panel; do
-            e=FLOWEDGE_CPU_CONV2D_NO_BAND=0; [ $path = panel ] && e=FLOWEDGE_CPU_CONV2D_NO_BAND=1
+        # Winograd F(2x2, 3x3) for layer1-3's 3x3 convs (the default) against the direct paths, same binary.
+        for path in wino direct; do
+            e=FLOWEDGE_CPU_CONV2D_NO_WINOGRAD=0; [ $path = direct ] && e=FLOWEDGE_CPU_CONV2D_NO_WINOGRAD=1
             env $e OMP_NUM_THREADS=1 taskset -c "${CPUENC_CORE:-2}" "$dir/rgb_encoder_bench" --iters ${CPUENC_ITERS:-100} --threads 1 --layers \
                 --json "$OUT/cpuenc_${path}_r$r.json" > "$OUT/cpuenc_${path}_r$r.txt" 2>&1 || rc=$?
             sed "s/^/$path r$r: /" "$OUT/cpuenc_${path}_r$r.txt" | tee -a "$OUT/cpuenc.txt"
