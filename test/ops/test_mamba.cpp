@@ -352,3 +352,94 @@ TEST_CASE_TEMPLATE("causal_conv and selective_scan reject bad sizes, strides and
     CHECK_THROWS_WITH_AS(Ops<B>::selective_scan(s), "flowedge: selective_scan: null u, dt, A, B, C, z, state or y pointer", Error);
     Memory<B>::synchronize();
 }
+
+#if defined(FLOWEDGE_CPU_X86)
+// The AVX2 set's scan forms (kernels/mamba.hpp) against double on the grids of docs/numerics.md#vector-math-functions:
+// the decays exp(dt A) for dt in [0.001, 2], -A in [0.08, 12]; softplus over [-30, 30]; SiLU over [-80, 80]. The
+// measuring code is compiled for AVX2 (as the kernel set is) and runs only where the CPU has it.
+namespace {
+struct ScanMathErrors {
+    double decay_abs = 0, softplus_rel = 0, silu_rel = 0;
+    float softplus_special[8], exp2_special[8], silu_special[8];
+};
+const float kScanSpecial[8] = {NAN, INFINITY, -INFINITY, -200.f, 0.f, -0.f, 1e-30f, -1e-30f};
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+template <class F>
+void apply8(F f, const float* in, float* out) {
+    __m256 v[1] = {_mm256_loadu_ps(in)};
+    f(v);
+    _mm256_storeu_ps(out, v[0]);
+}
+ScanMathErrors avx2_scan_math_errors() {
+    namespace k = flowedge::cpu::avx2;
+    ScanMathErrors e;
+    auto exp2 = [](__m256(&v)[1]) { k::scan_exp2_nonpositive(v); };
+    auto softplus = [](__m256(&v)[1]) { k::scan_softplus(v); };
+    auto silu = [](__m256(&v)[1]) { k::scan_silu(v); };
+    float in[8], out[8];
+    for (int i = 0; i < 500; ++i)
+        for (int j = 0; j < 1000; j += 8) {
+            const float dt = 0.001f + (2.f - 0.001f) * float(i) / 499.f;
+            float a[8];
+            for (int l = 0; l < 8; ++l) {
+                a[l] = -(0.08f + (12.f - 0.08f) * float(j + l) / 999.f);
+                in[l] = dt * 1.44269504088896341f * a[l];
+            }
+            apply8(exp2, in, out);
+            for (int l = 0; l < 8; ++l) e.decay_abs = std::max(e.decay_abs, std::fabs(out[l] - std::exp(double(dt) * a[l])));
+        }
+    for (int i = 0; i < 80000; i += 8) {
+        for (int l = 0; l < 8; ++l) in[l] = -30.f + 60.f * float(i + l) / 79999.f;
+        apply8(softplus, in, out);
+        for (int l = 0; l < 8; ++l) {
+            const double ref = in[l] > 20 ? in[l] : std::log1p(std::exp(double(in[l])));
+            e.softplus_rel = std::max(e.softplus_rel, std::fabs(out[l] - ref) / ref);
+        }
+        for (int l = 0; l < 8; ++l) in[l] = -80.f + 160.f * float(i + l) / 79999.f;
+        apply8(silu, in, out);
+        for (int l = 0; l < 8; ++l) {
+            const double ref = in[l] / (1 + std::exp(-double(in[l])));
+            if (ref != 0) e.silu_rel = std::max(e.silu_rel, std::fabs(out[l] - ref) / std::fabs(ref));
+        }
+    }
+    apply8(softplus, kScanSpecial, e.softplus_special);
+    apply8(exp2, kScanSpecial, e.exp2_special);
+    apply8(silu, kScanSpecial, e.silu_special);
+    return e;
+}
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+}  // namespace
+
+TEST_CASE("AVX2 selective_scan math (decay, softplus, gate SiLU) within its stated bounds of double") {
+    if (!flowedge::cpu::detect_cpu_features().avx2) {
+        MESSAGE("no AVX2 on this CPU: skipped");
+        return;
+    }
+    const ScanMathErrors e = avx2_scan_math_errors();
+    const double ulp = std::ldexp(1.0, -24);
+    MESSAGE("decay abs " << e.decay_abs / ulp << " 2^-24, softplus rel " << e.softplus_rel / ulp << " 2^-24, silu rel "
+                         << e.silu_rel / ulp << " 2^-24");
+    CHECK(e.decay_abs <= 2.5 * ulp);
+    CHECK(e.softplus_rel <= 4 * ulp);
+    CHECK(e.silu_rel <= 3 * ulp);
+    // NaN stays NaN; the clamps' limits: softplus(+inf) = inf, softplus(-inf) = exp(-86), a decay never below 2^-125.
+    CHECK(std::isnan(e.softplus_special[0]));
+    CHECK(e.softplus_special[1] == INFINITY);
+    CHECK(e.softplus_special[2] == doctest::Approx(std::exp(-86.0)).epsilon(1e-6));
+    CHECK(e.softplus_special[4] == doctest::Approx(std::log(2.0)).epsilon(1e-7));
+    CHECK(std::isnan(e.exp2_special[0]));
+    CHECK(e.exp2_special[3] == std::ldexp(1.f, -125));
+    CHECK(e.exp2_special[4] == 1.f);
+    CHECK(std::isnan(e.silu_special[0]));
+    CHECK(e.silu_special[1] == INFINITY);
+}
+#endif

@@ -83,6 +83,84 @@ inline __m512 scan_dot16(const __m512 (&sn)[16], __m512 clo, __m512 chi) {
 }
 #endif
 
+#if FLOWEDGE_ISA_AVX2
+/// 2^x for 8 floats x <= 0 in each of N vectors (in place), the AVX-512 scan_exp2_nonpositive's polynomial on the
+/// same n = round(x), f = x - n. Without vscalefps, 2^n goes into the exponent bits, which needs a normal result: x is
+/// clamped at -125 first (NaN stays NaN), so a decay below 2^-125 comes out as 2^-125 (an absolute error under 3e-38
+/// of the state it scales). 13 vector operations where vexp takes 21. The N vectors go step by step together: one
+/// vector's chain is ~35 cycles long, and interleaved chains keep the scan's vector pipes busy where the scheduler
+/// could hold only about two channels' chains at once.
+template <int N>
+[[gnu::always_inline]] inline void scan_exp2_nonpositive(__m256 (&x)[N]) {
+    __m256 n[N], p[N];
+    for (int i = 0; i < N; ++i) x[i] = _mm256_max_ps(_mm256_set1_ps(-125.f), x[i]);
+    for (int i = 0; i < N; ++i) n[i] = _mm256_round_ps(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int i = 0; i < N; ++i) x[i] = _mm256_sub_ps(x[i], n[i]);
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(_mm256_set1_ps(1.3264708687e-3f), x[i], _mm256_set1_ps(9.6715111285e-3f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], x[i], _mm256_set1_ps(5.5507339537e-2f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], x[i], _mm256_set1_ps(2.4022242427e-1f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], x[i], _mm256_set1_ps(6.9314700365e-1f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], x[i], _mm256_set1_ps(1.f));  // in [2^-1/2, 2^1/2]
+    for (int i = 0; i < N; ++i)  // times 2^n, n >= -125: stays normal
+        x[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p[i]), _mm256_slli_epi32(_mm256_cvtps_epi32(n[i]), 23)));
+}
+
+/// exp(x) for 8 floats in each of N vectors (in place), vexp's reduction and polynomial (the same bits wherever vexp
+/// takes its exponent-add path), with x clamped to [-86, 88] so that path always applies: exp of x below -86 comes out
+/// as exp(-86) (under 5e-38; NaN stays NaN). Step by step over the N vectors, as scan_exp2_nonpositive.
+template <int N>
+[[gnu::always_inline]] inline void scan_exp(__m256 (&x)[N]) {
+    __m256 n[N], r[N], p[N];
+    for (int i = 0; i < N; ++i) x[i] = _mm256_min_ps(_mm256_set1_ps(88.f), _mm256_max_ps(_mm256_set1_ps(-86.f), x[i]));
+    for (int i = 0; i < N; ++i)
+        n[i] = _mm256_round_ps(_mm256_mul_ps(x[i], _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int i = 0; i < N; ++i) r[i] = _mm256_fnmadd_ps(n[i], _mm256_set1_ps(0.693359375f), x[i]);
+    for (int i = 0; i < N; ++i) r[i] = _mm256_fnmadd_ps(n[i], _mm256_set1_ps(-2.12194440e-4f), r[i]);
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r[i], _mm256_set1_ps(1.3981999507e-3f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], r[i], _mm256_set1_ps(8.3334519073e-3f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], r[i], _mm256_set1_ps(4.1665795894e-2f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], r[i], _mm256_set1_ps(1.6666665459e-1f));
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], r[i], _mm256_set1_ps(5.0000001201e-1f));
+    for (int i = 0; i < N; ++i)
+        p[i] = _mm256_add_ps(_mm256_fmadd_ps(p[i], _mm256_mul_ps(r[i], r[i]), r[i]), _mm256_set1_ps(1.f));
+    for (int i = 0; i < N; ++i)
+        x[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p[i]), _mm256_slli_epi32(_mm256_cvtps_epi32(n[i]), 23)));
+}
+
+/// Softplus (beta 1, threshold 20) of N vectors of dt values (in place), the AVX-512 scan_softplus's formula: max(x, 0)
+/// + log1p(e), e = exp(-|x|) (scan_exp), log1p(e) = 2 atanh(s), s = e / (2 + e), by its odd series to s^15; x itself
+/// above 20. About 35 vector operations where vsoftplus takes 55.
+template <int N>
+[[gnu::always_inline]] inline void scan_softplus(__m256 (&x)[N]) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 e[N], s[N], z[N], q[N];
+    for (int i = 0; i < N; ++i) e[i] = _mm256_or_ps(x[i], sign);  // -|x|
+    scan_exp(e);
+    for (int i = 0; i < N; ++i) s[i] = _mm256_div_ps(e[i], _mm256_add_ps(e[i], _mm256_set1_ps(2.f)));
+    for (int i = 0; i < N; ++i) z[i] = _mm256_mul_ps(s[i], s[i]);
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(_mm256_set1_ps(1.f / 15.f), z[i], _mm256_set1_ps(1.f / 13.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f / 11.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f / 9.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f / 7.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f / 5.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f / 3.f));
+    for (int i = 0; i < N; ++i) q[i] = _mm256_fmadd_ps(q[i], z[i], _mm256_set1_ps(1.f));
+    for (int i = 0; i < N; ++i) {
+        const __m256 y = _mm256_add_ps(_mm256_max_ps(_mm256_setzero_ps(), x[i]), _mm256_mul_ps(_mm256_add_ps(s[i], s[i]), q[i]));
+        x[i] = _mm256_blendv_ps(y, x[i], _mm256_cmp_ps(x[i], _mm256_set1_ps(20.f), _CMP_GT_OQ));
+    }
+}
+
+/// SiLU of N vectors (in place), x / (1 + exp(-x)) on scan_exp: the scan's gate.
+template <int N>
+[[gnu::always_inline]] inline void scan_silu(__m256 (&x)[N]) {
+    __m256 e[N];
+    for (int i = 0; i < N; ++i) e[i] = _mm256_sub_ps(_mm256_setzero_ps(), x[i]);
+    scan_exp(e);
+    for (int i = 0; i < N; ++i) x[i] = _mm256_div_ps(x[i], _mm256_add_ps(_mm256_set1_ps(1.f), e[i]));
+}
+#endif
+
 /// Mamba causal depthwise conv + SiLU with a rolling (kernel-1)-row history in `state`. The SIMD sets take a block
 /// of channels at a time through every token (the block's taps are arranged once, not once per token) and apply the
 /// SiLU in registers; the multiply-add order per output is the scalar loop's (bias, then taps 0..K-1).
@@ -201,7 +279,9 @@ inline float scan_dt(const SelectiveScanParams& p, std::size_t tc) {
 #if FLOWEDGE_ISA_AVX512
     return _mm512_cvtss_f32(scan_softplus(_mm512_set1_ps(p.dt[tc])));
 #elif FLOWEDGE_ISA_AVX2
-    return _mm256_cvtss_f32(vsoftplus(_mm256_set1_ps(p.dt[tc])));
+    __m256 v[1] = {_mm256_set1_ps(p.dt[tc])};
+    scan_softplus(v);
+    return _mm256_cvtss_f32(v[0]);
 #else
     return softplus(p.dt[tc]);
 #endif
@@ -275,49 +355,67 @@ inline void selective_scan(const SelectiveScanParams& p) {
             // 8 channels at a time, two vectors of states per channel: prod[k] = s_lo C_lo + s_hi C_hi (one
             // fma), then the 8 prod vectors summed lane-wise by a transpose-add tree whose additions are the
             // ones vsum makes for one vector ((l + l+4), then pairs), so each channel gets the bits of the
-            // per-channel loop below; then D skip and SiLU(z) gate as vectors.
+            // per-channel loop below; then D skip and SiLU(z) gate as vectors. Per chunk of channels the
+            // per-channel terms (dt log2(e), dt u, the gate; softplus of dt when asked) come first, as independent
+            // vectors, so the blocks' chains only broadcast them (as the AVX-512 set).
             const __m256 vB0 = _mm256_loadu_ps(Bt), vB1 = _mm256_loadu_ps(Bt + 8);
             const __m256 vC0 = _mm256_loadu_ps(Ct), vC1 = _mm256_loadu_ps(Ct + 8);
-            // dt of a chunk of channels first when the softplus is applied here (independent vectors, off the
-            // blocks' dependency chains).
-            alignas(32) float dts[kScanChunk];
-            int chunk0 = c, chunk_end = c;
-            for (; c + 8 <= C; c += 8) {
-                const std::size_t tc0 = std::size_t(t) * C + c;
-                if (p.dt_softplus && c >= chunk_end) {
-                    chunk0 = c;
-                    chunk_end = c + std::min(kScanChunk, (C - c) / 8 * 8);
-                    for (int j = c; j < chunk_end; j += 8)
-                        _mm256_store_ps(dts + (j - c), vsoftplus(_mm256_loadu_ps(p.dt + std::size_t(t) * C + j)));
+            const float* zt = p.z + std::size_t(t) * ldz;
+            alignas(32) float dt2[kScanChunk], du[kScanChunk], gate[kScanChunk];
+            while (c + 8 <= C) {
+                const int c0 = c, c_end = c + std::min(kScanChunk, (C - c) / 8 * 8);
+                // Four vectors at a time (their chains interleaved), then one at a time.
+                auto terms = [&](int j, auto nv) {
+                    constexpr int NV = decltype(nv)::value;
+                    const std::size_t tc = std::size_t(t) * C + j;
+                    __m256 dtv[NV], g[NV];
+                    for (int i = 0; i < NV; ++i) dtv[i] = _mm256_loadu_ps(p.dt + tc + 8 * i);
+                    if (p.dt_softplus) scan_softplus(dtv);
+                    for (int i = 0; i < NV; ++i) {
+                        _mm256_store_ps(dt2 + (j - c0) + 8 * i, _mm256_mul_ps(dtv[i], _mm256_set1_ps(1.44269504088896341f)));
+                        _mm256_store_ps(du + (j - c0) + 8 * i, _mm256_mul_ps(dtv[i], _mm256_loadu_ps(p.u + tc + 8 * i)));
+                    }
+                    if (!want_y) return;
+                    for (int i = 0; i < NV; ++i) g[i] = _mm256_loadu_ps(zt + j + 8 * i);
+                    scan_silu(g);
+                    for (int i = 0; i < NV; ++i) _mm256_store_ps(gate + (j - c0) + 8 * i, g[i]);
+                };
+                int j = c;
+                for (; j + 32 <= c_end; j += 32) terms(j, std::integral_constant<int, 4>{});
+                for (; j < c_end; j += 8) terms(j, std::integral_constant<int, 1>{});
+                for (; c < c_end; c += 8) {
+                    const std::size_t tc0 = std::size_t(t) * C + c;
+                    const int j0 = c - c0;
+                    __m256 prod[8];
+                    float* const st = p.state + std::size_t(c) * 16;
+                    const float* const a = p.A + std::size_t(c) * 16;
+                    for (int k = 0; k < 8; k += 2) {  // two channels' decays interleaved (scan_exp2_nonpositive)
+                        __m256 d[4];
+                        for (int i = 0; i < 4; ++i)
+                            d[i] = _mm256_mul_ps(_mm256_set1_ps(dt2[j0 + k + i / 2]), _mm256_loadu_ps(a + (k * 16 + i * 8)));
+                        scan_exp2_nonpositive(d);
+                        for (int i = 0; i < 4; ++i) {
+                            const __m256 b = _mm256_mul_ps(_mm256_set1_ps(du[j0 + k + i / 2]), i % 2 ? vB1 : vB0);
+                            d[i] = _mm256_fmadd_ps(d[i], _mm256_loadu_ps(st + (k * 16 + i * 8)), b);
+                            _mm256_storeu_ps(st + (k * 16 + i * 8), d[i]);
+                        }
+                        prod[k] = _mm256_fmadd_ps(d[1], vC1, _mm256_mul_ps(d[0], vC0));
+                        prod[k + 1] = _mm256_fmadd_ps(d[3], vC1, _mm256_mul_ps(d[2], vC0));
+                    }
+                    if (!want_y) continue;
+                    // h[k] = [lanes l + l+4 of prod[k] | of prod[k+4]] (l = 0..3), then pairs within 128-bit halves.
+                    __m256 h[4];
+                    for (int k = 0; k < 4; ++k)
+                        h[k] = _mm256_add_ps(_mm256_permute2f128_ps(prod[k], prod[k + 4], 0x20),
+                                             _mm256_permute2f128_ps(prod[k], prod[k + 4], 0x31));
+                    const __m256 q01 = _mm256_add_ps(_mm256_unpacklo_ps(h[0], h[1]), _mm256_unpackhi_ps(h[0], h[1]));
+                    const __m256 q23 = _mm256_add_ps(_mm256_unpacklo_ps(h[2], h[3]), _mm256_unpackhi_ps(h[2], h[3]));
+                    const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(q01, q23, 0x44), _mm256_shuffle_ps(q01, q23, 0xEE));
+                    const __m256 uv = _mm256_loadu_ps(p.u + tc0);
+                    const __m256 dv = p.D ? _mm256_loadu_ps(p.D + c) : _mm256_setzero_ps();
+                    const __m256 yv = _mm256_fmadd_ps(dv, uv, sum);
+                    _mm256_storeu_ps(p.y + tc0, _mm256_mul_ps(yv, _mm256_load_ps(gate + j0)));
                 }
-                __m256 prod[8];
-                for (int k = 0; k < 8; ++k) {
-                    const float dtv = p.dt_softplus ? dts[c - chunk0 + k] : p.dt[tc0 + k];
-                    const __m256 vdt = _mm256_set1_ps(dtv), vdu = _mm256_set1_ps(dtv * p.u[tc0 + k]);
-                    float* st = p.state + std::size_t(c + k) * 16;
-                    const float* a = p.A + std::size_t(c + k) * 16;
-                    const __m256 d0 = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a)));
-                    const __m256 d1 = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a + 8)));
-                    const __m256 s0 = _mm256_fmadd_ps(d0, _mm256_loadu_ps(st), _mm256_mul_ps(vdu, vB0));
-                    const __m256 s1 = _mm256_fmadd_ps(d1, _mm256_loadu_ps(st + 8), _mm256_mul_ps(vdu, vB1));
-                    _mm256_storeu_ps(st, s0);
-                    _mm256_storeu_ps(st + 8, s1);
-                    prod[k] = _mm256_fmadd_ps(s1, vC1, _mm256_mul_ps(s0, vC0));
-                }
-                if (!want_y) continue;
-                // h[k] = [lanes l + l+4 of prod[k] | of prod[k+4]] (l = 0..3), then pairs within 128-bit halves.
-                __m256 h[4];
-                for (int k = 0; k < 4; ++k)
-                    h[k] = _mm256_add_ps(_mm256_permute2f128_ps(prod[k], prod[k + 4], 0x20),
-                                         _mm256_permute2f128_ps(prod[k], prod[k + 4], 0x31));
-                const __m256 q01 = _mm256_add_ps(_mm256_unpacklo_ps(h[0], h[1]), _mm256_unpackhi_ps(h[0], h[1]));
-                const __m256 q23 = _mm256_add_ps(_mm256_unpacklo_ps(h[2], h[3]), _mm256_unpackhi_ps(h[2], h[3]));
-                const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(q01, q23, 0x44), _mm256_shuffle_ps(q01, q23, 0xEE));
-                const __m256 uv = _mm256_loadu_ps(p.u + tc0);
-                const __m256 dv = p.D ? _mm256_loadu_ps(p.D + c) : _mm256_setzero_ps();
-                const __m256 yv = _mm256_fmadd_ps(dv, uv, sum);
-                const __m256 g = vsilu(_mm256_loadu_ps(p.z + std::size_t(t) * ldz + c));
-                _mm256_storeu_ps(p.y + tc0, _mm256_mul_ps(yv, g));
             }
         }
 #endif
@@ -342,11 +440,13 @@ inline void selective_scan(const SelectiveScanParams& p) {
             acc = _mm512_reduce_add_ps(vacc);
 #elif FLOWEDGE_ISA_AVX2
             if (S >= 8) {
+                // The decays as the 8-channel blocks form them (the same bits for a channel on either path).
                 __m256 vacc = _mm256_setzero_ps();
-                const __m256 vdt = _mm256_set1_ps(dtv), vdu = _mm256_set1_ps(du);
+                const __m256 vdt2 = _mm256_set1_ps(dtv * 1.44269504088896341f), vdu = _mm256_set1_ps(du);
                 for (; n + 8 <= S; n += 8) {
-                    const __m256 decay = vexp(_mm256_mul_ps(vdt, _mm256_loadu_ps(a + n)));
-                    const __m256 sn = _mm256_fmadd_ps(decay, _mm256_loadu_ps(s + n), _mm256_mul_ps(vdu, _mm256_loadu_ps(Bt + n)));
+                    __m256 decay[1] = {_mm256_mul_ps(vdt2, _mm256_loadu_ps(a + n))};
+                    scan_exp2_nonpositive(decay);
+                    const __m256 sn = _mm256_fmadd_ps(decay[0], _mm256_loadu_ps(s + n), _mm256_mul_ps(vdu, _mm256_loadu_ps(Bt + n)));
                     _mm256_storeu_ps(s + n, sn);
                     vacc = _mm256_fmadd_ps(sn, _mm256_loadu_ps(Ct + n), vacc);
                 }
