@@ -89,6 +89,9 @@
 #   cpuenc    issue 19 on this host's CPU: rgb_encoder_bench (a CPU-only Release build in build-cpu) on core CPUENC_CORE (2),
 #             1 thread, --layers, Winograd (the default) and FLOWEDGE_CPU_CONV2D_NO_WINOGRAD=1 (direct) alternated
 #             CPUENC_ROUNDS (3) times -> $OUT/cpuenc.txt, cpuenc_{wino,direct}_rN.json, lscpu.txt
+#   cpumamba  issue 22 item 5 on this host's CPU: mamba_flow_bench (a CPU-only Release build in build-cpu) on core
+#             CPUMAMBA_CORE (2), 1 thread, --parts, weights f32 / bf16 x math f32 / bf16, CPUMAMBA_ROUNDS (3) rounds
+#             -> $OUT/cpumamba.txt, cpumamba_{dtype}_{math}_rN.json, lscpu.txt
 #   asan      the whole CPU test suite under ASan + UBSan (tools/sanitize.sh on all cores) -> $OUT/asan{,_full}.txt
 # Aliases: tests = gputests cputests; all = every stage (asan last).
 # Every stage runs even if an earlier one failed; $OUT/summary.txt has one line per stage (exit code, seconds).
@@ -718,6 +721,22 @@ stage_cpuenc() {
     done
     return "$rc"
 }
+stage_cpumamba() {
+    local rc=0 dir=build-cpu r d m
+    lscpu > "$OUT/lscpu.txt"
+    build_cpu_bench "$dir" mamba_flow_bench || return $?
+    for r in $(seq 1 ${CPUMAMBA_ROUNDS:-3}); do
+        for d in f32 bf16; do
+            for m in f32 bf16; do
+                OMP_NUM_THREADS=1 taskset -c "${CPUMAMBA_CORE:-2}" "$dir/mamba_flow_bench" models/mamba_flow.safetensors \
+                    --threads 1 --iters 3000 --dtype $d --math $m --parts --json "$OUT/cpumamba_${d}_${m}_r$r.json" \
+                    > "$LOGS/cpumamba_${d}_${m}_r$r.txt" 2>&1 || rc=$?
+                sed "s/^/$d weights $m math r$r: /" "$LOGS/cpumamba_${d}_${m}_r$r.txt" | tee -a "$OUT/cpumamba.txt"
+            done
+        done
+    done
+    return "$rc"
+}
 stage_act() {
     local rc=0 bin="$BUILD/test/act/act_policy" cuda_cases='*<flowedge::Cuda>*'
     BUILD_TARGETS="act_policy act_bench ops_conv2d ops_math_mode" stage_build || return $?
@@ -799,8 +818,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|cpudiff|cpuenc|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow cpudiff cpuenc asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|cpudiff|cpuenc|cpumamba|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow cpudiff cpuenc cpumamba asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
