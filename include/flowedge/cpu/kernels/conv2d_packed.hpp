@@ -37,15 +37,22 @@ inline constexpr int kConv2dPackedMaxVecs = 3;
 inline constexpr int kConv2dPackedBlockTiles = 16;
 /// Reduction steps the weight prefetch runs ahead (1 KiB per F32 stream).
 inline constexpr int kConv2dPrefetchSteps = 16;
+/// Weight-streaming convs on the AVX2 set (at most this many output positions per image: ResNet layer4 on an 84x84
+/// crop has 9, so each 9.5 MB weight step serves 9 FMAs per vector) also prefetch into L2 this many steps ahead
+/// (4 KiB per F32 stream): the near prefetch alone covers ~50 ns at their compute rate, short of a DRAM miss, and
+/// layer4 read its weights at ~12 of the core's ~19 GB/s. Convs with more positions are compute-bound (ACT's 480x640
+/// backbone, where the extra prefetches measured +1..+4%) and skip it. AVX-512 (band path) reads them at its floor.
+inline constexpr int kConv2dFarPrefetchPositions = FLOWEDGE_ISA_AVX512 ? 0 : 16;
+inline constexpr int kConv2dFarPrefetchSteps = 128;
 /// Accumulator floats per thread ([output vector][position][kLanes] of one position block, across reduction chunks).
 inline constexpr int kConv2dPackedAccFloats = 32 * 1024;
 
 /// acc_b[q] (the kLanes outputs of vector b at position q, at acc + b * ld_acc + q * kLanes) = (first ? 0 : acc_b[q])
 /// + sum_{j < len} w_b[j] * panel[j * ldp + q] for NB output vectors (w_b = w + b * ldb, kLanes elements per step)
-/// and P positions; the sum runs in j order.
+/// and P positions; the sum runs in j order. far > 0: also prefetch each stream into L2 `far` steps ahead.
 template <int NB, int P, class WT>
 inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel, std::size_t ldp, int len, float* acc,
-                               std::size_t ld_acc, bool first) {
+                               std::size_t ld_acc, bool first, int far) {
     VecF a[NB][P];
     for (int b = 0; b < NB; ++b)
         for (int q = 0; q < P; ++q) a[b][q] = first ? vzero() : vload(acc + b * ld_acc + q * kLanes);
@@ -55,6 +62,7 @@ inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel,
             // The first tile of a block streams the weights from memory (layer4: 9.4 MB of F32 per conv, each step
             // used by only 9 positions): the hardware prefetcher alone leaves the NB streams short of the bandwidth.
             __builtin_prefetch(w + b * ldb + std::size_t(j + kConv2dPrefetchSteps) * kLanes, 0, 3);
+            if (far) __builtin_prefetch(w + b * ldb + std::size_t(j + far) * kLanes, 0, 2);
             wv[b] = vload(w + b * ldb + std::size_t(j) * kLanes);
         }
         for (int q = 0; q < P; ++q) {
@@ -69,18 +77,18 @@ inline void conv2d_packed_tile(const WT* w, std::size_t ldb, const float* panel,
 /// conv2d_packed_tile for a run-time P in [1, conv2d_packed_positions(NB)].
 template <int NB, class WT, int... Ps>
 inline void conv2d_packed_tile_p(std::integer_sequence<int, Ps...>, int P, const WT* w, std::size_t ldb, const float* panel,
-                                 std::size_t ldp, int len, float* acc, std::size_t ld_acc, bool first) {
-    (void)((P == Ps + 1 ? (conv2d_packed_tile<NB, Ps + 1>(w, ldb, panel, ldp, len, acc, ld_acc, first), true) : false) || ...);
+                                 std::size_t ldp, int len, float* acc, std::size_t ld_acc, bool first, int far) {
+    (void)((P == Ps + 1 ? (conv2d_packed_tile<NB, Ps + 1>(w, ldb, panel, ldp, len, acc, ld_acc, first, far), true) : false) || ...);
 }
 /// conv2d_packed_tile for run-time NB in [1, kConv2dPackedMaxVecs] and P.
 template <class WT>
 inline void conv2d_packed_tile_any(int NB, int P, const WT* w, std::size_t ldb, const float* panel, std::size_t ldp, int len,
-                                   float* acc, std::size_t ld_acc, bool first) {
+                                   float* acc, std::size_t ld_acc, bool first, int far = 0) {
     static_assert(kConv2dPackedMaxVecs == 3, "conv2d: the NB switch below covers 1..3");
     auto run = [&](auto nb) {
         constexpr int kNb = decltype(nb)::value;
         conv2d_packed_tile_p<kNb>(std::make_integer_sequence<int, conv2d_packed_positions(kNb)>{}, P, w, ldb, panel, ldp, len,
-                                  acc, ld_acc, first);
+                                  acc, ld_acc, first, far);
     };
     switch (NB) {
         case 1: run(std::integral_constant<int, 1>{}); return;
@@ -94,8 +102,10 @@ inline void conv2d_packed_tile_any(int NB, int P, const WT* w, std::size_t ldb, 
 /// per accumulator slab and the reduction chunk that fits the panel scratch.
 struct Conv2dPackedPlan {
     int N = 0, R = 0, vecs = 0, nb = 0, P = 0, tiles = 0, block_tiles = 0, blocks_per_image = 0, slab = 0, len = 0;
+    int far = 0;  ///< the first tile's L2 prefetch distance (kConv2dFarPrefetchSteps for weight-streaming convs, else 0)
     explicit Conv2dPackedPlan(const Conv2dParams& p) {
         N = p.out_h * p.out_w;
+        far = N <= kConv2dFarPrefetchPositions ? kConv2dFarPrefetchSteps : 0;
         R = p.in_channels * p.kernel_h * p.kernel_w;
         vecs = (p.out_channels + kLanes - 1) / kLanes;
         // Three output vectors when one tile holds the whole image (ResNet layer4's 3x3 output: 3 x 9 on AVX-512),
@@ -204,7 +214,7 @@ inline void conv2d_packed_part(const Conv2dParams& p, const Conv2dPackedPlan& k,
                     for (int q0 = 0; q0 < cnt; q0 += k.P)
                         conv2d_packed_tile_any(nbg, std::min(k.P, cnt - q0), wg, ldb, panel + q0, std::size_t(cnt), len,
                                                acc + (std::size_t(g - s0) * pb + std::size_t(q0)) * kLanes,
-                                               std::size_t(pb) * kLanes, j0 == 0);
+                                               std::size_t(pb) * kLanes, j0 == 0, q0 == 0 ? k.far : 0);
                 }
             }
             conv2d_packed_epilogue(p, b, n0, cnt, s0, s1, acc, pb);
