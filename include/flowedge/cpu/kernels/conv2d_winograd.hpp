@@ -125,6 +125,10 @@ inline void conv2d_winograd_input(const Conv2dParams& p, const Conv2dWinogradPla
         const int ty = ts / k.tw, tx0 = ts % k.tw, n = std::min(k.tw - tx0, t1 - ts);
         for (int k0 = 0; k0 < n; k0 += kLanes) {
             const int m = std::min(kLanes, n - k0), c = 2 * (tx0 + k0) - p.pad_w;
+            // A short chunk still stores whole vectors where they stay inside the V row: the extra lanes land on tiles
+            // of a later segment (rewritten when it comes) or past the block's tiles (never read), and a whole store
+            // avoids the masked one (microcoded on AMD Zen 2/3, see store_n).
+            const int sm = ts - t0 + k0 + kLanes <= int(ldv) ? kLanes : m;
             const WinoMask m0 = wino_inside(c, p.in_w), m1 = wino_inside(c + kLanes, p.in_w);
             const WinoMask m2 = wino_inside(c + 2, p.in_w), m3 = wino_inside(c + 2 + kLanes, p.in_w);
             for (int i = 0; i < ci; ++i) {
@@ -151,10 +155,10 @@ inline void conv2d_winograd_input(const Conv2dParams& p, const Conv2dWinogradPla
                 float* dst = V + std::size_t(i) * ldv + std::size_t(ts - t0 + k0);
                 for (int r = 0; r < 4; ++r) {
                     float* dr = dst + std::size_t(4 * r) * step;
-                    packed::store_n(dr, wsub(t[r][0], t[r][2]), m);
-                    packed::store_n(dr + step, vadd(t[r][1], t[r][2]), m);
-                    packed::store_n(dr + 2 * step, wsub(t[r][2], t[r][1]), m);
-                    packed::store_n(dr + 3 * step, wsub(t[r][1], t[r][3]), m);
+                    packed::store_n(dr, wsub(t[r][0], t[r][2]), sm);
+                    packed::store_n(dr + step, vadd(t[r][1], t[r][2]), sm);
+                    packed::store_n(dr + 2 * step, wsub(t[r][2], t[r][1]), sm);
+                    packed::store_n(dr + 3 * step, wsub(t[r][1], t[r][3]), sm);
                 }
             }
         }
