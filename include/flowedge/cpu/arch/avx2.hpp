@@ -175,12 +175,27 @@ inline VecF even_half(VecU v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 
 inline VecF odd_half(VecU v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xFFFF0000u)))); }
 /// Lanes [0, n) set (AVX2 masked loads/stores never touch memory in the other lanes).
 inline __m256i lanes_below(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
-/// The first n (<= kLanes) floats at p; a whole vector is a plain load / store: AMD Zen 2/3 run vmaskmovps stores as
-/// microcode (~23 cycles each on the Zen 3 dev VM against ~1 for vmovups), and most callers pass a whole vector.
+/// The first n (<= kLanes) floats at p. Stores never use vmaskmovps: AMD Zen 2/3 run it as microcode (~23 cycles
+/// each on the Zen 3 dev VM against ~1 for vmovups); a short store is at most three plain ones (4, 2, 1 floats).
 inline VecF load_n(const float* p, int n) { return n >= kLanes ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n)); }
 inline void store_n(float* p, VecF v, int n) {
-    if (n >= kLanes) _mm256_storeu_ps(p, v);
-    else _mm256_maskstore_ps(p, lanes_below(n), v);
+    if (n >= kLanes) {
+        _mm256_storeu_ps(p, v);
+        return;
+    }
+    if (n <= 0) return;
+    __m128 h = _mm256_castps256_ps128(v);
+    if (n & 4) {
+        _mm_storeu_ps(p, h);
+        p += 4;
+        h = _mm256_extractf128_ps(v, 1);
+    }
+    if (n & 2) {
+        _mm_storel_pi(reinterpret_cast<__m64*>(p), h);
+        p += 2;
+        h = _mm_movehl_ps(h, h);
+    }
+    if (n & 1) _mm_store_ss(p, h);
 }
 /// Lane by lane with the scalar forms (cpu/math.hpp). Only used when the activation must precede an accumulate;
 /// otherwise the tile stores and activate_inplace runs over the stored row segment (as Ops<Cpu>::linear does), which
