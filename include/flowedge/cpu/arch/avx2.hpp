@@ -175,8 +175,8 @@ inline VecF even_half(VecU v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 
 inline VecF odd_half(VecU v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xFFFF0000u)))); }
 /// Lanes [0, n) set (AVX2 masked loads/stores never touch memory in the other lanes).
 inline __m256i lanes_below(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
-/// The first n (<= kLanes) floats at p. Stores never use vmaskmovps: AMD Zen 2/3 run it as microcode (~23 cycles
-/// each on the Zen 3 dev VM against ~1 for vmovups); a short store is at most three plain ones (4, 2, 1 floats).
+/// The first n (<= kLanes) floats at p. Stores never use vmaskmovps, which AMD Zen 2/3 run as slow microcode: a
+/// short store is at most three plain ones (4, 2, 1 floats); docs/kernels/cpu.md has the measured cost.
 inline VecF load_n(const float* p, int n) { return n >= kLanes ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n)); }
 inline void store_n(float* p, VecF v, int n) {
     if (n >= kLanes) {

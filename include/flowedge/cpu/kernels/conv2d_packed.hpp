@@ -37,11 +37,10 @@ inline constexpr int kConv2dPackedMaxVecs = 3;
 inline constexpr int kConv2dPackedBlockTiles = 16;
 /// Reduction steps the weight prefetch runs ahead (1 KiB per F32 stream).
 inline constexpr int kConv2dPrefetchSteps = 16;
-/// Weight-streaming convs on the AVX2 set (at most this many output positions per image: ResNet layer4 on an 84x84
-/// crop has 9, so each 9.5 MB weight step serves 9 FMAs per vector) also prefetch into L2 this many steps ahead
-/// (4 KiB per F32 stream): the near prefetch alone covers ~50 ns at their compute rate, short of a DRAM miss, and
-/// layer4 read its weights at ~12 of the core's ~19 GB/s. Convs with more positions are compute-bound (ACT's 480x640
-/// backbone, where the extra prefetches measured +1..+4%) and skip it. AVX-512 (band path) reads them at its floor.
+/// Convs with at most this many output positions per image stream their weights from memory (each weight serves few
+/// FMAs: ResNet layer4 on an 84x84 crop has 9 positions), and on the AVX2 set the near prefetch alone runs too short
+/// of a DRAM miss, so they also prefetch into L2 this many steps ahead. Compute-bound convs skip it (the extra
+/// prefetches only cost them). Measured: bench/results/rgb_encoder_cpu.md, session 24.
 inline constexpr int kConv2dFarPrefetchPositions = FLOWEDGE_ISA_AVX512 ? 0 : 16;
 inline constexpr int kConv2dFarPrefetchSteps = 128;
 /// Accumulator floats per thread ([output vector][position][kLanes] of one position block, across reduction chunks).

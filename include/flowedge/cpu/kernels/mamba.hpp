@@ -88,8 +88,7 @@ inline __m512 scan_dot16(const __m512 (&sn)[16], __m512 clo, __m512 chi) {
 /// same n = round(x), f = x - n. Without vscalefps, 2^n goes into the exponent bits, which needs a normal result: x is
 /// clamped at -125 first (NaN stays NaN), so a decay below 2^-125 comes out as 2^-125 (an absolute error under 3e-38
 /// of the state it scales). 13 vector operations where vexp takes 21. The N vectors go step by step together, so
-/// independent chains sit side by side in the instruction stream (the scan's softplus and gate, four vectors at a
-/// time, gained from that; the decays, two channels at a time, measured the same as one at a time).
+/// independent chains sit side by side in the instruction stream (bench/results/mamba_flow_cpu.md, session 24).
 template <int N>
 [[gnu::always_inline]] inline void scan_exp2_nonpositive(__m256 (&x)[N]) {
     __m256 n[N], p[N];
