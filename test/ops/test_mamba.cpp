@@ -363,12 +363,7 @@ struct ScanMathErrors {
     float softplus_special[8], exp2_special[8], silu_special[8];
 };
 const float kScanSpecial[8] = {NAN, INFINITY, -INFINITY, -200.f, 0.f, -0.f, 1e-30f, -1e-30f};
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+FLOWEDGE_TARGET_AVX2_PUSH
 template <class F>
 void apply8(F f, const float* in, float* out) {
     __m256 v[1] = {_mm256_loadu_ps(in)};
@@ -412,11 +407,7 @@ ScanMathErrors avx2_scan_math_errors() {
     apply8(silu, kScanSpecial, e.silu_special);
     return e;
 }
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FLOWEDGE_TARGET_POP
 }  // namespace
 
 TEST_CASE("AVX2 selective_scan math (decay, softplus, gate SiLU) within its stated bounds of double") {

@@ -47,6 +47,21 @@
 #define FLOWEDGE_SIMD_WARNINGS_ON
 #endif
 
+// Every function defined between a FLOWEDGE_TARGET_*_PUSH and FLOWEDGE_TARGET_POP is compiled for that instruction
+// set (the kernel sets below; a test's code that measures one set's kernels directly).
+#if defined(__clang__)
+#define FLOWEDGE_TARGET_AVX2_PUSH \
+    _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
+#define FLOWEDGE_TARGET_AVX512_PUSH \
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c\"))), apply_to = function)")
+#define FLOWEDGE_TARGET_POP _Pragma("clang attribute pop")
+#else
+#define FLOWEDGE_TARGET_AVX2_PUSH _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
+#define FLOWEDGE_TARGET_AVX512_PUSH \
+    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c\")")
+#define FLOWEDGE_TARGET_POP _Pragma("GCC pop_options")
+#endif
+
 // Eigen's products (the Eigen set), with the same warnings off: where the consumer's flags enable AVX-512, Eigen's
 // packing code reaches GCC 12's _mm512_undefined_ps as above.
 FLOWEDGE_SIMD_WARNINGS_OFF
@@ -101,23 +116,14 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #define FLOWEDGE_ISA_AVX2 1
 #define FLOWEDGE_ISA_SIMD 1
 #define FLOWEDGE_ISA_EIGEN 0
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+FLOWEDGE_TARGET_AVX2_PUSH
 FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu::avx2 {
 #include "flowedge/cpu/arch/avx2.hpp"
 #include "flowedge/cpu/kernels/set.hpp"
 }  // namespace flowedge::cpu::avx2
 FLOWEDGE_SIMD_WARNINGS_ON
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FLOWEDGE_TARGET_POP
 #undef FLOWEDGE_ISA_AVX512
 #undef FLOWEDGE_ISA_AVX2
 #undef FLOWEDGE_ISA_SIMD
@@ -128,23 +134,14 @@ FLOWEDGE_SIMD_WARNINGS_ON
 #define FLOWEDGE_ISA_AVX2 0
 #define FLOWEDGE_ISA_SIMD 1
 #define FLOWEDGE_ISA_EIGEN 0
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
-#endif
+FLOWEDGE_TARGET_AVX512_PUSH
 FLOWEDGE_SIMD_WARNINGS_OFF
 namespace flowedge::cpu::avx512 {
 #include "flowedge/cpu/arch/avx512.hpp"
 #include "flowedge/cpu/kernels/set.hpp"
 }  // namespace flowedge::cpu::avx512
 FLOWEDGE_SIMD_WARNINGS_ON
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+FLOWEDGE_TARGET_POP
 #undef FLOWEDGE_ISA_AVX512
 #undef FLOWEDGE_ISA_AVX2
 #undef FLOWEDGE_ISA_SIMD
