@@ -88,7 +88,8 @@ struct KernelShape {
     std::string kind;   // conv1d | conv_transpose1d | group_norm | linear | linear_batch
     std::string label;  // where it occurs, e.g. "down0 res0 conv1"
     std::string key;    // the shape, deduplication key
-    int calls = 0;      // per U-Net call
+    int calls = 0;      // per U-Net call, or per sample when once_per_sample
+    bool once_per_sample = false;  // the conditioning (ConditionalUnet1d::condition): once per run of <= 16 steps
     bool has_weights = false;
     // conv / convT / group_norm / linear fields (unused ones stay 0)
     int batch = 1, in = 0, out = 0, in_len = 0, out_len = 0, kernel = 0, stride = 1, pad = 0;
@@ -96,11 +97,13 @@ struct KernelShape {
     bool film = false, residual = false;
     int rows = 0;
     Activation act = Activation::None;
-    std::vector<int> batch_outs;  // linear_batch: out of every item (all items: rows x in -> out, one shared x)
+    std::vector<int> batch_outs;  // linear_batch: out of every item (rows[i] x in -> out, x rows shared)
+    std::vector<int> batch_rows;  // linear_batch: rows of every item
 };
 
-/// Walks the U-Net of `c` exactly as ConditionalUnet1d::forward does and lists its op shapes (batch `b`).
-std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
+/// Walks the U-Net of `c` exactly as ConditionalUnet1d::condition and forward do and lists its op shapes (batch `b`;
+/// the conditioning for a run of `steps` timesteps, once per sample).
+std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b, int steps) {
     std::vector<KernelShape> v;
     auto add = [&](KernelShape k, const std::string& label) {
         for (auto& e : v)
@@ -140,10 +143,11 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
                 std::to_string(c.n_groups) + (film ? " +film" : "") + (residual ? " +residual" : "");
         add(e, label);
     };
-    auto lin = [&](int rows, int in, int out, Activation act, const std::string& label) {
+    auto lin = [&](int rows, int in, int out, Activation act, const std::string& label, bool once = false) {
         KernelShape e;
         e.kind = "linear";
         e.has_weights = true;
+        e.once_per_sample = once;
         e.rows = rows, e.in = in, e.out = out, e.act = act;
         e.key = "linear rows=" + std::to_string(rows) + " " + std::to_string(in) + "->" + std::to_string(out);
         add(e, label);
@@ -158,10 +162,10 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
         gn(out, L, false, true, label + " conv2 norm");
     };
     const int H = c.horizon, A = c.action_dim, td = c.step_embed_dim, S = c.stages();
-    for (int i = 0; i < b; ++i) lin(A, A, H, Activation::None, "layout [H,A]->[A,H]");
-    lin(b, td, 4 * td, Activation::Mish, "step encoder 1");
-    lin(b, 4 * td, td, Activation::None, "step encoder 3");
+    lin(steps, td, 4 * td, Activation::Mish, "step encoder 1", true);
+    lin(steps, 4 * td, td, Activation::None, "step encoder 3", true);
     const std::size_t film_at = v.size();
+    for (int i = 0; i < b; ++i) lin(A, A, H, Activation::None, "layout [H,A]->[A,H]");
     for (int s = 0; s < S; ++s) {
         const int in = s == 0 ? A : c.down_dims[std::size_t(s - 1)], out = c.down_dims[std::size_t(s)], L = H >> s;
         res(in, out, L, "down" + std::to_string(s) + " res0");
@@ -181,18 +185,25 @@ std::vector<KernelShape> unet_shapes(const DiffusionConfig& c, int b) {
     gn(c.down_dims[0], H, false, false, "final block norm");
     conv(c.down_dims[0], A, H, 1, 1, 0, "final conv");
     for (int i = 0; i < b; ++i) lin(H, H, A, Activation::None, "layout [A,H]->[H,A]");
-    // The FiLM linears as ConditionalUnet1d::forward runs them: right after g, in chunks of up to kMaxLinearBatch.
+    // The FiLM linears as ConditionalUnet1d::condition runs them: each block's on the `steps` timestep rows, then on
+    // the `b` condition rows, in chunks of up to kMaxLinearBatch items.
+    std::vector<int> outs, rows;
+    for (int o : film_outs) {
+        outs.insert(outs.end(), {o, o});
+        rows.insert(rows.end(), {steps, b});
+    }
     std::vector<KernelShape> batches;
-    for (std::size_t i0 = 0; i0 < film_outs.size(); i0 += std::size_t(kMaxLinearBatch)) {
+    for (std::size_t i0 = 0; i0 < outs.size(); i0 += std::size_t(kMaxLinearBatch)) {
+        const std::size_t i1 = std::min(outs.size(), i0 + std::size_t(kMaxLinearBatch));
         KernelShape e;
         e.kind = "linear_batch";
         e.has_weights = true;
-        e.rows = b, e.in = c.cond_dim(), e.act = Activation::None;
-        e.batch_outs.assign(film_outs.begin() + std::ptrdiff_t(i0),
-                            film_outs.begin() + std::ptrdiff_t(std::min(film_outs.size(), i0 + std::size_t(kMaxLinearBatch))));
-        e.key = "linear_batch FiLM x" + std::to_string(e.batch_outs.size()) + " rows=" + std::to_string(b) + " " +
-                std::to_string(e.in) + "->2*out";
-        if (film_outs.size() > std::size_t(kMaxLinearBatch)) e.key += " #" + std::to_string(i0 / std::size_t(kMaxLinearBatch));
+        e.once_per_sample = true;
+        e.rows = std::max(steps, b), e.in = c.cond_dim(), e.act = Activation::None;
+        e.batch_outs.assign(outs.begin() + std::ptrdiff_t(i0), outs.begin() + std::ptrdiff_t(i1));
+        e.batch_rows.assign(rows.begin() + std::ptrdiff_t(i0), rows.begin() + std::ptrdiff_t(i1));
+        e.key = "linear_batch FiLM x" + std::to_string(e.batch_outs.size()) + " rows=" + std::to_string(steps) + "|" +
+                std::to_string(b) + " " + std::to_string(e.in) + "->2*out #" + std::to_string(i0 / std::size_t(kMaxLinearBatch));
         e.label = "res cond_encoders";
         e.calls = 1;
         batches.push_back(e);
@@ -245,10 +256,11 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
         p.x = x.data(), p.gamma = gamma.data(), p.beta = beta.data(), p.y = y.data();
         p.batch = k.batch, p.channels = k.channels, p.length = k.length, p.groups = k.groups, p.act = k.act;
         t.bytes = 4.0 * (2.0 * double(n) + 2.0 * k.channels);
-        if (k.film) {
-            film = device_pattern(std::size_t(k.batch) * 2 * k.channels, 1.f, 7);
+        if (k.film) {  // the condition's part per batch row plus the timestep's shared row, as the U-Net passes them
+            film = device_pattern(std::size_t(k.batch + 1) * 2 * k.channels, 1.f, 7);
             p.film = film.data();
-            t.bytes += 4.0 * double(k.batch) * 2 * k.channels;
+            p.film_shared = film.data() + std::size_t(k.batch) * 2 * k.channels;
+            t.bytes += 4.0 * double(k.batch + 1) * 2 * k.channels;
         }
         if (k.residual) {
             resid = device_pattern(n, 1.f, 8);
@@ -273,13 +285,13 @@ KernelTiming time_shape(const KernelShape& k, DType dt, int iters, cudaStream_t 
         std::size_t wo = 0, oo = 0;
         t.bytes = 4.0 * double(k.rows) * k.in;
         for (int i = 0; i < p.n_items; ++i) {
-            const int o = k.batch_outs[std::size_t(i)];
+            const int o = k.batch_outs[std::size_t(i)], rows = k.batch_rows[std::size_t(i)];
             LinearParams& q = p.items[i];
             q.x = x.data(), q.w = {w.data() + wo, dt}, q.bias = bias.data() + oo, q.y = y.data() + std::size_t(k.rows) * oo;
-            q.rows = k.rows, q.in = k.in, q.out = o, q.act = k.act;
+            q.rows = rows, q.in = k.in, q.out = o, q.act = k.act;
             wo += align(std::size_t(o) * k.in * wsz);
             oo += align(std::size_t(o) * sizeof(float)) / sizeof(float);
-            t.bytes += double(std::size_t(o) * k.in * wsz) + 4.0 * (o + double(k.rows) * o);
+            t.bytes += double(std::size_t(o) * k.in * wsz) + 4.0 * (o + double(rows) * o);
         }
         launch = [p, s] { Ops<Cuda>::linear_batch(p, s); };
     } else {
@@ -541,13 +553,14 @@ int main(int argc, char** argv) {
         if (!samples_only) {
             cudaStream_t st = nullptr;
             MIX_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-            const std::vector<KernelShape> shapes = unet_shapes(cfg, 1);
-            std::printf("\nkernel shapes of one U-Net call (batch 1), p50 of %d launches (CUDA events); calls/sample = calls x 10 DDIM steps\n",
+            const std::vector<KernelShape> shapes = unet_shapes(cfg, 1, 10);
+            std::printf("\nkernel shapes of one U-Net call (batch 1), p50 of %d launches (CUDA events); calls/sample = calls x 10 DDIM steps,\n"
+                        "except the conditioning's (calls marked /s: once per 10-step sample)\n",
                         iters);
             std::printf("  %-58s %5s %6s | %9s %9s | %9s %9s | %9s %9s\n", "shape (first use)", "calls", "dtype", "F32 us", "GB/s",
                         "BF16 us", "GB/s", "F16 us", "GB/s");
             js << "  \"kernels_batch1\": [\n";
-            double unet_us[3] = {0, 0, 0};
+            double unet_us[3] = {0, 0, 0}, cond_us[3] = {0, 0, 0};
             for (std::size_t i = 0; i < shapes.size(); ++i) {
                 const KernelShape& k = shapes[i];
                 std::vector<KernelTiming> ts;
@@ -555,23 +568,28 @@ int main(int argc, char** argv) {
                     if (!k.has_weights && dt != DType::F32) break;
                     ts.push_back(time_shape(k, dt, iters, st));
                 }
-                std::printf("  %-58s %5d %6s", (k.key + " (" + k.label + ")").substr(0, 58).c_str(), k.calls, k.has_weights ? "w" : "-");
+                const std::string calls = std::to_string(k.calls) + (k.once_per_sample ? "/s" : "");
+                std::printf("  %-58s %5s %6s", (k.key + " (" + k.label + ")").substr(0, 58).c_str(), calls.c_str(), k.has_weights ? "w" : "-");
                 js << "    {\"kind\": " << json_str(k.kind) << ", \"shape\": " << json_str(k.key) << ", \"first_use\": " << json_str(k.label)
-                   << ", \"calls_per_unet\": " << k.calls << ", \"calls_per_ddim10_sample\": " << 10 * k.calls << ", \"timings\": [";
+                   << ", \"calls_per_unet\": " << (k.once_per_sample ? 0 : k.calls) << ", \"calls_per_ddim10_sample\": "
+                   << (k.once_per_sample ? 1 : 10) * k.calls << ", \"timings\": [";
                 for (std::size_t j = 0; j < ts.size(); ++j) {
                     const double gbs = ts[j].bytes / (ts[j].p50_us * 1e-6) / 1e9;
                     std::printf(" | %9.2f %9.1f", ts[j].p50_us, gbs);
                     js << (j ? ", " : "") << "{\"weights\": " << json_str(std::string(dtype_name(ts[j].dtype))) << ", \"p50_us\": " << ts[j].p50_us
                        << ", \"bytes\": " << ts[j].bytes << ", \"gb_per_s\": " << gbs << "}";
                 }
-                for (int j = 0; j < 3; ++j) unet_us[j] += k.calls * ts[std::min<std::size_t>(std::size_t(j), ts.size() - 1)].p50_us;
+                for (int j = 0; j < 3; ++j)
+                    (k.once_per_sample ? cond_us : unet_us)[j] += k.calls * ts[std::min<std::size_t>(std::size_t(j), ts.size() - 1)].p50_us;
                 std::printf("\n");
                 js << "]}" << (i + 1 < shapes.size() ? "," : "") << "\n";
             }
             js << "  ],\n";
             std::printf("  sum over one U-Net call of isolated p50s: F32 %.1f us, BF16 %.1f us, F16 %.1f us (x10 for a DDIM-10 sample)\n",
                         unet_us[0], unet_us[1], unet_us[2]);
+            std::printf("  conditioning, once per sample: F32 %.1f us, BF16 %.1f us, F16 %.1f us\n", cond_us[0], cond_us[1], cond_us[2]);
             js << "  \"isolated_unet_sum_us\": {\"F32\": " << unet_us[0] << ", \"BF16\": " << unet_us[1] << ", \"F16\": " << unet_us[2] << "},\n";
+            js << "  \"isolated_conditioning_per_sample_us\": {\"F32\": " << cond_us[0] << ", \"BF16\": " << cond_us[1] << ", \"F16\": " << cond_us[2] << "},\n";
             MIX_CHECK(cudaStreamDestroy(st));
         }
 

@@ -82,6 +82,12 @@
 #             cut at FLOW_SANITIZER_TIMEOUT s; the phase clock of each fused kernel (mamba_flow_bench --phases); ncu of
 #             the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json,
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
+#   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_elementwise CUDA cases, the diffusion head, policy and CUDA
+#             model tests, memcheck + racecheck on ops_norm's CUDA cases; then flowedge_cuda_dp_mix --samples-only and
+#             --math-only of this tree and of UNET_BASE_SRC's (a carried `git archive` of an earlier commit with its COMMIT
+#             file; unset: none) alternated UNET_ROUNDS (2) times, policy_bench chunk ticks of both (F32), and this tree's
+#             whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,base}_{samples,math}_rN.txt, dp_mix.{txt,json},
+#             policy_bench_cuda_f32_{cur,base}.json
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -686,6 +692,57 @@ stage_encoder() {
     return "$rc"
 }
 
+stage_unet() {
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part
+    if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
+        ( cmake -S "$base" -B $bdir -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
+              cmake --build $bdir -j "$JOBS" --target flowedge_cuda_dp_mix policy_bench ) > "$LOGS/unet_base_build.log" 2>&1 &
+        bpid=$!
+    fi
+    BUILD_TARGETS="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion ops_norm ops_elementwise diffusion_head
+                   diffusion_policy cuda_models" stage_build || return $?
+    if [ -n "$bpid" ]; then
+        if wait "$bpid"; then trees="cur base"; else echo "base tree $base: build failed" | tee -a "$OUT/unet.txt"; fi
+    fi
+    echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none)" | tee -a "$OUT/unet.txt"
+    for t in ops/ops_norm ops/ops_elementwise; do
+        "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
+    done
+    for t in diffusion/diffusion_head diffusion/diffusion_policy cuda/cuda_models; do
+        "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
+    done
+    grep -HE "ERROR|test cases|skipped" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
+    local san
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
+    done
+    mkdir -p models
+    [ -f models/diffusion_pusht.flowedge.safetensors ] ||
+        "$BUILD/flowedge-make-demo-diffusion" models/diffusion_pusht.flowedge.safetensors > "$LOGS/unet_demo.log" 2>&1 || return $?
+    for r in $(seq 1 ${UNET_ROUNDS:-2}); do
+        for tree in $trees; do
+            bin=$BUILD; [ $tree = base ] && bin=$bdir
+            for part in samples math; do
+                "$bin/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --no-cpu-check --$part-only \
+                    > "$OUT/dp_mix_${tree}_${part}_r$r.txt" 2>&1 || rc=$?
+                grep -E "^  (F32|BF16|F16|TF32)|math|batch" "$OUT/dp_mix_${tree}_${part}_r$r.txt" | sed "s/^/$tree $part r$r: /" \
+                    | tee -a "$OUT/unet.txt"
+            done
+        done
+    done
+    policy_folder || return $?
+    for tree in $trees; do
+        bin=$BUILD; [ $tree = base ] && bin=$bdir
+        "$bin/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
+            --json "$OUT/policy_bench_cuda_f32_$tree.json" 2>&1 | sed "s/^/$tree: /" | tee -a "$OUT/unet.txt" || rc=$?
+    done
+    stage_mix > "$LOGS/unet_mix.log" 2>&1 || rc=$?
+    return "$rc"
+}
+
 # build_cpu_bench DIR TARGET: a CPU-only Release build (no tests, no examples) of one bench program, logs in $LOGS.
 build_cpu_bench() {
     cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BUILD_TESTS=OFF -DFLOWEDGE_BUILD_EXAMPLES=OFF \
@@ -818,8 +875,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|flow|cpudiff|cpuenc|cpumamba|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder flow cpudiff cpuenc cpumamba asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|unet|flow|cpudiff|cpuenc|cpumamba|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder unet flow cpudiff cpuenc cpumamba asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do

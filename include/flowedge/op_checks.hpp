@@ -131,7 +131,8 @@ inline void check_args(const ConvTranspose1dParams& p) {
     if (!(p.x && (p.w.data || p.w.prepared) && p.y)) [[unlikely]] fail(op, "null x, w or y pointer");
 }
 
-/// Ops::group_norm: positive sizes, channels a multiple of groups, a FiLM row stride of at least 2 channels, x/y set.
+/// Ops::group_norm: positive sizes, channels a multiple of groups, a FiLM row stride of at least 2 channels, a shared
+/// FiLM row only with a FiLM tensor, x/y set.
 inline void check_args(const GroupNormParams& p) {
     using namespace op_checks_detail;
     constexpr std::string_view op = "group_norm";
@@ -144,6 +145,7 @@ inline void check_args(const GroupNormParams& p) {
     if (!(p.film_stride == 0 || p.film_stride >= 2LL * p.channels)) [[unlikely]]
         fail(op, "FiLM row stride shorter than 2 * channels" +
                      expected_got("0 or >= " + std::to_string(2LL * p.channels), p.film_stride));
+    if (p.film_shared && !p.film) [[unlikely]] fail(op, "shared FiLM row without a FiLM tensor" + expected_got("film set", "null"));
     if (!(p.x && p.y)) [[unlikely]] fail(op, "null x or y pointer");
 }
 

@@ -123,11 +123,14 @@ struct ConvTranspose1dParams {
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine) followed by optional fused epilogues, in this order:
 ///   a = act(groupnorm(x) * gamma[c] + beta[c]);
-///   if film:     a = film[b, c] * a + film[b, channels + c]      (FiLM scale|bias, plain scale)
+///   if film:     a = f[b, c] * a + f[b, channels + c]      (FiLM scale|bias, plain scale)
 ///   if residual: a = a + residual[b, c, t]
 ///   y = post_act(a).
+/// f = film, or film + film_shared (one row added to every batch row's) when film_shared is set.
 /// x, y, residual: [batch, channels, length] (images: length = H * W); film: [batch, 2*channels] with row stride
-/// film_stride (0 = 2*channels). Statistics over (channels/groups) x length elements per group, biased variance.
+/// film_stride (0 = 2*channels); film_shared: [2*channels] or null (needs film). The U-Net passes its FiLM vectors in
+/// two parts: the condition's, per batch row, and the timestep's, shared (ConditionalUnet1d::condition).
+/// Statistics over (channels/groups) x length elements per group, biased variance.
 /// The U-Net uses act = Mish with FiLM/residual; a ResNet BasicBlock's second norm uses residual + post_act = Relu.
 struct GroupNormParams {
     const float* x = nullptr;
@@ -139,6 +142,7 @@ struct GroupNormParams {
     Activation act = Activation::None;
     const float* film = nullptr;
     int film_stride = 0;
+    const float* film_shared = nullptr;
     const float* residual = nullptr;
     Activation post_act = Activation::None;
 };
@@ -247,11 +251,12 @@ struct ConcatParams {
     int batch = 1, ca = 0, cb = 0, length = 1;
 };
 
-/// Sinusoidal features of a scalar time t, written to each of `rows` rows:
-/// out[r, i] = sin(t * f_i), out[r, half + i] = cos(t * f_i), f_i = exp(-i * log_base / denom), i < half.
+/// Sinusoidal features of the times t_r = t + r * t_step (float32), one per row (t_step 0: the same t in every row):
+/// out[r, i] = sin(t_r * f_i), out[r, half + i] = cos(t_r * f_i), f_i = exp(-i * log_base / denom), i < half.
 /// Float32 arithmetic in this order (matches LeRobot's SinusoidalPosEmb with denom = half - 1, log_base = ln 10000).
 struct SinusoidParams {
     float t = 0.f;
+    float t_step = 0.f;
     float* out = nullptr;
     int rows = 1, half = 0;
     float log_base = 9.210340371976184f;  // ln(10000)

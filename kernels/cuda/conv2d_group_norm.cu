@@ -291,7 +291,7 @@ bool conv2d_group_norm(const Conv2dGroupNormParams& p, Stream s) {
     const GroupNormParams& n = p.norm;
     if (detail::compute_major() < 9) return false;
     if (c.w.dtype != DType::F32 || !c.w.data || c.math != MathMode::F32 || c.f32_gemm || c.bias || c.residual ||
-        c.act != Activation::None || n.film)
+        c.act != Activation::None || n.film || n.film_shared)
         return false;
     if (n.groups <= 0 || c.out_channels % n.groups != 0) return false;
     int cluster = cluster_for_device();

@@ -55,7 +55,7 @@ __global__ void sinusoid_kernel(SinusoidParams p) {
         // exp/sin/cos in double, rounded once to float: the correctly rounded float result, as glibc's expf/sinf/
         // cosf give on the CPU (CUDA's expf/sinf are 2-ulp and a 2-ulp frequency error grows with t: 6e-6 at t=99).
         const float f = float(exp(double(float(i) * -step)));
-        const float arg = p.t * f;
+        const float arg = (p.t + float(r) * p.t_step) * f;
         p.out[r * 2 * p.half + i] = float(sin(double(arg)));
         p.out[r * 2 * p.half + p.half + i] = float(cos(double(arg)));
     }

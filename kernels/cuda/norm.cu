@@ -67,6 +67,11 @@ __device__ __forceinline__ const float* group_film(const GroupNormParams& p, int
     return p.film ? p.film + std::size_t(b) * fs : nullptr;
 }
 
+/// Element i of a FiLM row (scale at c, bias at channels + c): the row, plus the shared row if set.
+__device__ __forceinline__ float film_term(const GroupNormParams& p, const float* film, int i) {
+    return p.film_shared ? film[i] + p.film_shared[i] : film[i];
+}
+
 /// One output element: normalise, gamma/beta, act, FiLM (scale*a + bias), residual, post_act.
 __device__ __forceinline__ float group_norm_epilogue(const GroupNormParams& p, bool film, float xi, float mean_f,
                                                      float rstd_f, float gamma, float beta, float f_scale, float f_bias,
@@ -108,8 +113,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
             v[r] = in ? x[i] : 0.f;
             ga[r] = p.gamma ? p.gamma[c] : 1.f;
             be[r] = p.beta ? p.beta[c] : 0.f;
-            fsc[r] = film ? film[c] : 1.f;
-            fbi[r] = film ? film[p.channels + c] : 0.f;
+            fsc[r] = film ? film_term(p, film, c) : 1.f;
+            fbi[r] = film ? film_term(p, film, p.channels + c) : 0.f;
             res[r] = (p.residual && in) ? p.residual[base + i] : 0.f;
         }
 #pragma unroll
@@ -143,8 +148,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
     const float rstd_f = float(1.0 / sqrt(var + double(p.eps)));
     for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const int c = g * cpg + int(i / p.length);
-        finish(i, x[i], mean_f, rstd_f, p.gamma ? p.gamma[c] : 1.f, p.beta ? p.beta[c] : 0.f, film ? film[c] : 1.f,
-               film ? film[p.channels + c] : 0.f, p.residual ? p.residual[base + i] : 0.f);
+        finish(i, x[i], mean_f, rstd_f, p.gamma ? p.gamma[c] : 1.f, p.beta ? p.beta[c] : 0.f, film ? film_term(p, film, c) : 1.f,
+               film ? film_term(p, film, p.channels + c) : 0.f, p.residual ? p.residual[base + i] : 0.f);
     }
 }
 
@@ -172,8 +177,8 @@ __global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(Gro
         const int c = g * cpg + int(i / p.length);
         ga = p.gamma ? p.gamma[c] : 1.f;
         be = p.beta ? p.beta[c] : 0.f;
-        fsc = film ? film[c] : 1.f;
-        fbi = film ? film[p.channels + c] : 0.f;
+        fsc = film ? film_term(p, film, c) : 1.f;
+        fbi = film ? film_term(p, film, p.channels + c) : 0.f;
         res = p.residual ? p.residual[base + i] : 0.f;
     };
     // The cluster's (mean, rstd) from each block's partial sums, added in rank order (the same in every block).

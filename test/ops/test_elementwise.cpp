@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <tuple>
+#include <utility>
 
 using namespace optest;
 
@@ -196,17 +197,19 @@ TEST_CASE_TEMPLATE("axpby, concat_channels, unnormalize, embedding", B, FLOWEDGE
 
 TEST_CASE_TEMPLATE("sinusoid follows the float32 recipe of LeRobot's SinusoidalPosEmb", B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
-    for (float t : {0.f, 1.f, 37.f, 99.f}) {
-        CAPTURE(t);
+    // One time in every row, and a falling run of times (a sampler's timesteps: t, t - 10, ...).
+    for (const auto [t0, dt] : {std::pair{0.f, 0.f}, {1.f, 0.f}, {37.f, 0.f}, {99.f, 0.f}, {99.f, -10.f}, {0.f, 3.f}}) {
+        CAPTURE(t0); CAPTURE(dt);
         const int half = 64, rows = 3;
         Dev<float, B> d(std::size_t(rows) * 2 * half);
         SinusoidParams p;
-        p.t = t; p.out = d.ptr(); p.rows = rows; p.half = half; p.denom = float(half - 1);
+        p.t = t0; p.t_step = dt; p.out = d.ptr(); p.rows = rows; p.half = half; p.denom = float(half - 1);
         Ops<B>::sinusoid(p);
         const auto y = d.host(std::size_t(rows) * 2 * half);
         for (int r = 0; r < rows; ++r)
             for (int i = 0; i < half; ++i) {
                 // exact f_i = 10000^(-i/63); the float32 recipe rounds t*f_i, so allow |t*f| * 1e-6 + 1e-6 absolute
+                const double t = double(t0) + r * double(dt);
                 const double f = std::pow(10000.0, -double(i) / (half - 1));
                 const double tol = std::fabs(t * f) * 1e-6 + 1e-6;
                 CHECK(std::fabs(y[std::size_t(r) * 2 * half + i] - std::sin(t * f)) <= tol);

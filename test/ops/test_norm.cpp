@@ -12,13 +12,14 @@ struct GroupNormCase {
     bool film, residual, affine;
     int film_pad;
     Activation post = Activation::None;  // post_act, after the residual (ResNet BasicBlock: residual + ReLU)
+    bool shared = false;                 // film_shared: one row added to every batch row's FiLM (the U-Net's timestep part)
 };
 
 /// Out of place, then in place (y == x): both must match the reference.
 template <class B>
 void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     CAPTURE(k.batch); CAPTURE(k.channels); CAPTURE(k.length); CAPTURE(k.groups); CAPTURE(int(k.act)); CAPTURE(k.film);
-    CAPTURE(k.residual); CAPTURE(k.affine); CAPTURE(k.film_pad); CAPTURE(int(k.post));
+    CAPTURE(k.residual); CAPTURE(k.affine); CAPTURE(k.film_pad); CAPTURE(int(k.post)); CAPTURE(k.shared);
     const std::size_t n = std::size_t(k.batch) * k.channels * k.length;
     auto x = random_vec(n, seed, -2.f, 3.f);
     for (auto& v : x) v += 5.f;  // a large mean: the normalisation must not lose precision to it
@@ -27,6 +28,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     const int fstride = 2 * k.channels + k.film_pad;
     const auto film = random_vec(std::size_t(k.batch) * fstride, seed + 3);
     const auto res = random_vec(n, seed + 4);
+    const auto shared = random_vec(2 * std::size_t(k.channels), seed + 5);
     std::vector<double> ref(n), scale(n);
     const int cpg = k.channels / k.groups;
     for (int b = 0; b < k.batch; ++b)
@@ -47,7 +49,11 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
                     double a = ref_act(k.act, nrm * gm + bt);
                     double sc = std::fabs(nrm * gm) + std::fabs(bt) + std::fabs(a);
                     if (k.film) {
-                        const double fs = film[std::size_t(b) * fstride + c], fb = film[std::size_t(b) * fstride + k.channels + c];
+                        double fs = film[std::size_t(b) * fstride + c], fb = film[std::size_t(b) * fstride + k.channels + c];
+                        if (k.shared) {
+                            fs += shared[std::size_t(c)];
+                            fb += shared[std::size_t(k.channels + c)];
+                        }
                         a = fs * a + fb;
                         sc = sc * std::fabs(fs) + std::fabs(fb);
                     }
@@ -60,7 +66,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
                     scale[i] = sc + 1.0;  // normalised values are O(1): absolute floor
                 }
         }
-    Dev<float, B> dx(x), dg(gamma), dbt(beta), df(film), dr(res), dy(n);
+    Dev<float, B> dx(x), dg(gamma), dbt(beta), df(film), dsh(shared), dr(res), dy(n);
     GroupNormParams p;
     p.x = dx.ptr();
     p.gamma = k.affine ? dg.ptr() : nullptr;
@@ -70,6 +76,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     p.act = k.act;
     p.film = k.film ? df.ptr() : nullptr;
     p.film_stride = k.film_pad ? fstride : 0;
+    p.film_shared = k.shared ? dsh.ptr() : nullptr;
     p.residual = k.residual ? dr.ptr() : nullptr;
     p.post_act = k.post;
     Ops<B>::group_norm(p);
@@ -84,7 +91,7 @@ void run_group_norm(const GroupNormCase& k, std::uint32_t seed) {
     if constexpr (!kIsCpu<B>) {
         std::vector<float> cpu(n);
         p.x = x.data(); p.gamma = k.affine ? gamma.data() : nullptr; p.beta = k.affine ? beta.data() : nullptr;
-        p.film = k.film ? film.data() : nullptr; p.residual = k.residual ? res.data() : nullptr; p.y = cpu.data();
+        p.film = k.film ? film.data() : nullptr; p.film_shared = k.shared ? shared.data() : nullptr; p.residual = k.residual ? res.data() : nullptr; p.y = cpu.data();
         Ops<Cpu>::group_norm(p);
         CHECK(max_norm_rel(got, cpu) <= kTolCpu);
         CHECK(max_norm_rel(got_in_place, cpu) <= kTolCpu);
@@ -127,6 +134,13 @@ TEST_CASE_TEMPLATE("group_norm with fused act -> FiLM -> residual -> post_act ma
         {3, 21, 1001, 7, A::Silu, true, true, true, 5, A::Mish},
         {1, 6, 1025 / 3 + 1, 2, A::None, false, false, false, 0},
         {2, 16, 40000 / 16 * 2 + 7, 1, A::Mish, true, true, true, 0, A::Relu},
+        // A shared FiLM row added to each batch row's (the U-Net's timestep part): the PushT blocks, a padded
+        // stride, a cluster-sized group and one too large for the cluster's registers.
+        {1, 2048, 4, 8, A::Mish, true, true, true, 0, A::None, true},
+        {3, 512, 16, 8, A::Mish, true, false, true, 0, A::None, true},
+        {2, 12, 7, 3, A::Silu, true, true, true, 5, A::None, true},
+        {3, 21, 1001, 7, A::Silu, true, true, true, 5, A::Mish, true},
+        {2, 16, 40000 / 16 * 2 + 7, 1, A::Mish, true, false, true, 0, A::None, true},
     };
     std::uint32_t seed = 3000;
     for (const auto& k : cases) run_group_norm<B>(k, seed += 10);
@@ -181,6 +195,10 @@ TEST_CASE_TEMPLATE("group_norm and rms_norm reject bad sizes, strides and null p
     CHECK_THROWS_WITH_AS(Ops<B>::group_norm(g), "flowedge: group_norm: FiLM row stride shorter than 2 * channels (expected 0 or >= 12, got 11)",
                          Error);
     g.film_stride = 0;
+    g.film_shared = buf.ptr();
+    CHECK_THROWS_WITH_AS(Ops<B>::group_norm(g), "flowedge: group_norm: shared FiLM row without a FiLM tensor (expected film set, got null)",
+                         Error);
+    g.film_shared = nullptr;
     g.length = 0;
     CHECK_THROWS_WITH_AS(Ops<B>::group_norm(g),
                          "flowedge: group_norm: sizes must be positive (expected batch, channels, length, groups > 0, got batch 1, channels 6, "

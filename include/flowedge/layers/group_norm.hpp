@@ -15,6 +15,8 @@ struct GroupNormEpilogue {
     /// FiLM [batch, 2*channels] (scale | bias, plain scale) with row stride film_stride (0 = 2*channels), or null.
     const float* film = nullptr;
     int film_stride = 0;
+    /// [2*channels] added to every batch row of film (GroupNormParams::film_shared), or null.
+    const float* film_shared = nullptr;
     /// Residual [batch, channels, length] added after the activation and FiLM, or null.
     const float* residual = nullptr;
     /// Activation applied last, after the residual (a ResNet BasicBlock's relu(bn2(x) + identity)).
@@ -73,6 +75,7 @@ public:
         p.act = epi.act;
         p.film = epi.film;
         p.film_stride = epi.film_stride;
+        p.film_shared = epi.film_shared;
         p.residual = epi.residual;
         p.post_act = epi.post_act;
         return p;

@@ -133,16 +133,18 @@ public:
         forward_with_film(ctx, x, film, y);
     }
 
-    /// y = block(x) given the precomputed FiLM vector (cond_encoder(g), see film_params).
-    /// x: [batch, in, length]; film: [batch, 2*out] = [scale | bias]; y: [batch, out, length], must not alias x.
-    void forward_with_film(Context<B>& ctx, View<const float, B> x, View<const float, B> film, View<float, B> y) const {
+    /// y = block(x) given the precomputed FiLM vector (cond_encoder(g), see film_params), or its two parts.
+    /// x: [batch, in, length]; film: [batch, 2*out] = [scale | bias], plus film_shared [2*out] in every batch row when
+    /// set (GroupNormParams::film_shared); y: [batch, out, length], must not alias x.
+    void forward_with_film(Context<B>& ctx, View<const float, B> x, View<const float, B> film, View<float, B> y,
+                           const float* film_shared = nullptr) const {
         const std::int64_t batch = x.dim(0), len = x.dim(2);
         check_shape(film, Shape{batch, 2 * m_cfg.out}, "residual_block", "FiLM vector");
         check(x.data != y.data, "residual_block", "output aliases the input");
         typename Workspace<B>::Mark mark(*ctx.workspace);
         Workspace<B>& ws = *ctx.workspace;
         View<float, B> a = ws.template take<float>(Shape{batch, m_cfg.out, len});
-        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out});
+        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out, .film_shared = film_shared});
         const float* residual = x.data;
         if (m_residual) {
             View<float, B> r = ws.template take<float>(Shape{batch, m_cfg.out, len});

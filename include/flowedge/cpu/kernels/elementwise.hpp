@@ -26,17 +26,24 @@ inline void concat_channels(const ConcatParams& p) {
     }
 }
 
-/// Sinusoidal time features: out[r] = [sin(t*f_i) | cos(t*f_i)], f_i = exp(-(i * (log_base / denom))) in float32.
+/// Sinusoidal time features: out[r] = [sin(t_r*f_i) | cos(t_r*f_i)], t_r = t + r * t_step,
+/// f_i = exp(-(i * (log_base / denom))) in float32.
 inline void sinusoid(const SinusoidParams& p) {
     const float step = p.log_base / p.denom;
-    for (int i = 0; i < p.half; ++i) {
-        const float f = std::exp(float(i) * -step);
-        const float arg = p.t * f;
-        p.out[i] = std::sin(arg);
-        p.out[p.half + i] = std::cos(arg);
+    for (int r = 0; r < p.rows; ++r) {
+        float* out = p.out + std::size_t(r) * 2 * p.half;
+        if (r > 0 && p.t_step == 0.f) {
+            std::memcpy(out, p.out, std::size_t(2 * p.half) * sizeof(float));
+            continue;
+        }
+        const float t = p.t + float(r) * p.t_step;
+        for (int i = 0; i < p.half; ++i) {
+            const float f = std::exp(float(i) * -step);
+            const float arg = t * f;
+            out[i] = std::sin(arg);
+            out[p.half + i] = std::cos(arg);
+        }
     }
-    for (int r = 1; r < p.rows; ++r)
-        std::memcpy(p.out + std::size_t(r) * 2 * p.half, p.out, std::size_t(2 * p.half) * sizeof(float));
 }
 
 /// torch.nn.Embedding: y[r, :] = table[ids[r], :] widened to float (ids validated by the caller).

@@ -66,6 +66,12 @@ inline double sum_sq_dev_f64(const float* x, std::size_t n, double mean) {
     return s;
 }
 
+/// Element i of batch row b's FiLM vector (scale at c, bias at channels + c): film, plus the shared row if set.
+inline float film_term(const GroupNormParams& p, int b, std::size_t stride, std::size_t i) {
+    const float f = p.film[std::size_t(b) * stride + i];
+    return p.film_shared ? f + p.film_shared[i] : f;
+}
+
 /// torch.nn.GroupNorm + fused act -> FiLM (scale * a + bias) -> residual -> post_act epilogue. Statistics in double.
 inline void group_norm(const GroupNormParams& p) {
     const int cpg = p.channels / p.groups, L = p.length;
@@ -87,8 +93,8 @@ inline void group_norm(const GroupNormParams& p) {
                 const VecF shift = vset1(p.beta ? p.beta[c] : 0.f);
                 VecF fs = vset1(1.f), fb = vzero();
                 if (p.film) {
-                    fs = vset1(p.film[std::size_t(b) * fstride + std::size_t(c)]);
-                    fb = vset1(p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)]);
+                    fs = vset1(film_term(p, b, fstride, std::size_t(c)));
+                    fb = vset1(film_term(p, b, fstride, std::size_t(p.channels) + std::size_t(c)));
                 }
                 const std::size_t off = base + std::size_t(cc) * L;
                 for (int t = 0; t < L; t += kLanes) {
@@ -116,8 +122,8 @@ inline void group_norm(const GroupNormParams& p) {
                     const int c = g * cpg + cc;
                     float fs = 1.f, fb = 0.f;
                     if (p.film) {
-                        fs = p.film[std::size_t(b) * fstride + std::size_t(c)];
-                        fb = p.film[std::size_t(b) * fstride + std::size_t(p.channels) + std::size_t(c)];
+                        fs = film_term(p, b, fstride, std::size_t(c));
+                        fb = film_term(p, b, fstride, std::size_t(p.channels) + std::size_t(c));
                     }
                     const std::size_t off = base + std::size_t(cc) * L;
                     for (int t = 0; t < L; ++t) {

@@ -84,7 +84,7 @@ public:
     std::size_t workspace_bytes(int batch) const {
         WorkspaceMeter<B> meter;
         take_sampler_buffers(meter, batch);
-        meter.reserve(m_unet.workspace_bytes(batch));
+        meter.reserve(m_unet.workspace_bytes(batch, std::min(ConditionalUnet1d<B>::kMaxFilmSteps, m_cfg.num_train_timesteps)));
         return meter.peak();
     }
 
@@ -312,27 +312,36 @@ private:
         const View<const float, B> cond_view{cond, Shape{batch, m_cfg.global_cond_dim}};
         m_layout.to_unet(ctx, noise, s.state.data, batch);
         std::uint64_t draws = 0;
-        for (int i = 0; i < opts.steps; ++i) {
-            const int t = m_schedule.timestep(i, opts.steps);
-            m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, float(t), cond_view,
-                           View<float, B>{s.eps.data, s.unet_eps.shape});
-            DiffusionStepParams p;
-            p.x = s.state.data;
-            p.eps = s.eps.data;
-            p.batch = batch;
-            p.per_sample = int(per);
-            p.clip = m_cfg.clip_sample;
-            p.clip_range = m_cfg.clip_sample_range;
-            p.seed = opts.seed;
-            p.seed_ptr = m_seed.data();
-            p.seed_per_row = true;
-            p.draw_offset = draws;
-            p.channel_major_length = m_cfg.horizon;
-            if (m_schedule.step_coefficients(opts.scheduler, i, opts.steps, p)) draws += per;
-            Ops<B>::diffusion_step(p, stream);
-            if constexpr (kHook) {
-                m_layout.to_sample(ctx, s.state.data, s.unet_x.data, batch);
-                after_step(i, t, s.unet_x.data);
+        // The FiLM vectors of up to kMaxFilmSteps steps at a time: the weights of every block's cond_encoder are read
+        // once per run of steps instead of once per step (NoiseSchedule::timestep is evenly spaced: t_0 + i * dt).
+        constexpr int kFilmRun = ConditionalUnet1d<B>::kMaxFilmSteps;
+        for (int i0 = 0; i0 < opts.steps; i0 += kFilmRun) {
+            const int n = std::min(kFilmRun, opts.steps - i0);
+            const int t0 = m_schedule.timestep(i0, opts.steps);
+            const int dt = n > 1 ? m_schedule.timestep(i0 + 1, opts.steps) - t0 : 0;
+            typename Workspace<B>::Mark films_mark(m_exec.workspace());
+            const auto films = m_unet.condition(ctx, float(t0), float(dt), n, cond_view);
+            for (int i = i0; i < i0 + n; ++i) {
+                m_unet.forward(ctx, View<const float, B>{s.state.data, s.unet_x.shape}, films, i - i0,
+                               View<float, B>{s.eps.data, s.unet_eps.shape});
+                DiffusionStepParams p;
+                p.x = s.state.data;
+                p.eps = s.eps.data;
+                p.batch = batch;
+                p.per_sample = int(per);
+                p.clip = m_cfg.clip_sample;
+                p.clip_range = m_cfg.clip_sample_range;
+                p.seed = opts.seed;
+                p.seed_ptr = m_seed.data();
+                p.seed_per_row = true;
+                p.draw_offset = draws;
+                p.channel_major_length = m_cfg.horizon;
+                if (m_schedule.step_coefficients(opts.scheduler, i, opts.steps, p)) draws += per;
+                Ops<B>::diffusion_step(p, stream);
+                if constexpr (kHook) {
+                    m_layout.to_sample(ctx, s.state.data, s.unet_x.data, batch);
+                    after_step(i, m_schedule.timestep(i, opts.steps), s.unet_x.data);
+                }
             }
         }
         // The final state in the sample layout (into the output directly when nothing else is applied).

@@ -31,9 +31,6 @@ class ConditionalUnet1d {
 public:
     using Config = DiffusionConfig;
     using ResBlock = ConditionalResidualBlock1d<B>;
-    /// Residual blocks of the deepest configuration DiffusionConfig allows (8 stages): 2 per down stage, 2 mid,
-    /// 2 per up stage.
-    static constexpr int kMaxResBlocks = 2 * 8 + 2 + 2 * 7;
 
     ConditionalUnet1d() = default;
     /// Builds the layer structure for `cfg` (validated); parameters stay unbound until visit_parameters binds them.
@@ -115,25 +112,69 @@ public:
         return n;
     }
 
-    /// Scratch bytes forward() takes from the context's workspace for `batch` samples: forward()'s own walk, run
-    /// with a WorkspaceMeter (it counts every take and each layer's scratch, including a convolution's backend scratch
-    /// under a non-F32 MathMode, and runs no op).
-    std::size_t workspace_bytes(int batch) const {
+    /// Most timesteps one condition() call computes FiLM rows for (it bounds the rows' scratch; a sampler with more
+    /// steps conditions each run of this many steps in turn).
+    static constexpr int kMaxFilmSteps = 16;
+
+    /// Every residual block's FiLM vectors for `batch` samples over a run of `steps` timesteps, from condition().
+    /// cond_encoder(mish([e(t) | cond])) is a Linear, so it splits into a part of the timestep (with the bias) and a
+    /// part of the condition, which is the same at every step of a sample: block k's FiLM vector at step i is
+    /// per_sample[k][b] + per_step[k][i] (added in the GroupNorm epilogue, GroupNormParams::film_shared).
+    struct Conditioning {
+        const float* per_sample = nullptr;  ///< block k's [batch, 2*out] at film_offset(k, batch)
+        const float* per_step = nullptr;    ///< block k's [steps, 2*out] at film_offset(k, steps)
+        int batch = 0, steps = 0;
+    };
+
+    /// Scratch bytes of condition() for `steps` timesteps plus forward() for `batch` samples: the code that takes them,
+    /// run with a WorkspaceMeter (it counts every take and each layer's scratch, including a convolution's backend
+    /// scratch under a non-F32 MathMode, and runs no op). steps = 1: what the one-call forward() takes.
+    std::size_t workspace_bytes(int batch, int steps = 1) const {
         WorkspaceMeter<B> meter;
+        take_conditioning(meter, CondPass{.batch = batch, .steps = steps});
         walk(meter, Pass{.batch = batch});
         return meter.peak();
     }
 
-    /// eps = unet(x, timestep, cond). x, eps: [batch, action_dim, horizon] (must not alias);
-    /// cond: [batch, global_cond_dim]. All scratch comes from ctx.workspace (returned on exit).
-    void forward(Context<B>& ctx, View<const float, B> x, float timestep, View<const float, B> cond, View<float, B> eps) const {
+    /// The FiLM vectors of timesteps t0, t0 + dt, ..., t0 + (steps-1)*dt (1 <= steps <= kMaxFilmSteps) for the
+    /// conditions cond: [batch, global_cond_dim], in buffers taken from ctx.workspace that the caller keeps (and
+    /// returns with a Mark) while forward() uses them. Weights read once for all the steps.
+    Conditioning condition(Context<B>& ctx, float t0, float dt, int steps, View<const float, B> cond) const {
+        const int batch = int(cond.dim(0));
+        check_shape(cond, Shape{batch, m_cfg.global_cond_dim}, "diffusion", "global condition");
+        if (!(steps >= 1 && steps <= kMaxFilmSteps)) [[unlikely]]
+            fail("diffusion", "FiLM steps out of range" + expected_got("1.." + std::to_string(kMaxFilmSteps), steps));
+        return take_conditioning(*ctx.workspace, CondPass{.ctx = &ctx, .batch = batch, .steps = steps, .t0 = t0, .dt = dt, .cond = cond.data});
+    }
+
+    /// eps = unet(x, the timestep of row `step` of films). x, eps: [batch, action_dim, horizon] (must not alias).
+    /// All scratch comes from ctx.workspace (returned on exit).
+    void forward(Context<B>& ctx, View<const float, B> x, const Conditioning& films, int step, View<float, B> eps) const {
         const Config& c = m_cfg;
         const int batch = int(x.dim(0));
         check_shape(x, Shape{batch, c.action_dim, c.horizon}, "diffusion", "sample");
         check_shape(eps, Shape{batch, c.action_dim, c.horizon}, "diffusion", "epsilon");
-        check_shape(cond, Shape{batch, c.global_cond_dim}, "diffusion", "global condition");
+        if (!(films.batch == batch && step >= 0 && step < films.steps)) [[unlikely]]
+            fail("diffusion", "FiLM rows do not cover this call" +
+                                  expected_got("batch " + std::to_string(batch) + ", step < " + std::to_string(films.steps),
+                                               "batch " + std::to_string(films.batch) + ", step " + std::to_string(step)));
         typename Workspace<B>::Mark mark(*ctx.workspace);
-        walk(*ctx.workspace, Pass{.ctx = &ctx, .batch = batch, .timestep = timestep, .x = x.data, .cond = cond.data, .eps = eps.data});
+        walk(*ctx.workspace, Pass{.ctx = &ctx, .batch = batch, .films = films, .step = step, .x = x.data, .eps = eps.data});
+    }
+
+    /// eps = unet(x, timestep, cond) in one call. x, eps: [batch, action_dim, horizon] (must not alias);
+    /// cond: [batch, global_cond_dim]. All scratch comes from ctx.workspace (returned on exit).
+    void forward(Context<B>& ctx, View<const float, B> x, float timestep, View<const float, B> cond, View<float, B> eps) const {
+        typename Workspace<B>::Mark mark(*ctx.workspace);
+        forward(ctx, x, condition(ctx, timestep, 0.f, 1, cond), 0, eps);
+    }
+
+    /// Offset (floats) of residual block k's FiLM slice in a Conditioning buffer of `rows` rows per block (each slice
+    /// starts 256-byte aligned, like a workspace take).
+    std::int64_t film_offset(std::size_t k, int rows) const {
+        std::int64_t at = 0;
+        for (std::size_t j = 0; j < k; ++j) at += film_slice(rows, m_res[j].config().out);
+        return at;
     }
 
 private:
@@ -150,10 +191,17 @@ private:
     struct Pass {
         Context<B>* ctx = nullptr;
         int batch = 1;
-        float timestep = 0.f;
+        Conditioning films{};
+        int step = 0;
         const float* x = nullptr;
-        const float* cond = nullptr;
         float* eps = nullptr;
+    };
+    /// One call of take_conditioning(), like Pass.
+    struct CondPass {
+        Context<B>* ctx = nullptr;
+        int batch = 1, steps = 1;
+        float t0 = 0.f, dt = 0.f;
+        const float* cond = nullptr;
     };
     struct WalkResult {
         std::int64_t largest_activation = 0;  ///< channels * length of the largest activation buffered in turn, per sample
@@ -184,41 +232,46 @@ private:
     }
     static std::size_t scratch_of(const Conv1d<B>& conv, int batch, int length) { return conv_scratch(conv.config(), batch, length); }
 
-    /// The network, step by step, as forward() runs it. With a Workspace<B> it enqueues every op; with a
-    /// WorkspaceMeter<B> it takes the same buffers (as null views) and, instead of calling a layer, reserves the scratch
-    /// that layer takes, so the meter's peak is forward()'s workspace need.
+    /// condition(): takes the Conditioning buffers (kept on return) and, inside a Mark, the scratch that computes them:
+    /// the step encoder on `steps` sinusoid rows, then one zeroed matrix G of steps + batch rows of cond_dim,
+    /// rows [mish(e(t_i)) | 0] and [0 | mish(cond_b)] (mish(0) = 0), and every block's cond_encoder linear on the two
+    /// row sets (with its bias on the timestep rows only) by linear_batch ops. With a WorkspaceMeter it only takes.
     template <class Arena>
-    WalkResult walk(Arena& ws, const Pass& pass) const {
+    Conditioning take_conditioning(Arena& ws, const CondPass& pass) const {
         constexpr bool kRun = std::is_same_v<Arena, Workspace<B>>;
         const Config& c = m_cfg;
-        const int batch = pass.batch, H = c.horizon, td = c.step_embed_dim, S = c.stages();
-        WalkResult result;
-        // Runs a layer, or in a measuring pass reserves the scratch it takes (`scratch()`: bytes).
-        auto layer = [&](auto&& scratch, auto&& run) {
-            if constexpr (kRun) run();
-            else ws.reserve(scratch());
-        };
-
-        // Step embedding and FiLM input g = mish([e | cond]).
-        View<float, B> sn = ws.template take<float>(Shape{batch, td});
-        View<float, B> h1 = ws.template take<float>(Shape{batch, 4 * td});
-        View<float, B> e = ws.template take<float>(Shape{batch, td});
-        View<float, B> g = ws.template take<float>(Shape{batch, c.cond_dim()});
+        const int batch = pass.batch, n = pass.steps, td = c.step_embed_dim, cd = c.cond_dim();
+        Conditioning films;
+        films.batch = batch;
+        films.steps = n;
+        float* per_step = ws.template take<float>(Shape{film_offset(m_res.size(), n)}).data;
+        float* per_sample = ws.template take<float>(Shape{film_offset(m_res.size(), batch)}).data;
+        films.per_step = per_step;
+        films.per_sample = per_sample;
+        typename Arena::Mark mark(ws);
+        View<float, B> sn = ws.template take<float>(Shape{n, td});
+        View<float, B> h1 = ws.template take<float>(Shape{n, 4 * td});
+        // G: [n + batch, cond_dim], then `batch` rows of td zeros (the left half of the condition rows' concat).
+        View<float, B> g = ws.template take<float>(Shape{std::int64_t(n + batch) * cd + std::int64_t(batch) * td});
         if constexpr (kRun) {
             Context<B>& ctx = *pass.ctx;
+            float* g_cond = g.data + std::int64_t(n) * cd;
+            const float* zeros = g_cond + std::int64_t(batch) * cd;
+            Memory<B>::fill_zero(g.data, std::size_t(g.numel()) * sizeof(float), ctx.stream);
             SinusoidParams sp;
-            sp.t = pass.timestep;
+            sp.t = pass.t0;
+            sp.t_step = pass.dt;
             sp.out = sn.data;
-            sp.rows = batch;
+            sp.rows = n;
             sp.half = td / 2;
             sp.denom = float(td / 2 - 1);
             Ops<B>::sinusoid(sp, ctx.stream);
-            m_te1.forward(ctx, sn.data, h1.data, batch, Activation::Mish);
-            m_te2.forward(ctx, h1.data, e.data, batch);
+            m_te1.forward(ctx, sn.data, h1.data, n, Activation::Mish);
+            m_te2.forward(ctx, h1.data, g.data, n, Activation::None, false, 0, cd);
             ConcatParams cp;
-            cp.a = e.data;
+            cp.a = zeros;
             cp.b = pass.cond;
-            cp.y = g.data;
+            cp.y = g_cond;
             cp.batch = batch;
             cp.ca = td;
             cp.cb = c.global_cond_dim;
@@ -227,29 +280,46 @@ private:
             ActivationParams ap;
             ap.x = g.data;
             ap.y = g.data;
-            ap.n = g.numel();
+            ap.n = std::int64_t(n + batch) * cd;
             ap.act = Activation::Mish;
             Ops<B>::activation(ap, ctx.stream);
-        }
-
-        // Every residual block's FiLM vector [batch, 2*out] from the shared g, block k's at film_at[k], computed up
-        // front by linear_batch ops of up to kMaxLinearBatch blocks each (one launch on the GPU instead of one per block).
-        std::array<std::int64_t, kMaxResBlocks + 1> film_at{};
-        for (std::size_t k = 0; k < m_res.size(); ++k) film_at[k + 1] = film_at[k] + film_slice(batch, m_res[k].config().out);
-        View<float, B> films = ws.template take<float>(Shape{film_at[m_res.size()]});
-        if constexpr (kRun) {
+            // Each block's linear on the timestep rows (with the bias) and on the condition rows (without), up to
+            // kMaxLinearBatch per op (one launch on the GPU).
             LinearBatchParams lb;
-            for (std::size_t k = 0; k < m_res.size(); ++k) {
-                lb.items[lb.n_items] = m_res[k].film_params(g.data, films.data + film_at[k], batch);
-                lb.items[lb.n_items].math = pass.ctx->math;  // like Linear::forward (the step encoder's linears)
-                lb.items[lb.n_items++].f32_gemm = pass.ctx->f32_gemm;
+            auto add = [&](LinearParams item) {
+                item.math = ctx.math;  // like Linear::forward (the step encoder's linears)
+                item.f32_gemm = ctx.f32_gemm;
+                lb.items[lb.n_items++] = item;
                 if (lb.n_items == kMaxLinearBatch) {
-                    Ops<B>::linear_batch(lb, pass.ctx->stream);
+                    Ops<B>::linear_batch(lb, ctx.stream);
                     lb.n_items = 0;
                 }
+            };
+            for (std::size_t k = 0; k < m_res.size(); ++k) {
+                add(m_res[k].film_params(g.data, per_step + film_offset(k, n), n));
+                LinearParams pc = m_res[k].film_params(g_cond, per_sample + film_offset(k, batch), batch);
+                pc.bias = nullptr;
+                add(pc);
             }
-            if (lb.n_items > 0) Ops<B>::linear_batch(lb, pass.ctx->stream);
+            if (lb.n_items > 0) Ops<B>::linear_batch(lb, ctx.stream);
         }
+        return films;
+    }
+
+    /// The network, step by step, as forward() runs it. With a Workspace<B> it enqueues every op; with a
+    /// WorkspaceMeter<B> it takes the same buffers (as null views) and, instead of calling a layer, reserves the scratch
+    /// that layer takes, so the meter's peak is forward()'s workspace need.
+    template <class Arena>
+    WalkResult walk(Arena& ws, const Pass& pass) const {
+        constexpr bool kRun = std::is_same_v<Arena, Workspace<B>>;
+        const Config& c = m_cfg;
+        const int batch = pass.batch, H = c.horizon, S = c.stages();
+        WalkResult result;
+        // Runs a layer, or in a measuring pass reserves the scratch it takes (`scratch()`: bytes).
+        auto layer = [&](auto&& scratch, auto&& run) {
+            if constexpr (kRun) run();
+            else ws.reserve(scratch());
+        };
 
         // Two activation buffers used in turn (no op reads two of them; each writes into the one its input is not in)
         // plus one skip buffer per down stage, kept for the up stage that concatenates it.
@@ -272,8 +342,10 @@ private:
             const ResBlock& blk = m_res[std::size_t(k)];
             const int L = int(in.v.dim(2));
             layer([&] { return scratch_of(blk, batch, L); }, [&] {
-                const View<const float, B> film{films.data + film_at[std::size_t(k)], Shape{batch, 2 * blk.config().out}};
-                blk.forward_with_film(*pass.ctx, in.v, film, out);
+                const Conditioning& f = pass.films;
+                const int two_out = 2 * blk.config().out;
+                const View<const float, B> film{f.per_sample + film_offset(std::size_t(k), batch), Shape{batch, two_out}};
+                blk.forward_with_film(*pass.ctx, in.v, film, out, f.per_step + film_offset(std::size_t(k), f.steps) + std::int64_t(pass.step) * two_out);
             });
         };
 
