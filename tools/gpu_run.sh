@@ -84,9 +84,10 @@
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
 #   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_elementwise CUDA cases, the diffusion head, policy and CUDA
 #             model tests, memcheck + racecheck on ops_norm's CUDA cases; then flowedge_cuda_dp_mix --samples-only and
-#             --math-only of this tree and of UNET_BASE_SRC's (a carried `git archive` of an earlier commit with its COMMIT
-#             file; unset: none) alternated UNET_ROUNDS (2) times, policy_bench chunk ticks of both (F32), and this tree's
-#             whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,base}_{samples,math}_rN.txt, dp_mix.{txt,json},
+#             --math-only of this tree, of this tree under UNET_ALT_ENV="VAR=value ..." (label alt; unset: none) and of
+#             UNET_BASE_SRC's (a carried `git archive` of an earlier commit with its COMMIT file; unset: none) alternated
+#             UNET_ROUNDS (2) times, policy_bench chunk ticks of each (F32), and this tree's (UNET_TESTS=0: no tests;
+#             UNET_MIX=0: no whole dp_mix) whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,base}_{samples,math}_rN.txt, dp_mix.{txt,json},
 #             policy_bench_cuda_f32_{cur,base}.json
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
@@ -693,29 +694,34 @@ stage_encoder() {
 }
 
 stage_unet() {
-    local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part e
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
         ( cmake -S "$base" -B $bdir -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
               -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
               cmake --build $bdir -j "$JOBS" --target flowedge_cuda_dp_mix policy_bench ) > "$LOGS/unet_base_build.log" 2>&1 &
         bpid=$!
     fi
-    BUILD_TARGETS="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion ops_norm ops_elementwise diffusion_head
-                   diffusion_policy cuda_models" stage_build || return $?
+    local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion"
+    [ "${UNET_TESTS:-1}" = 1 ] && targets+=" ops_norm ops_elementwise diffusion_head diffusion_policy cuda_models"
+    BUILD_TARGETS=$targets stage_build || return $?
     if [ -n "$bpid" ]; then
         if wait "$bpid"; then trees="cur base"; else echo "base tree $base: build failed" | tee -a "$OUT/unet.txt"; fi
     fi
-    echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none)" | tee -a "$OUT/unet.txt"
+    [ -n "${UNET_ALT_ENV:-}" ] && trees="cur alt ${trees#cur}"
+    echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none); alt: ${UNET_ALT_ENV:-none}" | tee -a "$OUT/unet.txt"
     for t in ops/ops_norm ops/ops_elementwise; do
+        [ "${UNET_TESTS:-1}" = 1 ] || break
         "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
     done
     for t in diffusion/diffusion_head diffusion/diffusion_policy cuda/cuda_models; do
+        [ "${UNET_TESTS:-1}" = 1 ] || break
         "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
     done
-    grep -HE "ERROR|test cases|skipped" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
+    grep -HE "ERROR|test cases" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
     local san
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in memcheck racecheck; do
+        [ "${UNET_TESTS:-1}" = 1 ] || break
         "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
     done
@@ -725,8 +731,9 @@ stage_unet() {
     for r in $(seq 1 ${UNET_ROUNDS:-2}); do
         for tree in $trees; do
             bin=$BUILD; [ $tree = base ] && bin=$bdir
+            e=; [ $tree = alt ] && e=$UNET_ALT_ENV
             for part in samples math; do
-                "$bin/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --no-cpu-check --$part-only \
+                env $e "$bin/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --no-cpu-check --$part-only \
                     > "$OUT/dp_mix_${tree}_${part}_r$r.txt" 2>&1 || rc=$?
                 grep -E "^  (F32|BF16|F16|TF32)|math|batch" "$OUT/dp_mix_${tree}_${part}_r$r.txt" | sed "s/^/$tree $part r$r: /" \
                     | tee -a "$OUT/unet.txt"
@@ -736,10 +743,11 @@ stage_unet() {
     policy_folder || return $?
     for tree in $trees; do
         bin=$BUILD; [ $tree = base ] && bin=$bdir
-        "$bin/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
+        e=; [ $tree = alt ] && e=$UNET_ALT_ENV
+        env $e "$bin/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
             --json "$OUT/policy_bench_cuda_f32_$tree.json" 2>&1 | sed "s/^/$tree: /" | tee -a "$OUT/unet.txt" || rc=$?
     done
-    stage_mix > "$LOGS/unet_mix.log" 2>&1 || rc=$?
+    if [ "${UNET_MIX:-1}" = 1 ]; then stage_mix > "$LOGS/unet_mix.log" 2>&1 || rc=$?; fi
     return "$rc"
 }
 
