@@ -446,7 +446,7 @@ int main(int argc, char** argv) {
                 return std::string(v && *v ? v : dflt);
             };
             const std::string env_stages = env_or("FLOWEDGE_CUDA_MMA_STAGES", "4"), env_cluster = env_or("FLOWEDGE_CUDA_MMA_CLUSTER", "0"),
-                              env_min_n = env_or("FLOWEDGE_CUDA_MMA_MIN_N", "256");
+                              env_min_n = env_or("FLOWEDGE_CUDA_MMA_MIN_N", "32");
             std::printf("  conv_mma knobs: FLOWEDGE_CUDA_MMA_STAGES=%s FLOWEDGE_CUDA_MMA_CLUSTER=%s FLOWEDGE_CUDA_MMA_MIN_N=%s\n",
                         env_stages.c_str(), env_cluster.c_str(), env_min_n.c_str());
             std::printf("  %-7s %-5s %6s | %9s %9s %9s | %10s\n", "weights", "math", "batch", "p50 ms", "p99 ms", "min ms", "max|d|");

@@ -87,8 +87,9 @@
 #             --math-only of this tree, of this tree under UNET_ALT_ENV="VAR=value ..." (label alt; unset: none) and of
 #             UNET_BASE_SRC's (a carried `git archive` of an earlier commit with its COMMIT file; unset: none) alternated
 #             UNET_ROUNDS (2) times, policy_bench chunk ticks of each (F32), and this tree's (UNET_TESTS=0: no tests;
-#             UNET_MIX=0: no whole dp_mix) whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,base}_{samples,math}_rN.txt, dp_mix.{txt,json},
-#             policy_bench_cuda_f32_{cur,base}.json
+#             UNET_MIX=0: no whole dp_mix; UNET_POLICY=0: no policy_bench; UNET_PARTS: dp_mix parts, default
+#             "samples math") whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt,
+#             dp_mix.{txt,json}, policy_bench_cuda_f32_{cur,alt,base}.json
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -732,7 +733,7 @@ stage_unet() {
         for tree in $trees; do
             bin=$BUILD; [ $tree = base ] && bin=$bdir
             e=; [ $tree = alt ] && e=$UNET_ALT_ENV
-            for part in samples math; do
+            for part in ${UNET_PARTS:-samples math}; do
                 env $e "$bin/flowedge_cuda_dp_mix" models/diffusion_pusht.flowedge.safetensors --no-cpu-check --$part-only \
                     > "$OUT/dp_mix_${tree}_${part}_r$r.txt" 2>&1 || rc=$?
                 grep -E "^  (F32|BF16|F16|TF32)|math|batch" "$OUT/dp_mix_${tree}_${part}_r$r.txt" | sed "s/^/$tree $part r$r: /" \
@@ -740,7 +741,8 @@ stage_unet() {
             done
         done
     done
-    policy_folder || return $?
+    [ "${UNET_POLICY:-1}" = 1 ] || trees=
+    [ -z "$trees" ] || policy_folder || return $?
     for tree in $trees; do
         bin=$BUILD; [ $tree = base ] && bin=$bdir
         e=; [ $tree = alt ] && e=$UNET_ALT_ENV

@@ -98,7 +98,7 @@ struct Conv1dParams {
     /// Requested arithmetic (MathMode); F32 = the exact path. Ops<Cpu> honours BF16 on a CPU with AVX512_BF16
     /// (im2col panel and F32/F16 weights rounded to BF16, vdpbf16ps); TF32 and other CPUs are exact.
     MathMode math = MathMode::F32;
-    /// Under F32 math with that scratch, let Ops<Cuda> run batched calls (batch * out_length >= 256) as im2col +
+    /// Under F32 math with that scratch, let Ops<Cuda> run batched calls (batch * out_length >= 32) as im2col +
     /// cuBLASLt's F32 GEMM (CUBLAS_COMPUTE_32F: F32 products, float sums in the library's order) instead of the
     /// exact kernels, which are tuned for batch 1. Ignored on the CPU.
     bool f32_gemm = false;

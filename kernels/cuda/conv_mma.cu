@@ -28,7 +28,7 @@
 // and each block gets >= 4 K steps]; else the first of 64x64, 32x64, 32x32 (BN = 64 only when N > 32) whose grid
 // has >= 0.75 * SMs blocks; else 32x32. PushT at batch 64 on 132 SMs: 64x64 for 2048x256 (128 blocks), 512x1024 and
 // 1024x512; 32x64 for 1024x256 and 512x512 (128 blocks).
-// Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 256 (FLOWEDGE_CUDA_MMA_MIN_N
+// Selection rule (conv1d_mma_selected): math != F32, sm_80+, N = batch*out_length >= 32 (FLOWEDGE_CUDA_MMA_MIN_N
 // overrides), so batch-1 calls (N <= 16) keep the exact bandwidth-tuned kernels (docs/kernels/cuda_conv.md).
 //
 // Error (derivation for the tests): each operand is rounded once with unit roundoff u (TF32 2^-11, BF16 2^-8;
@@ -350,9 +350,11 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
 }
 
 
-// Default smallest N = batch * out_length routed to the MMA path: below it the WMMA tiles are too small to amortise
-// their per-K-step staging and the exact kernels are faster (PushT batch 8 vs 64: docs/performance/cuda.md).
-constexpr long long kDefaultMinN = 256;
+// Default smallest N = batch * out_length routed to the library GEMM (cuBLASLt; the WMMA fallback when it declines):
+// batch 1 (N <= 16) keeps the exact bandwidth kernels, while from N = 32 one GEMM streams the weights once for every
+// column where the exact kernels stream them per batch row (PushT batch 8: 24.7 -> 13.0 ms F32, 14.7 -> 6.9 ms BF16
+// weights + math; docs/performance/cuda.md).
+constexpr long long kDefaultMinN = 32;
 
 long long mma_min_n() {
     static const long long v = [] {

@@ -616,9 +616,9 @@ int census_count(const cuda::GraphCensus& c, std::string_view kernel) {
     return n;
 }
 
-TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 256) runs on the library's F32 GEMM, within the whole-head "
+TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 32) runs on the library's F32 GEMM, within the whole-head "
           "tolerance of the CPU head") {
-    // dp_small at batch 16: its length-16 convs have batch*length = 256, so under the default F32 math they take
+    // dp_small at batch 16: its convs of length >= 2 have batch*length >= 32, so under the default F32 math they take
     // cuBLASLt's F32 GEMM (conv1d_im2col_kernel in the captured graph); the rest stay on the exact kernels.
     constexpr int kB = 16;
     const DpData d;
@@ -639,8 +639,8 @@ TEST_CASE("DiffusionHead<Cuda> batched F32 (batch * length >= 256) runs on the l
 }
 
 TEST_CASE("DiffusionHead<Cuda> tensor-core math (TF32, BF16) vs the F32 path at batch 16: bounded, re-captured, no malloc") {
-    // dp_small at batch 16: the length-16 convs (batch*length = 256) take conv1d_mma under the default routing
-    // (N >= 256; FLOWEDGE_CUDA_MMA_MIN_N=64 routes every U-Net conv there), the others stay exact.
+    // dp_small at batch 16: the convs of length >= 2 (batch*length >= 32) take the tensor-core GEMM under the default
+    // routing (N >= 32; FLOWEDGE_CUDA_MMA_MIN_N overrides), the others stay exact.
     // Reference scales: the same head with rounded weights in exact F32 math. BF16 weights (d_bf16w; CPU: 0.021)
     // round every weight with u = 2^-8 like BF16 math does, F16 weights (d_f16w; CPU: 0.0030) with u = 2^-11 like
     // TF32 math does; the math modes also round every activation the same way, so their action differences are

@@ -502,7 +502,7 @@ TEST_CASE("conv1d_mma: PushT-like shapes (batch 4..64, Kg up to 20480)") {
         for (DType dt : kAllDtypes) run_case(s, dt, seed += 11);
 }
 
-TEST_CASE("conv1d routing: MathMode F32 never takes the MMA path; TF32/BF16 take it from batch*out_length >= 256") {
+TEST_CASE("conv1d routing: MathMode F32 never takes the MMA path; TF32/BF16 take it from batch*out_length >= 32") {
     if (!optest::ready<Cuda>()) return;
     Conv1dParams p;
     p.batch = 1; p.in_channels = 512; p.out_channels = 512; p.in_length = 16; p.out_length = 16; p.kernel = 5; p.pad = 2;
@@ -510,7 +510,7 @@ TEST_CASE("conv1d routing: MathMode F32 never takes the MMA path; TF32/BF16 take
     p.math = MathMode::TF32;
     CHECK_FALSE(cuda::conv1d_mma_selected(p));  // batch 1: N = 16 keeps the exact bandwidth kernels
     p.batch = 64;
-    if (std::getenv("FLOWEDGE_CUDA_MMA_MIN_N") == nullptr) CHECK(cuda::conv1d_mma_selected(p));  // N = 1024 >= 256
+    if (std::getenv("FLOWEDGE_CUDA_MMA_MIN_N") == nullptr) CHECK(cuda::conv1d_mma_selected(p));  // N = 1024 >= 32
     p.math = MathMode::F32;
     CHECK_FALSE(cuda::conv1d_mma_selected(p));
     DeviceArray<float> dummy(std::size_t(1));  // never read: the math check throws before any launch

@@ -71,7 +71,7 @@ public:
         m_action_min = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_action_max = Buffer<float, B>(std::size_t(cfg.action_dim));
         m_exec = Execution("diffusion", workspace_bytes(max_batch));
-        // Batched F32 calls (batch * length >= 256 for a conv, >= 32 rows for a linear) run their convolutions and
+        // Batched F32 calls (batch * length >= 32 for a conv, >= 32 rows for a linear) run their convolutions and
         // FiLM linears on the backend library's F32 GEMM (CUDA cuBLASLt); batch 1 keeps the exact kernels.
         m_exec.use_f32_gemm(true);
     }
@@ -137,7 +137,7 @@ public:
 
     /// Arithmetic of the U-Net convolutions, FiLM and step-encoder linears (MathMode, default F32 = exact; the layout
     /// transposes always stay exact). TF32/BF16 are an opt-in: on tensor-core GPUs (CUDA sm_80+) for batched convs
-    /// (used where batch*length >= 256, e.g. batch 64; smaller calls stay exact); on the CPU BF16 (not TF32) runs the
+    /// (used where batch*length >= 32, e.g. batch 8 at the PushT lengths; batch 1 stays exact); on the CPU BF16 (not TF32) runs the
     /// convs and linears on vdpbf16ps where the build targets AVX512_BF16 (BF16-rounded activations, float
     /// accumulation; any batch), else the CPU computes exactly. Changing it drops the recorded graphs (re-captured on
     /// the next call; no device allocation). Error vs F32: per-op bounds in op_params.hpp (MathMode); end-to-end on
