@@ -252,7 +252,7 @@ private:
         View<float, B> sn = ws.template take<float>(Shape{n, td});
         View<float, B> h1 = ws.template take<float>(Shape{n, 4 * td});
         // G: [n + batch, cond_dim], then `batch` rows of td zeros (the left half of the condition rows' concat).
-        View<float, B> g = ws.template take<float>(Shape{std::int64_t(n + batch) * cd + std::int64_t(batch) * td});
+        View<float, B> g = ws.template take<float>(Shape{(std::int64_t(n) + batch) * cd + std::int64_t(batch) * td});
         if constexpr (kRun) {
             Context<B>& ctx = *pass.ctx;
             float* g_cond = g.data + std::int64_t(n) * cd;
@@ -280,7 +280,7 @@ private:
             ActivationParams ap;
             ap.x = g.data;
             ap.y = g.data;
-            ap.n = std::int64_t(n + batch) * cd;
+            ap.n = (std::int64_t(n) + batch) * cd;
             ap.act = Activation::Mish;
             Ops<B>::activation(ap, ctx.stream);
             // Each block's linear on the timestep rows (with the bias) and on the condition rows (without), up to
