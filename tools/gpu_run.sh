@@ -83,13 +83,13 @@
 #             the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json,
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
 #   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_elementwise CUDA cases, the diffusion head, policy and CUDA
-#             model tests, memcheck + racecheck on ops_norm's CUDA cases; then flowedge_cuda_dp_mix --samples-only and
-#             --math-only of this tree, of this tree under UNET_ALT_ENV="VAR=value ..." (label alt; unset: none) and of
-#             UNET_BASE_SRC's (a carried `git archive` of an earlier commit with its COMMIT file; unset: none) alternated
-#             UNET_ROUNDS (2) times, policy_bench chunk ticks of each (F32), and this tree's (UNET_TESTS=0: no tests;
-#             UNET_MIX=0: no whole dp_mix; UNET_POLICY=0: no policy_bench; UNET_PARTS: dp_mix parts, default
-#             "samples math") whole dp_mix (kernel table) -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt,
-#             dp_mix.{txt,json}, policy_bench_cuda_f32_{cur,alt,base}.json
+#             model tests, memcheck + racecheck on ops_norm's CUDA cases (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
+#             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
+#             UNET_ALT_ENV="VAR=value ..." (alt) and of UNET_BASE_SRC's (base: a carried `git archive` of an earlier
+#             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
+#             (UNET_POLICY=0 skips them); this tree's whole dp_mix with its kernel table (UNET_MIX=0 skips it)
+#             -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt, policy_bench_cuda_f32_{cur,alt,base}.json,
+#             dp_mix.{txt,json}
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -710,22 +710,21 @@ stage_unet() {
     fi
     [ -n "${UNET_ALT_ENV:-}" ] && trees="cur alt ${trees#cur}"
     echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none); alt: ${UNET_ALT_ENV:-none}" | tee -a "$OUT/unet.txt"
-    for t in ops/ops_norm ops/ops_elementwise; do
-        [ "${UNET_TESTS:-1}" = 1 ] || break
-        "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
-    done
-    for t in diffusion/diffusion_head diffusion/diffusion_policy cuda/cuda_models; do
-        [ "${UNET_TESTS:-1}" = 1 ] || break
-        "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
-    done
-    grep -HE "ERROR|test cases" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
-    local san
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck; do
-        [ "${UNET_TESTS:-1}" = 1 ] || break
-        "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
-    done
+    if [ "${UNET_TESTS:-1}" = 1 ]; then
+        for t in ops/ops_norm ops/ops_elementwise; do
+            "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
+        done
+        for t in diffusion/diffusion_head diffusion/diffusion_policy cuda/cuda_models; do
+            "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
+        done
+        grep -HE "ERROR|test cases" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
+        local san
+        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        for tool in memcheck racecheck; do
+            "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
+        done
+    fi
     mkdir -p models
     [ -f models/diffusion_pusht.flowedge.safetensors ] ||
         "$BUILD/flowedge-make-demo-diffusion" models/diffusion_pusht.flowedge.safetensors > "$LOGS/unet_demo.log" 2>&1 || return $?
@@ -741,14 +740,15 @@ stage_unet() {
             done
         done
     done
-    [ "${UNET_POLICY:-1}" = 1 ] || trees=
-    [ -z "$trees" ] || policy_folder || return $?
-    for tree in $trees; do
-        bin=$BUILD; [ $tree = base ] && bin=$bdir
-        e=; [ $tree = alt ] && e=$UNET_ALT_ENV
-        env $e "$bin/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
-            --json "$OUT/policy_bench_cuda_f32_$tree.json" 2>&1 | sed "s/^/$tree: /" | tee -a "$OUT/unet.txt" || rc=$?
-    done
+    if [ "${UNET_POLICY:-1}" = 1 ]; then
+        policy_folder || return $?
+        for tree in $trees; do
+            bin=$BUILD; [ $tree = base ] && bin=$bdir
+            e=; [ $tree = alt ] && e=$UNET_ALT_ENV
+            env $e "$bin/policy_bench" "$POLICY_FOLDER" --device cuda --dtype f32 --ticks ${POLICY_TICKS:-200} \
+                --json "$OUT/policy_bench_cuda_f32_$tree.json" 2>&1 | sed "s/^/$tree: /" | tee -a "$OUT/unet.txt" || rc=$?
+        done
+    fi
     if [ "${UNET_MIX:-1}" = 1 ]; then stage_mix > "$LOGS/unet_mix.log" 2>&1 || rc=$?; fi
     return "$rc"
 }
