@@ -352,8 +352,7 @@ __global__ void __launch_bounds__(kMmaThreads) conv1d_mma_kernel(Conv1dParams p,
 
 // Default smallest N = batch * out_length routed to the library GEMM (cuBLASLt; the WMMA fallback when it declines):
 // batch 1 (N <= 16) keeps the exact bandwidth kernels, while from N = 32 one GEMM streams the weights once for every
-// column where the exact kernels stream them per batch row (PushT batch 8: 24.7 -> 13.0 ms F32, 14.7 -> 6.9 ms BF16
-// weights + math; docs/performance/cuda.md).
+// column where the exact kernels stream them once per batch row (measurements: docs/performance/cuda.md).
 constexpr long long kDefaultMinN = 32;
 
 long long mma_min_n() {
