@@ -552,9 +552,7 @@ stage_flow() {
     local base=${FLOW_BASE_SRC:-.base-src} base_bin='' bpid=''
     if [ -f "$base/CMakeLists.txt" ]; then
         base_bin=build-flow-base/mamba_flow_bench
-        ( cmake -S "$base" -B build-flow-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 && cmake --build build-flow-base -j "$JOBS" --target mamba_flow_bench ) \
-            > "$LOGS/flow_base_build.log" 2>&1 &
+        build_base_tree "$base" build-flow-base flow mamba_flow_bench
         bpid=$!
     fi
     BUILD_TARGETS="mamba_flow_bench cuda_models flowedge-make-demo-mamba-flow cuda_cluster_exchange_probe" stage_build || return $?
@@ -639,10 +637,7 @@ stage_encoder() {
     local base=${ENC_BASE_SRC:-} base_bin='' bpid=''
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
         base_bin=build-enc-base/policy_bench
-        ( cmake -S "$base" -B build-enc-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
-              cmake --build build-enc-base -j "$JOBS" --target policy_bench ) \
-            > "$LOGS/enc_base_build.log" 2>&1 &
+        build_base_tree "$base" build-enc-base enc policy_bench
         bpid=$!
     fi
     BUILD_TARGETS="policy_bench ops_conv2d diffusion_rgb_encoder diffusion_policy" stage_build || return $?
@@ -694,12 +689,21 @@ stage_encoder() {
     return "$rc"
 }
 
+# build_base_tree SRC DIR NAME TARGET...: starts, in the background, a CUDA Release build of TARGETs from the carried
+# source tree SRC (a `git archive` of an earlier commit) in DIR, logging to $LOGS/NAME_base_build.log; the caller
+# waits on $!.
+build_base_tree() {
+    local src=$1 dir=$2 name=$3
+    shift 3
+    ( cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+          -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
+          cmake --build "$dir" -j "$JOBS" --target "$@" ) > "$LOGS/${name}_base_build.log" 2>&1 &
+}
+
 stage_unet() {
     local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part e
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
-        ( cmake -S "$base" -B $bdir -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_DEPS_DIR="$ROOT/.deps" && \
-              cmake --build $bdir -j "$JOBS" --target flowedge_cuda_dp_mix policy_bench ) > "$LOGS/unet_base_build.log" 2>&1 &
+        build_base_tree "$base" $bdir unet flowedge_cuda_dp_mix policy_bench
         bpid=$!
     fi
     local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion"
