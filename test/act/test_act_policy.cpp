@@ -85,14 +85,18 @@ void check_fixture(const std::string& name, const ActSelection& alt) {
     p.predict_action_chunk(o.obs, chunk);
     for (std::size_t i = 0; i < chunk.size(); ++i) float_err = std::max(float_err, std::fabs(double(chunk[i]) - double(chunks.data[i])));
 
+    MESSAGE(std::string(backend_name<B>()), " ", name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err,
+            ", normalised units); ", p.n_tokens(), " encoder tokens");
+    CHECK(chunk_err <= kBound);
+    CHECK(float_err <= kBound);
+    // A kernel-set variant run (FLOWEDGE_TEST_ISA_VARIANT=1) stops here: what the kernels compute is the chunk; the
+    // queues and the ensembling on top are the same code in every set (and ~60% of the case's time).
+    if (cpu::env_is("FLOWEDGE_TEST_ISA_VARIANT", "1")) return;
     const std::vector<float> std_dev = io::open_lerobot_act_folder(folder).action.hi;
     const double ep_err = episode_error(p, e, io::read_npy_f32(ref_dir(name) / "actions.npy").data, std_dev);
     ActPolicy<B> q = ActPolicy<B>::load(folder, {.selection = alt});
     const double alt_err = episode_error(q, e, io::read_npy_f32(ref_dir(name) / "actions_alt.npy").data, std_dev);
-    MESSAGE(std::string(backend_name<B>()), " ", name, ": ", e.T, " chunks max abs ", chunk_err, " (float frames ", float_err,
-            "); episode ", ep_err, ", other selection ", alt_err, " (normalised units); ", p.n_tokens(), " encoder tokens");
-    CHECK(chunk_err <= kBound);
-    CHECK(float_err <= kBound);
+    MESSAGE(std::string(backend_name<B>()), " ", name, ": episode ", ep_err, ", other selection ", alt_err, " (normalised units)");
     CHECK(ep_err <= kBound);
     CHECK(alt_err <= kBound);
     CHECK(p.chunks_generated() == (p.config().temporal_ensemble_coeff ? e.T : (e.T + p.config().n_action_steps - 1) / p.config().n_action_steps));

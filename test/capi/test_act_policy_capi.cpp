@@ -26,6 +26,7 @@ constexpr double kBound = 1e-4;  // max abs, normalised action units (issue 23),
 // BF16 operands (8 significant bits, relative rounding 2^-9) in every linear of a 4-layer transformer on these
 // random-init weights: a few 1e-2 normalised.
 constexpr double kBf16Bound = 5e-2;
+constexpr int kPrefixSteps = 4;  // steps of the episode a mode or reset check replays (4 chunks under ensembling)
 
 std::string folder() { return testsupport::rebuilt_fixture("act_cam2").string(); }
 fs::path ref_dir() { return fs::path(FLOWEDGE_FIXTURES_DIR) / "act_cam2_ref"; }
@@ -64,11 +65,12 @@ struct Loaded {
 
 /// Max over the episode's first `steps` steps (all by default) of |fe_policy's action - LeRobot's| in normalised units;
 /// `chunks` gets the chunk count.
-double episode_error(fe_policy* p, const Episode& e, const std::string& ref_name, int& chunks, int steps = -1) {
+double episode_error(fe_policy* p, const Episode& e, const std::string& ref_name, int& chunks, int steps = -1,
+                     const uint64_t* seed = nullptr) {
     const std::vector<float> want = io::read_npy_f32(ref_dir() / ref_name).data;
     const std::vector<float> std_dev = io::open_lerobot_act_folder(folder()).action.hi;
     REQUIRE(want.size() == std::size_t(e.T) * 5);
-    REQUIRE(fe_policy_reset(p, nullptr) == FE_OK);
+    REQUIRE(fe_policy_reset(p, seed) == FE_OK);
     double worst = 0;
     fe_frame frames[2];
     float a[5];
@@ -114,14 +116,14 @@ TEST_CASE("fe_policy: ACT episodes equal LeRobot's, temporal ensembling (the che
     int chunks = 0;
     {
         Loaded l;
+        // The seed of reset() is ignored (ACT draws no noise): the episode's first steps again after a seeded reset.
+        const uint64_t seed = 99;
+        const double head = episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps);
+        CHECK(episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps, &seed) == head);
         const double err = episode_error(l.p, e, "actions.npy", chunks);
         MESSAGE("act_cam2 via fe_policy, ensembling: max abs ", err, " (normalised units)");
         CHECK(err <= kBound);
         CHECK(chunks == e.T);  // a chunk every step
-        // The seed of reset() is ignored (ACT draws no noise): the same episode again.
-        const uint64_t seed = 99;
-        REQUIRE(fe_policy_reset(l.p, &seed) == FE_OK);
-        CHECK(episode_error(l.p, e, "actions.npy", chunks) == err);
     }
     const fe_act_selection queue{0, 0.0, 5};
     fe_policy_options o{};
@@ -136,24 +138,23 @@ TEST_CASE("fe_policy: ACT episodes equal LeRobot's, temporal ensembling (the che
 }
 
 TEST_CASE("fe_policy_set_math on ACT (CPU): tf32 computes exactly, bf16 rounds linears where the CPU has AVX512_BF16") {
-    // The first 4 steps (4 chunks under ensembling) of the episode: the modes' numbers over whole episodes are
-    // act_policy's; this case checks that the C API switches them (~35 s of the sanitized suite saved).
-    constexpr int kSteps = 4;
+    // The episode's first steps only: the modes' numbers over whole episodes are act_policy's; this case checks that
+    // the C API switches them (~35 s of the sanitized suite saved).
     const Episode e;
     int chunks = 0;
     Loaded l;
-    const double exact = episode_error(l.p, e, "actions.npy", chunks, kSteps);
+    const double exact = episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps);
     REQUIRE(fe_policy_set_math(l.p, "tf32") == FE_OK);
-    CHECK(episode_error(l.p, e, "actions.npy", chunks, kSteps) == exact);
+    CHECK(episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps) == exact);
     REQUIRE(fe_policy_set_math(l.p, "bf16") == FE_OK);
-    const double bf16 = episode_error(l.p, e, "actions.npy", chunks, kSteps);
+    const double bf16 = episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps);
     MESSAGE("act_cam2 via fe_policy, bf16 math on the CPU: max abs ", bf16, " (normalised units; exact ", exact, ")");
     CHECK(bf16 <= kBf16Bound);
     CHECK(fe_policy_set_math(l.p, "fp8") == FE_ERR_INVALID_ARGUMENT);
     CHECK(mentions("unknown math mode 'fp8'"));
     CHECK(fe_policy_set_math(l.p, nullptr) == FE_ERR_INVALID_ARGUMENT);
     REQUIRE(fe_policy_set_math(l.p, "F32") == FE_OK);
-    CHECK(episode_error(l.p, e, "actions.npy", chunks, kSteps) == exact);
+    CHECK(episode_error(l.p, e, "actions.npy", chunks, kPrefixSteps) == exact);
 }
 
 TEST_CASE("fe_policy: on ACT, Diffusion Policy options, caller noise and bad selections are errors naming the cause") {
