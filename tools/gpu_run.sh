@@ -82,8 +82,10 @@
 #             cut at FLOW_SANITIZER_TIMEOUT s; the phase clock of each fused kernel (mamba_flow_bench --phases); ncu of
 #             the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json,
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
-#   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_elementwise CUDA cases, the diffusion head, policy and CUDA
-#             model tests, memcheck + racecheck on ops_norm's CUDA cases (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
+#   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_conv1d / ops_elementwise / ops_math_mode CUDA cases, the
+#             diffusion head, policy, batched policy and CUDA model tests (UNET_ALT_TESTS again under UNET_ALT_ENV),
+#             memcheck + racecheck on ops_norm's CUDA cases and group_norm_conv1d's (under UNET_ALT_ENV) (UNET_TESTS=0
+#             skips them); flowedge_cuda_dp_mix
 #             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
 #             UNET_ALT_ENV="VAR=value ..." (alt) and of UNET_BASE_SRC's (base: a carried `git archive` of an earlier
 #             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
@@ -707,7 +709,7 @@ stage_unet() {
         bpid=$!
     fi
     local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion"
-    [ "${UNET_TESTS:-1}" = 1 ] && targets+=" ops_norm ops_elementwise diffusion_head diffusion_policy cuda_models"
+    [ "${UNET_TESTS:-1}" = 1 ] && targets+=" ops_norm ops_conv1d ops_elementwise ops_math_mode diffusion_head diffusion_policy diffusion_policy_batch cuda_models"
     BUILD_TARGETS=$targets stage_build || return $?
     if [ -n "$bpid" ]; then
         if wait "$bpid"; then trees="cur base"; else echo "base tree $base: build failed" | tee -a "$OUT/unet.txt"; fi
@@ -715,18 +717,27 @@ stage_unet() {
     [ -n "${UNET_ALT_ENV:-}" ] && trees="cur alt ${trees#cur}"
     echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none); alt: ${UNET_ALT_ENV:-none}" | tee -a "$OUT/unet.txt"
     if [ "${UNET_TESTS:-1}" = 1 ]; then
-        for t in ops/ops_norm ops/ops_elementwise; do
+        for t in ops/ops_norm ops/ops_conv1d ops/ops_elementwise ops/ops_math_mode; do
             "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
         done
-        for t in diffusion/diffusion_head diffusion/diffusion_policy cuda/cuda_models; do
+        for t in diffusion/diffusion_head diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models; do
             "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
         done
+        if [ -n "${UNET_ALT_ENV:-}" ]; then  # the alternative path's own test run (UNET_ALT_TESTS)
+            for t in ${UNET_ALT_TESTS:-ops/ops_conv1d diffusion/diffusion_head cuda/cuda_models}; do
+                env $UNET_ALT_ENV "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_alt_$(basename $t).log" 2>&1 || rc=$?
+            done
+        fi
         grep -HE "ERROR|test cases" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
         local san
         san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
         for tool in memcheck racecheck; do
             "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
+            env ${UNET_ALT_ENV:-} "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_conv1d" -tc="group_norm_conv1d*<flowedge::Cuda>*" \
+                > "$LOGS/unet_${tool}_gn_conv1d.log" 2>&1 || rc=$?
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_${tool}_gn_conv1d.log" | sed "s/^/$tool gn_conv1d: /" \
+                | tee -a "$OUT/unet.txt"
         done
     fi
     mkdir -p models

@@ -2,6 +2,7 @@
 // Cuda reject the same bad input with the same flowedge::Error text: "flowedge: <op>: <what> (expected X, got Y)".
 // Limits of one backend's kernels (a CPU stack scratch, the CUDA scan's d_state) stay in that backend.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -25,6 +26,12 @@ inline std::string fields(std::initializer_list<std::pair<const char*, long long
         s.append(name).append(" ").append(std::to_string(value));
     }
     return s;
+}
+
+/// Whether the float ranges [a, a + na) and [b, b + nb) share an element.
+inline bool ranges_overlap(const float* a, std::size_t na, const float* b, std::size_t nb) {
+    const auto lo_a = reinterpret_cast<std::uintptr_t>(a), lo_b = reinterpret_cast<std::uintptr_t>(b);
+    return na > 0 && nb > 0 && lo_a < lo_b + nb * sizeof(float) && lo_b < lo_a + na * sizeof(float);
 }
 
 inline bool known_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
@@ -147,6 +154,24 @@ inline void check_args(const GroupNormParams& p) {
                      expected_got("0 or >= " + std::to_string(2LL * p.channels), p.film_stride));
     if (p.film_shared && !p.film) [[unlikely]] fail(op, "shared FiLM row without a FiLM tensor" + expected_got("film set", "null"));
     if (!(p.x && p.y)) [[unlikely]] fail(op, "null x or y pointer");
+}
+
+/// Ops::group_norm_conv1d: each op's checks, the conv reading the norm's output (conv.x == norm.y) of the conv's
+/// input shape, and a conv output that overlaps neither norm buffer.
+inline void check_args(const GroupNormConv1dParams& p) {
+    using namespace op_checks_detail;
+    constexpr std::string_view op = "group_norm_conv1d";
+    check_args(p.norm);
+    check_args(p.conv);
+    if (p.conv.x != p.norm.y) [[unlikely]] fail(op, "the conv must read the norm's output" + expected_got("conv.x == norm.y", "another buffer"));
+    if (!(p.norm.batch == p.conv.batch && p.norm.channels == p.conv.in_channels && p.norm.length == p.conv.in_length)) [[unlikely]]
+        fail(op, "norm and conv input shapes differ" +
+                     expected_got(fields({{"batch", p.conv.batch}, {"channels", p.conv.in_channels}, {"length", p.conv.in_length}}),
+                                  fields({{"batch", p.norm.batch}, {"channels", p.norm.channels}, {"length", p.norm.length}})));
+    const std::size_t n_in = std::size_t(p.norm.batch) * std::size_t(p.norm.channels) * std::size_t(p.norm.length);
+    const std::size_t n_out = std::size_t(p.conv.batch) * std::size_t(p.conv.out_channels) * std::size_t(p.conv.out_length);
+    if (ranges_overlap(p.conv.y, n_out, p.norm.x, n_in) || ranges_overlap(p.conv.y, n_out, p.norm.y, n_in)) [[unlikely]]
+        fail(op, "conv output overlaps the norm's input or output" + expected_got("disjoint buffers", "overlap"));
 }
 
 /// Ops::rms_norm: rows >= 0, dim > 0, x/y set when rows > 0.

@@ -1,7 +1,7 @@
-// torch.nn.Conv1d entry point: decides which path runs for a shape (tensor-core GEMM or implicit GEMM under
-// TF32/BF16 math for batched calls, the library's F32 GEMM for batched F32 calls that ask for it (f32_gemm), else
-// the exact row, tiled or generic kernel); the table of shapes and paths is
-// in docs/kernels/cuda_conv.md.
+// torch.nn.Conv1d entry point: decides which path runs for a shape (tensor-core GEMM or implicit GEMM under TF32/BF16
+// math for batched calls, the library's F32 GEMM for batched F32 calls that ask for it (f32_gemm), else the exact
+// row, tiled or generic kernel), and GroupNorm + Conv1d (group_norm_conv1d); the table of shapes and paths is in
+// docs/kernels/cuda_conv.md.
 #include <cstdint>
 #include <string_view>
 
@@ -11,20 +11,30 @@
 
 namespace flowedge::cuda {
 
+namespace {
+
+/// Whether conv1d may route p to a GEMM path: opt-in TF32/BF16 math, or F32 math with f32_gemm, on the calls the
+/// tensor-core paths take (batched).
+bool gemm_candidate(const Conv1dParams& p) {
+    if (conv1d_mma_selected(p)) return true;
+    if (!(p.math == MathMode::F32 && p.f32_gemm)) return false;
+    Conv1dParams q = p;
+    q.math = MathMode::TF32;
+    return conv1d_mma_selected(q);
+}
+
+}  // namespace
+
 void conv1d(const Conv1dParams& p, Stream s) {
     constexpr std::string_view comp = "cuda conv1d";
     detail::check_conv1d(p, comp);
     // Opt-in TF32/BF16 tensor-core paths: cuBLASLt (gemm_lt.cu) for F32 weights and for BF16 weights under BF16
     // math; F32 weights it declines (no scratch, say) go to conv_mma.cu. 16-bit weights the GEMM declines stay on
-    // the exact kernels, which are faster than conv_mma.cu for them.
-    if (conv1d_mma_selected(p)) {
+    // the exact kernels, which are faster than conv_mma.cu for them. F32 math with f32_gemm: the library's F32 GEMM
+    // for the calls the tensor-core paths would take (batched), else exact.
+    if (gemm_candidate(p)) {
         if (conv1d_gemm(p, s)) return;
-        if (p.w.dtype == DType::F32) return conv1d_mma(p, s);
-    } else if (p.math == MathMode::F32 && p.f32_gemm) {
-        // F32 math on the library's F32 GEMM for the calls the tensor-core paths would take (batched), else exact.
-        Conv1dParams q = p;
-        q.math = MathMode::TF32;
-        if (conv1d_mma_selected(q) && conv1d_gemm(p, s)) return;
+        if (p.math != MathMode::F32 && p.w.dtype == DType::F32) return conv1d_mma(p, s);
     }
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
@@ -32,6 +42,33 @@ void conv1d(const Conv1dParams& p, Stream s) {
         detail::launch_conv1d_generic<T>(p, st);
     });
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
+}
+
+}  // namespace flowedge::cuda
+
+namespace flowedge::cuda {
+
+void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s) {
+    constexpr std::string_view comp = "cuda group_norm_conv1d";
+    // Opt-in until measured on a GPU (FLOWEDGE_CUDA_GN_CONV1D=1): where conv1d would run the exact row path, its
+    // blocks normalise their staged copy of the raw input, so the GroupNorm launch and its output's round trip
+    // through memory go (at batch 1 each is a few microseconds of latency, and the U-Net has one such pair per
+    // residual block). Otherwise: the two ops.
+    static const bool fused = detail::env_flag("FLOWEDGE_CUDA_GN_CONV1D");
+    if (fused && !gemm_candidate(p.conv)) {
+        Conv1dParams raw = p.conv;
+        raw.x = p.norm.x;
+        detail::check_conv1d(raw, comp);
+        bool launched = false;
+        const cudaStream_t st = detail::resolve(s);
+        detail::dispatch_dtype(raw.w.dtype, [&]<class T>() { launched = detail::try_conv1d_row<T>(raw, st, &p.norm); });
+        if (launched) {
+            FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_conv1d");
+            return;
+        }
+    }
+    group_norm(p.norm, s);
+    conv1d(p.conv, s);
 }
 
 }  // namespace flowedge::cuda

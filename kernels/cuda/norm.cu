@@ -25,6 +25,7 @@
 #include "cluster_splitk.cuh"
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
+#include "group_norm_common.cuh"
 
 namespace flowedge::cuda {
 namespace {
@@ -61,28 +62,10 @@ constexpr int kClusterThreads = 512;
 constexpr int kClusterRegs = 8;
 constexpr int kMaxGroupCluster = 8;
 
-/// Batch row `b` of the FiLM tensor, or null.
-__device__ __forceinline__ const float* group_film(const GroupNormParams& p, int b) {
-    const int fs = p.film_stride ? p.film_stride : 2 * p.channels;
-    return p.film ? p.film + std::size_t(b) * fs : nullptr;
-}
-
-/// Element i of a FiLM row (scale at c, bias at channels + c): the row, plus the shared row if set.
-__device__ __forceinline__ float film_term(const GroupNormParams& p, const float* film, int i) {
-    return p.film_shared ? film[i] + p.film_shared[i] : film[i];
-}
-
-/// One output element: normalise, gamma/beta, act, FiLM (scale*a + bias), residual, post_act.
-__device__ __forceinline__ float group_norm_epilogue(const GroupNormParams& p, bool film, float xi, float mean_f,
-                                                     float rstd_f, float gamma, float beta, float f_scale, float f_bias,
-                                                     float res) {
-    const float scale = p.gamma ? gamma * rstd_f : rstd_f;  // same float evaluation order as Ops<Cpu>
-    float a = (xi - mean_f) * scale + beta;
-    a = detail::apply_act(p.act, a);
-    if (film) a = f_scale * a + f_bias;
-    if (p.residual) a += res;
-    return detail::apply_act(p.post_act, a);  // after the residual (ResNet BasicBlock: ReLU)
-}
+using detail::film_term;
+using detail::group_film;
+using detail::group_norm_epilogue;
+using detail::group_stats;
 
 __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p) {
     __shared__ double scratch[2][32];
@@ -123,10 +106,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_kernel(GroupNormParams p)
             q += double(v[r]) * double(v[r]);
         }
         block_sum2(s, q, scratch);
-        const double mean = s / double(n);
-        const double var = fmax(q / double(n) - mean * mean, 0.0);
-        const float mean_f = float(mean);
-        const float rstd_f = float(1.0 / sqrt(var + double(p.eps)));
+        const float2 st = group_stats(s, q, double(n), p.eps);
+        const float mean_f = st.x, rstd_f = st.y;
 #pragma unroll
         for (int r = 0; r < kRegs; ++r) {
             const std::int64_t i = threadIdx.x + std::int64_t(r) * kThreads;
@@ -182,7 +163,7 @@ __global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(Gro
         res = p.residual ? p.residual[base + i] : 0.f;
     };
     // The cluster's (mean, rstd) from each block's partial sums, added in rank order (the same in every block).
-    auto group_stats = [&](double s, double q) {
+    auto cluster_stats = [&](double s, double q) {
         block_sum2(s, q, scratch);
         if (threadIdx.x == 0) {
             partial[0] = s;
@@ -196,10 +177,9 @@ __global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(Gro
                 ts += rp[0];
                 tq += rp[1];
             }
-            const double mean = ts / double(n);
-            const double var = fmax(tq / double(n) - mean * mean, 0.0);
-            stats[0] = float(mean);
-            stats[1] = float(1.0 / sqrt(var + double(p.eps)));
+            const float2 st = group_stats(ts, tq, double(n), p.eps);
+            stats[0] = st.x;
+            stats[1] = st.y;
         }
         cl.sync();  // stats written; no block leaves while another still reads its partial
     };
@@ -218,7 +198,7 @@ __global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(Gro
             s += double(v[r]);
             q += double(v[r]) * double(v[r]);
         }
-        group_stats(s, q);
+        cluster_stats(s, q);
         const float mean_f = stats[0], rstd_f = stats[1];
 #pragma unroll
         for (int r = 0; r < kClusterRegs; ++r) {
@@ -233,7 +213,7 @@ __global__ void __launch_bounds__(kClusterThreads) group_norm_cluster_kernel(Gro
             s += xi;
             q += xi * xi;
         }
-        group_stats(s, q);
+        cluster_stats(s, q);
         const float mean_f = stats[0], rstd_f = stats[1];
         for (std::int64_t i = lo + threadIdx.x; i < hi; i += kClusterThreads) {
             float ga, be, fsc, fbi, res;

@@ -1,6 +1,7 @@
 // conv1d on every backend vs a naive double-accumulating loop (padding, stride, every weight dtype, the CPU's chunked
 // and parallel paths, the CUDA row/tiled/generic paths and the PushT U-Net shapes), a non-CPU backend also vs
-// Ops<Cpu>; the CPU's packed weight layout; and the shared argument checks.
+// Ops<Cpu>; group_norm_conv1d (a conv reading a GroupNorm's output) vs the same loop after a double GroupNorm; the
+// CPU's packed weight layout; and the shared argument checks.
 #include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
 #include "ops_test_util.hpp"
@@ -67,6 +68,98 @@ void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
 
 /// Shorthand for the CUDA path lists below: (batch, in, out, length, kernel, stride, pad) with a bias.
 ConvCase cc(int batch, int in, int out, int len, int k, int stride, int pad) { return {batch, in, out, len, k, stride, pad, true}; }
+
+/// group_norm_conv1d: GroupNorm(groups, conv.cin) + Mish (+ FiLM, optionally with a shared row) on x, then conv.
+struct NormConvCase {
+    ConvCase conv;
+    int groups;
+    bool film, shared;
+};
+
+/// conv(film(mish(groupnorm(x)))) in double (the U-Net's conv1 norm feeding conv2) vs the fused op; a non-CPU
+/// backend also vs Ops<Cpu>. The op must leave its raw input x as it was.
+template <class B>
+void run_group_norm_conv1d(const NormConvCase& k, DType dt, std::uint32_t seed) {
+    const ConvCase& cv = k.conv;
+    CAPTURE(cv.batch); CAPTURE(cv.cin); CAPTURE(cv.cout); CAPTURE(cv.lin); CAPTURE(cv.kernel); CAPTURE(cv.stride);
+    CAPTURE(k.groups); CAPTURE(k.film); CAPTURE(k.shared); CAPTURE(dtype_name(dt));
+    const int C = cv.cin, L = cv.lin, cpg = C / k.groups, lout = cv.conv_out();
+    const std::size_t n = std::size_t(cv.batch) * C * L;
+    auto x = random_vec(n, seed, -2.f, 3.f);
+    for (auto& v : x) v += 5.f;  // a large mean: the statistics must not lose precision to it
+    const auto gamma = random_vec(C, seed + 1, 0.5f, 1.5f), beta = random_vec(C, seed + 2);
+    const auto film = random_vec(std::size_t(cv.batch) * 2 * C, seed + 3), shared = random_vec(2 * std::size_t(C), seed + 4);
+    // The normalised input a and a bound on its rounding (as test_norm.cpp's GroupNorm reference).
+    std::vector<double> a(n), sa(n);
+    for (int b = 0; b < cv.batch; ++b)
+        for (int g = 0; g < k.groups; ++g) {
+            const std::size_t base = (std::size_t(b) * C + std::size_t(g) * cpg) * L, m = std::size_t(cpg) * L;
+            double sum = 0, ss = 0;
+            for (std::size_t i = 0; i < m; ++i) sum += x[base + i];
+            const double mean = sum / double(m);
+            for (std::size_t i = 0; i < m; ++i) ss += (x[base + i] - mean) * (x[base + i] - mean);
+            const double rstd = 1 / std::sqrt(ss / double(m) + 1e-5);
+            for (std::size_t i = 0; i < m; ++i) {
+                const int c = g * cpg + int(i) / L;
+                const double nrm = (x[base + i] - mean) * rstd, pre = nrm * gamma[std::size_t(c)] + beta[std::size_t(c)];
+                double v = ref_act(Activation::Mish, pre), sc = std::fabs(nrm * gamma[std::size_t(c)]) + std::fabs(beta[std::size_t(c)]) + std::fabs(v);
+                if (k.film) {
+                    double fs = film[std::size_t(b) * 2 * C + c], fb = film[std::size_t(b) * 2 * C + C + c];
+                    if (k.shared) {
+                        fs += shared[std::size_t(c)];
+                        fb += shared[std::size_t(C + c)];
+                    }
+                    v = fs * v + fb;
+                    sc = sc * std::fabs(fs) + std::fabs(fb);
+                }
+                a[base + i] = v;
+                sa[base + i] = sc + 1.0;
+            }
+        }
+    const auto bias = random_vec(cv.cout, seed + 5);
+    const HostWeights w = make_weights(std::size_t(cv.cout) * C * cv.kernel, dt, seed + 6, 0.3f);
+    const std::size_t ny = std::size_t(cv.batch) * cv.cout * lout;
+    std::vector<double> ref(ny), scale(ny);
+    for (int b = 0; b < cv.batch; ++b)
+        for (int o = 0; o < cv.cout; ++o)
+            for (int t = 0; t < lout; ++t) {
+                double acc = bias[std::size_t(o)], mag = std::fabs(acc);
+                for (int i = 0; i < C; ++i)
+                    for (int kk = 0; kk < cv.kernel; ++kk) {
+                        const int src = t * cv.stride + kk - cv.pad;
+                        if (src < 0 || src >= L) continue;
+                        const double wv = w.value[(std::size_t(o) * C + i) * cv.kernel + kk];
+                        const std::size_t xi = (std::size_t(b) * C + i) * L + src;
+                        acc += wv * a[xi];
+                        mag += std::fabs(wv) * sa[xi];
+                    }
+                ref[(std::size_t(b) * cv.cout + o) * lout + t] = acc;
+                scale[(std::size_t(b) * cv.cout + o) * lout + t] = mag;
+            }
+    Dev<float, B> dx(x), dg(gamma), dbt(beta), df(film), dsh(shared), da(n), db(bias), dy(ny);
+    DevWeights<B> dw(w);
+    GroupNormConv1dParams q;
+    q.norm.x = dx.ptr(); q.norm.y = da.ptr(); q.norm.gamma = dg.ptr(); q.norm.beta = dbt.ptr();
+    q.norm.batch = cv.batch; q.norm.channels = C; q.norm.length = L; q.norm.groups = k.groups; q.norm.act = Activation::Mish;
+    q.norm.film = k.film ? df.ptr() : nullptr;
+    q.norm.film_shared = k.shared ? dsh.ptr() : nullptr;
+    q.conv = fe_test::conv1d_params(cv, da.ptr(), {dw.d.ptr(), dt}, db.ptr());
+    q.conv.y = dy.ptr();
+    Ops<B>::group_norm_conv1d(q);
+    const auto got = dy.host(ny);
+    check_all(got, ref, scale, 2e-6, "group_norm_conv1d");
+    CHECK(max_norm_rel(got, ref) <= kTolRef);
+    CHECK(dx.host(n) == x);
+    if constexpr (!kIsCpu<B>) {
+        std::vector<float> cpu(ny), cpu_a(n);
+        GroupNormConv1dParams h = q;
+        h.norm.x = x.data(); h.norm.y = cpu_a.data(); h.norm.gamma = gamma.data(); h.norm.beta = beta.data();
+        h.norm.film = k.film ? film.data() : nullptr; h.norm.film_shared = k.shared ? shared.data() : nullptr;
+        h.conv.x = cpu_a.data(); h.conv.w = {w.bytes.data(), dt}; h.conv.bias = bias.data(); h.conv.y = cpu.data();
+        Ops<Cpu>::group_norm_conv1d(h);
+        CHECK(max_norm_rel(got, cpu) <= kTolCpu);
+    }
+}
 
 }  // namespace
 
@@ -171,6 +264,57 @@ TEST_CASE_TEMPLATE("conv1d matches a naive loop on the PushT U-Net shapes", B, F
         run_conv1d<B>(cc(1, 512, 2, 16, 1, 1, 0), dt, seed++);     // final 1x1
         run_conv1d<B>(cc(2, 1024, 1024, 8, 5, 1, 2), dt, seed++);  // batch 2
     }
+}
+
+TEST_CASE_TEMPLATE("group_norm_conv1d matches GroupNorm + Mish + FiLM then Conv1d in double (CUDA: the row path normalising its staged input, and its fallbacks)",
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    // With FLOWEDGE_CUDA_GN_CONV1D=1 the first group runs fused on CUDA (row-path lengths, channels and channels per
+    // group multiples of 32, the staged input within shared memory); the second falls back to group_norm + conv1d.
+    const NormConvCase fused[] = {
+        {cc(1, 512, 512, 16, 5, 1, 2), 8, true, true},   // PushT down0 / up1 conv1 -> conv2
+        {cc(1, 2048, 2048, 4, 5, 1, 2), 8, true, true},  // down2 / mid
+        {cc(1, 512, 2, 16, 1, 1, 0), 8, false, false},   // the final block's norm into the final 1x1 conv
+        {cc(3, 256, 37, 8, 5, 1, 2), 4, true, false},    // batch 3, odd outputs
+        {cc(2, 64, 9, 4, 3, 2, 1), 2, true, true},       // k3 s2, 32 channels per group
+        {cc(1, 96, 5, 2, 3, 1, 1), 3, false, false},     // a row of 2
+        {cc(2, 32, 7, 1, 1, 1, 0), 1, true, false},      // a row of 1, one group
+        {cc(1, 1024, 130, 8, 1, 1, 0), 8, true, true},   // k1 with 4 outputs per warp, 2 past the last full warp
+    };
+    const NormConvCase fallback[] = {
+        {cc(1, 48, 5, 16, 5, 1, 2), 3, true, true},      // 16 channels per group
+        {cc(2, 64, 9, 7, 5, 1, 2), 2, true, false},      // length 7 (tiled path)
+        {cc(1, 36, 5, 8, 5, 1, 2), 4, false, false},     // 36 channels
+        {cc(1, 3072, 4, 8, 3, 2, 1), 8, true, false},    // 3072 x 8 floats do not fit the staging limit
+    };
+    std::uint32_t seed = 500;
+    for (const auto& k : fused)
+        for (DType dt : kAllDtypes) run_group_norm_conv1d<B>(k, dt, seed += 10);
+    for (const auto& k : fallback) run_group_norm_conv1d<B>(k, DType::F32, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("group_norm_conv1d rejects a conv that does not read the norm's output, other shapes and overlapping buffers" *
+                       doctest::test_suite("op_checks"),
+                   B, FLOWEDGE_OPS_TEST_BACKENDS) {
+    if (!ready<B>()) return;
+    Dev<float, B> buf(256);
+    GroupNormConv1dParams q;
+    q.norm.x = buf.ptr(); q.norm.y = buf.ptr() + 64;
+    q.norm.channels = 4; q.norm.length = 8; q.norm.groups = 2;
+    q.conv.x = buf.ptr() + 64; q.conv.w = {buf.ptr() + 128, DType::F32}; q.conv.y = buf.ptr() + 192;
+    q.conv.in_channels = 4; q.conv.out_channels = 2; q.conv.in_length = 8; q.conv.out_length = 8; q.conv.kernel = 3; q.conv.pad = 1;
+    auto bad = [&](auto edit) { GroupNormConv1dParams r = q; edit(r); return r; };
+    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([&](auto& r) { r.conv.x = buf.ptr(); })),
+                         "flowedge: group_norm_conv1d: the conv must read the norm's output (expected conv.x == norm.y, got another buffer)", Error);
+    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([](auto& r) { r.norm.length = 4; })),
+                         "flowedge: group_norm_conv1d: norm and conv input shapes differ (expected batch 1, channels 4, length 8, got "
+                         "batch 1, channels 4, length 4)", Error);
+    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([&](auto& r) { r.conv.y = buf.ptr() + 8; })),
+                         "flowedge: group_norm_conv1d: conv output overlaps the norm's input or output (expected disjoint buffers, got overlap)",
+                         Error);
+    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([](auto& r) { r.norm.groups = 3; })),
+                         doctest::Contains("flowedge: group_norm: channels not divisible by groups"), Error);
+    Memory<B>::synchronize();
 }
 
 TEST_CASE("conv1d on packed weights matches a naive loop (builds that pack Conv1d weights)") {

@@ -137,6 +137,13 @@ struct Ops<B> {
         FLOWEDGE_CPU_KERNEL(group_norm(p));
     }
 
+    /// A Conv1d reading a GroupNorm's output: the two ops in turn (norm.y holds the normalised input).
+    static void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s = {}) {
+        check_args(p);
+        group_norm(p.norm, s);
+        conv1d(p.conv, s);
+    }
+
     /// Mamba RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, per row. x, y: [rows, dim].
     static void rms_norm(const RmsNormParams& p, Stream = {}) {
         check_args(p);

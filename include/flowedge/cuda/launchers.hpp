@@ -68,10 +68,15 @@ std::size_t conv1d_scratch_bytes(const Conv1dParams& p);
 /// for F32 ops with f32_gemm; no-op without an sm_80+ device.
 void prepare_math(MathMode m);
 /// Whether conv1d routes `p` to conv1d_mma: p.math != F32, an sm_80+ device and batch*out_length >= the minimum
-/// (256, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
+/// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
 bool conv1d_mma_selected(const Conv1dParams& p);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);
+/// conv(GroupNorm(x)): group_norm then conv1d; with FLOWEDGE_CUDA_GN_CONV1D=1 (opt-in until measured on a GPU),
+/// where conv1d would run the exact row path with the input staged in shared memory (batch-1 style calls, F32
+/// math; channels and channels per group multiples of 32), one launch whose blocks normalise their staged copy of
+/// p.norm.x (p.norm.y is left alone).
+void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s);
 void rms_norm(const RmsNormParams& p, Stream s);
 void activation(const ActivationParams& p, Stream s);
 void axpby(const AxpbyParams& p, Stream s);

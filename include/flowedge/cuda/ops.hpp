@@ -47,6 +47,7 @@ struct Ops<Cuda> {
     static void prepare_math(MathMode m) { cuda::prepare_math(m); }
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { check_args(p); cuda::conv_transpose1d(p, s); }
     static void group_norm(const GroupNormParams& p, Stream s = {}) { check_args(p); cuda::group_norm(p, s); }
+    static void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s = {}) { check_args(p); cuda::group_norm_conv1d(p, s); }
     static void rms_norm(const RmsNormParams& p, Stream s = {}) { check_args(p); cuda::rms_norm(p, s); }
     static void activation(const ActivationParams& p, Stream s = {}) { check_args(p); cuda::activation(p, s); }
     static void axpby(const AxpbyParams& p, Stream s = {}) { check_args(p); cuda::axpby(p, s); }

@@ -47,6 +47,11 @@ public:
 
     /// y = conv1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)]. Uses ctx.math (MathMode).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
+        launch(ctx, params(ctx, x, y), [&](const Conv1dParams& p) { Ops<B>::conv1d(p, ctx.stream); });
+    }
+
+    /// The op's parameters for y = conv1d(x) under ctx's math, shapes checked (no scratch: launch() adds it).
+    Conv1dParams params(const Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
         if (!(x.shape.rank == 3)) [[unlikely]] fail(ErrorKind::BadShape, "conv1d", "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
         const int batch = int(x.dim(0)), len = int(x.dim(2));
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv1d", "input");
@@ -67,19 +72,25 @@ public:
         p.pad = m_cfg.pad;
         p.math = ctx.math;
         p.f32_gemm = ctx.f32_gemm;
+        return p;
+    }
+
+    /// Runs op(p) (an Ops<B> call taking Conv1dParams) with backend scratch attached where a library GEMM path may
+    /// want it (CUDA: cuBLASLt panel + output): taken only when the arena was sized for it (DiffusionHead adds
+    /// max_conv_scratch_bytes), else the backend uses a path without.
+    template <class Op>
+    void launch(Context<B>& ctx, Conv1dParams p, Op&& op) const {
         if ((ctx.math != MathMode::F32 || ctx.f32_gemm) && ctx.workspace) {
-            // A library GEMM path may want backend scratch (CUDA: cuBLASLt panel + output); taken only when the arena
-            // was sized for it (DiffusionHead adds max_conv_scratch_bytes), else the backend uses a path without.
             const std::size_t need = Ops<B>::conv1d_scratch_bytes(p);
             if (need > 0 && ctx.workspace->available() >= need) {
                 typename Workspace<B>::Mark mark(*ctx.workspace);
                 p.scratch = ctx.workspace->template take<std::byte>(Shape{std::int64_t(need)}).data;
                 p.scratch_bytes = need;
-                Ops<B>::conv1d(p, ctx.stream);
+                op(p);
                 return;
             }
         }
-        Ops<B>::conv1d(p, ctx.stream);
+        op(p);
     }
 
     /// Backend scratch a forward() of config c over `batch` x `in_length` may take for a library GEMM path (non-F32

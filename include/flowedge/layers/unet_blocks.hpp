@@ -11,7 +11,8 @@
 namespace flowedge {
 
 /// LeRobot DiffusionConv1dBlock: Conv1d(in, out, k, padding k//2) -> GroupNorm(groups, out) -> Mish,
-/// executed as one conv1d op plus one fused group_norm op (the epilogue may add FiLM and a residual after Mish).
+/// executed as one conv1d op plus one fused group_norm op (the epilogue may add FiLM and a residual after Mish), or,
+/// when a conv consumes the block's output alone, the conv plus one group_norm_conv1d op (forward_then).
 /// x: [batch, in, length] -> y: [batch, out, length]. State-dict names: block.0.{weight,bias}, block.1.{weight,bias}.
 template <Backend B>
 class Conv1dBlock {
@@ -44,6 +45,9 @@ public:
         return Workspace<B>::template bytes_for<float>(std::size_t(batch) * cfg.out * length);
     }
 
+    /// Scratch bytes forward_then() takes from the context's workspace (plus `next`'s own conv scratch).
+    static std::size_t workspace_bytes_then(const Config& cfg, int batch, int length) { return 2 * workspace_bytes(cfg, batch, length); }
+
     /// y = epi(mish(groupnorm(conv(x)))). x: [batch, in, length]; y: [batch, out, length] (must not alias x).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y, GroupNormEpilogue epi = {}) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);
@@ -52,6 +56,28 @@ public:
         epi.act = Activation::Mish;
         m_norm.forward(ctx, h, y, epi);
     }
+
+    /// z = next(epi(mish(groupnorm(conv(x))))): the norm and `next` as one group_norm_conv1d op, for a conv that is
+    /// the block output's only consumer. x: [batch, in, length]; next: in = out of this block; z: next's output.
+    void forward_then(Context<B>& ctx, View<const float, B> x, GroupNormEpilogue epi, const Conv1d<B>& next, View<float, B> z) const {
+        typename Workspace<B>::Mark mark(*ctx.workspace);
+        const Shape s{x.dim(0), m_cfg.out, x.dim(2)};
+        View<float, B> h = ctx.workspace->template take<float>(s);
+        View<float, B> a = ctx.workspace->template take<float>(s);  // the normalised input, where a backend writes it
+        m_conv.forward(ctx, x, h);
+        epi.act = Activation::Mish;
+        GroupNormConv1dParams q;
+        q.norm = m_norm.params(int(x.dim(0)), int(x.dim(2)), epi);
+        q.norm.x = h.data;
+        q.norm.y = a.data;
+        next.launch(ctx, next.params(ctx, a, z), [&](const Conv1dParams& c) {
+            q.conv = c;
+            Ops<B>::group_norm_conv1d(q, ctx.stream);
+        });
+    }
+
+    const Conv1d<B>& conv() const { return m_conv; }
+    const GroupNorm<B>& norm() const { return m_norm; }
 
     std::int64_t n_parameters() const { return m_conv.n_parameters() + m_norm.n_parameters(); }
 
@@ -107,9 +133,9 @@ public:
     /// Scratch bytes forward_with_film() takes from the context's workspace.
     static std::size_t workspace_bytes_given_film(const Config& cfg, int batch, int length) {
         const std::size_t act = Workspace<B>::template bytes_for<float>(std::size_t(batch) * cfg.out * length);
-        return act /* a */ + (cfg.in != cfg.out ? act : 0) /* residual conv */ +
-               Conv1dBlock<B>::workspace_bytes({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups},
-                                               batch, length);
+        return act /* conv2's raw output */ + (cfg.in != cfg.out ? act : 0) /* residual conv */ +
+               Conv1dBlock<B>::workspace_bytes_then({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups},
+                                                    batch, length);
     }
 
     /// Scratch bytes forward() takes from the context's workspace (the FiLM vector plus forward_with_film's).
@@ -143,8 +169,9 @@ public:
         check(x.data != y.data, "residual_block", "output aliases the input");
         typename Workspace<B>::Mark mark(*ctx.workspace);
         Workspace<B>& ws = *ctx.workspace;
-        View<float, B> a = ws.template take<float>(Shape{batch, m_cfg.out, len});
-        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out, .film_shared = film_shared});
+        // conv1's GroupNorm (with the FiLM) feeds conv2 alone: the two as one op; conv2's norm ends the block.
+        View<float, B> h = ws.template take<float>(Shape{batch, m_cfg.out, len});
+        m_conv1.forward_then(ctx, x, {.film = film.data, .film_stride = 2 * m_cfg.out, .film_shared = film_shared}, m_conv2.conv(), h);
         const float* residual = x.data;
         if (m_residual) {
             View<float, B> r = ws.template take<float>(Shape{batch, m_cfg.out, len});
@@ -153,7 +180,7 @@ public:
         } else {
             check_shape(x, Shape{batch, m_cfg.out, len}, "residual_block", "identity residual");
         }
-        m_conv2.forward(ctx, a, y, {.residual = residual});
+        m_conv2.norm().forward(ctx, h, y, {.act = Activation::Mish, .residual = residual});
     }
 
     std::int64_t n_parameters() const {

@@ -215,11 +215,13 @@ private:
     static std::size_t conv_scratch(const typename Conv1d<B>::Config& c, int batch, int length) {
         return Workspace<B>::template bytes_for<std::byte>(Conv1d<B>::scratch_bytes(c, batch, length));
     }
-    /// Scratch of one Conv1dBlock::forward: its own plus its convolution's backend scratch.
-    static std::size_t scratch_of(const Conv1dBlock<B>& blk, int batch, int length) {
-        const auto& c = blk.config();
-        return Conv1dBlock<B>::workspace_bytes(c, batch, length) +
-               conv_scratch({.in = c.in, .out = c.out, .kernel = c.kernel, .stride = 1, .pad = c.kernel / 2}, batch, length);
+    /// Scratch of the final block's forward_then into the final 1x1 conv: its own plus the larger backend scratch of
+    /// the two convolutions.
+    std::size_t final_scratch(int batch, int length) const {
+        const auto& c = m_final_block.config();
+        return Conv1dBlock<B>::workspace_bytes_then(c, batch, length) +
+               std::max(conv_scratch({.in = c.in, .out = c.out, .kernel = c.kernel, .stride = 1, .pad = c.kernel / 2}, batch, length),
+                        conv_scratch(m_final_conv.config(), batch, length));
     }
     /// Scratch of one ResBlock::forward_with_film: its own plus the largest backend scratch of its convolutions
     /// (conv1, conv2, the 1x1 residual), each taken on top of what the block holds.
@@ -412,11 +414,8 @@ private:
             cur = Act{y, y_slot};
             L = up.upsample.out_length(L);
         }
-        const int fin_slot = next_slot(cur.slot);
-        View<float, B> fin = into_slot(fin_slot, Shape{batch, c.down_dims[0], L});
-        layer([&] { return scratch_of(m_final_block, batch, L); }, [&] { m_final_block.forward(*pass.ctx, cur.v, fin); });
         const View<float, B> eps{pass.eps, Shape{batch, c.action_dim, L}};
-        layer([&] { return scratch_of(m_final_conv, batch, L); }, [&] { m_final_conv.forward(*pass.ctx, fin, eps); });
+        layer([&] { return final_scratch(batch, L); }, [&] { m_final_block.forward_then(*pass.ctx, cur.v, {}, m_final_conv, eps); });
         return result;
     }
 
