@@ -44,29 +44,9 @@ void conv1d(const Conv1dParams& p, Stream s) {
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
 }
 
-}  // namespace flowedge::cuda
-
-namespace flowedge::cuda {
-
 void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s) {
-    constexpr std::string_view comp = "cuda group_norm_conv1d";
-    // Opt-in until measured on a GPU (FLOWEDGE_CUDA_GN_CONV1D=1): where conv1d would run the exact row path, its
-    // blocks normalise their staged copy of the raw input, so the GroupNorm launch and its output's round trip
-    // through memory go (at batch 1 each is a few microseconds of latency, and the U-Net has one such pair per
-    // residual block). Otherwise: the two ops.
-    static const bool fused = detail::env_flag("FLOWEDGE_CUDA_GN_CONV1D");
-    if (fused && !gemm_candidate(p.conv)) {
-        Conv1dParams raw = p.conv;
-        raw.x = p.norm.x;
-        detail::check_conv1d(raw, comp);
-        bool launched = false;
-        const cudaStream_t st = detail::resolve(s);
-        detail::dispatch_dtype(raw.w.dtype, [&]<class T>() { launched = detail::try_conv1d_row<T>(raw, st, &p.norm); });
-        if (launched) {
-            FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_conv1d");
-            return;
-        }
-    }
+    // The two kernels (a fused row-path version, whose blocks normalise their staged input, is on branch
+    // gn-conv1d-fused until it has run on a GPU: docs/kernels/cuda_conv.md).
     group_norm(p.norm, s);
     conv1d(p.conv, s);
 }

@@ -10,12 +10,9 @@ namespace flowedge::cuda::detail {
 
 /// Row path (conv1d_row.cu): launches and returns true for 'same' padding (pad = kernel/2), kernel/stride in
 /// {5/1, 3/1, 3/2, 1/1}, in_length in {1, 2, 4, 8, 16}, in_channels % 4 == 0, 16-byte aligned x and weights (8-byte
-/// for 16-bit weights); otherwise returns false and launches nothing. With `norm` (norm->x == p.x; its batch,
-/// channels and length the conv's), the conv reads GroupNorm norm's output, formed in each block's staged copy of
-/// the input: also needs the staged input to fit shared memory and channels and channels per group that are
-/// multiples of 32.
+/// for 16-bit weights); otherwise returns false and launches nothing.
 template <class T>
-bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st, const GroupNormParams* norm = nullptr);
+bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st);
 
 /// Tiled path (conv1d_tiled.cu): launches and returns true for any length and padding with kernel/stride in
 /// {5/1, 3/1, 3/2, 1/1}, in_channels % 4 == 0 and aligned weights; otherwise returns false and launches nothing.

@@ -7,7 +7,6 @@
 #include "common.cuh"
 #include "conv1d_paths.cuh"
 #include "conv_common.cuh"
-#include "group_norm_common.cuh"
 
 namespace flowedge::cuda {
 namespace {
@@ -63,21 +62,15 @@ int choose_row_groups(int out_channels, int in_channels, int batch, long long sl
 /// Row stride (floats) of the staged input of the row path: in_channels rounded up to 8, so the swizzle below stays
 /// inside the row.
 __host__ __device__ constexpr int row_xs_stride(int in_channels) { return (in_channels + 7) / 8 * 8; }
-/// Dynamic shared memory of the row path with the staged input: L_in rows of row_xs_stride() floats, plus the
-/// GroupNorm statistics scratch after them when the input is normalised in place (`norm_groups` > 0).
-constexpr int row_xs_bytes(int in_channels, int lin, int norm_groups = 0) {
-    return lin * row_xs_stride(in_channels) * int(sizeof(float)) +
-           (norm_groups > 0 ? detail::group_norm_staged_bytes(norm_groups, detail::kConvWarps) : 0);
-}
+/// Dynamic shared memory of the row path with the staged input: L_in rows of row_xs_stride() floats.
+constexpr int row_xs_bytes(int in_channels, int lin) { return lin * row_xs_stride(in_channels) * int(sizeof(float)); }
 /// Column of channel c in a staged input row: 16-byte units u = c/4 are swapped pairwise (u ^ 1) in every second
 /// group of 8 units, so that the 8 lanes of a quarter warp hit 8 distinct bank quads both when each lane reads
 /// 4 consecutive channels (CPL = 4: units l) and 4 of its 8 (CPL = 8: units 2l + half).
 __device__ __forceinline__ int row_xs_col(int c) { return c ^ (((c >> 5) & 1) << 2); }
 
-/// `norm`: with norm.x set (XS only), the input is GroupNorm norm's: the block normalises its staged copy of p.x
-/// (= norm.x) before the products (group_norm_conv1d).
 template <class T, int KS, int S, int LIN, int CPL, int OW, int D, bool XS>
-__global__ void __launch_bounds__(detail::kConvThreads) conv1d_row_kernel(Conv1dParams p, int n_groups, GroupNormParams norm) {
+__global__ void __launch_bounds__(detail::kConvThreads) conv1d_row_kernel(Conv1dParams p, int n_groups) {
     static_assert(CPL * sizeof(T) == 16 || CPL * sizeof(T) == 8, "a lane's channels of one tap are 8 or 16 bytes");
     extern __shared__ float4 row_xs[];  // XS: the input of batch element b as [L_in][row_xs_stride] floats
     constexpr int P = KS / 2;
@@ -114,25 +107,8 @@ __global__ void __launch_bounds__(detail::kConvThreads) conv1d_row_kernel(Conv1d
             }
         }
     };
-    // With a normalised input the first steps go to L2 only before the wait and into registers after the GroupNorm,
-    // so that the prefetched weights are not live across it (the plain path keeps its registers and occupancy).
-    const bool normed = XS && norm.x != nullptr;
-    if (normed) {
 #pragma unroll
-        for (int d = 0; d < D; ++d) {
-            const int c = c_first + d * step;
-#pragma unroll
-            for (int ow = 0; ow < OW; ++ow)
-                if (o0 + ow < p.out_channels && c < in) {
-                    const T* src = w + (std::size_t(o0 + ow) * in + c) * KS;
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(src + CPL * KS - 1));
-                }
-        }
-    } else {
-#pragma unroll
-        for (int d = 0; d < D; ++d) load_step(c_first + d * step, wbuf[d]);
-    }
+    for (int d = 0; d < D; ++d) load_step(c_first + d * step, wbuf[d]);
 
     detail::pdl_wait();  // the input (previous kernel's output) is complete from here on
     detail::pdl_allow_next();
@@ -154,12 +130,6 @@ __global__ void __launch_bounds__(detail::kConvThreads) conv1d_row_kernel(Conv1d
             }
         }
         __syncthreads();
-        if (normed) {
-            detail::group_norm_staged<LIN, detail::kConvThreads>(xs, xs_stride, [](int c) { return row_xs_col(c); }, norm, b,
-                                                                 xs + LIN * xs_stride);
-#pragma unroll
-            for (int d = 0; d < D; ++d) load_step(c_first + d * step, wbuf[d]);
-        }
     }
 
     float acc[NV];
@@ -285,23 +255,23 @@ int row_groups(const Conv1dParams& p) {
     return choose_row_groups(p.out_channels, p.in_channels, p.batch, slots, CPL, OW);
 }
 
-/// Launches the layout (CPL, OW): with the input staged in shared memory where it fits (always with `norm`, which
-/// try_conv1d_row checked), and with the deep prefetch where it differs from the base (each unless switched off).
+/// Launches the layout (CPL, OW): with the input staged in shared memory where it fits, and with the deep
+/// prefetch where it differs from the base (each unless switched off).
 template <class T, int KS, int S, int LIN, int CPL, int OW>
-void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st, const GroupNormParams* norm) {
+void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     // 16-bit at 8 channels per lane on rows of 16 keeps the base depth: deep + staged input needs 144 registers
     // there (1 block per SM).
     constexpr bool deep_ok = !(sizeof(T) == 2 && CPL == 8 && LIN > 8);
     constexpr int base = row_depth<T, KS, CPL, OW>(false), deep = row_depth<T, KS, CPL, OW>(deep_ok);
-    const int smem = row_xs_bytes(p.in_channels, LIN, norm ? norm->groups : 0);
-    const bool xs = norm || (row_xs_enabled() && smem <= row_xs_limit());
+    const int smem = row_xs_bytes(p.in_channels, LIN);
+    const bool xs = row_xs_enabled() && smem <= row_xs_limit();
     auto go = [&]<int D, bool XS>() {
         const int bytes = XS ? smem : 0;
         const long long slots = (long long)row_per_sm<T, KS, S, LIN, CPL, OW, D, XS>(bytes) * detail::sm_count();
         const int g = choose_row_groups(p.out_channels, p.in_channels, p.batch, slots, CPL, OW);
         const dim3 grid(unsigned((p.out_channels + g * OW - 1) / (g * OW)), unsigned(p.batch));
         detail::launch_pdl(conv1d_row_kernel<T, KS, S, LIN, CPL, OW, D, XS>, grid, dim3(detail::kConvThreads),
-                           std::size_t(bytes), st, p, g, norm ? *norm : GroupNormParams{});
+                           std::size_t(bytes), st, p, g);
     };
     if constexpr (deep != base) {
         if (row_deep_enabled()) {
@@ -320,7 +290,7 @@ void launch_conv1d_row(const Conv1dParams& p, cudaStream_t st, const GroupNormPa
 /// 4-channel layout's extra parallelism wins). 4 outputs per warp for k = 1 on rows of <= 8 positions (k = 1 has
 /// one weight per input value, so one input read per weight row made the input dominate).
 template <class T, int KS, int S, int LIN>
-void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st, const GroupNormParams* norm) {
+void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st) {
     constexpr int OW = KS == 1 && LIN <= 8 ? 4 : 1;
     const bool ow_on = OW > 1 && row_ow_enabled();
     if constexpr (sizeof(T) == 2) {
@@ -329,25 +299,25 @@ void launch_conv1d_row_layout(const Conv1dParams& p, cudaStream_t st, const Grou
             const auto blocks = [&](int groups, int ow) { return (p.out_channels + groups * ow - 1) / (groups * ow); };
             if (ow_on) {
                 const int g8 = row_groups<T, KS, S, LIN, 8, OW>(p), g4 = row_groups<T, KS, S, LIN, 4, OW>(p);
-                if (blocks(g8, OW) >= blocks(g4, OW)) return launch_conv1d_row<T, KS, S, LIN, 8, OW>(p, st, norm);
+                if (blocks(g8, OW) >= blocks(g4, OW)) return launch_conv1d_row<T, KS, S, LIN, 8, OW>(p, st);
             } else {
                 const int g8 = row_groups<T, KS, S, LIN, 8, 1>(p), g4 = row_groups<T, KS, S, LIN, 4, 1>(p);
-                if (blocks(g8, 1) >= blocks(g4, 1)) return launch_conv1d_row<T, KS, S, LIN, 8, 1>(p, st, norm);
+                if (blocks(g8, 1) >= blocks(g4, 1)) return launch_conv1d_row<T, KS, S, LIN, 8, 1>(p, st);
             }
         }
     }
-    if (ow_on) return launch_conv1d_row<T, KS, S, LIN, 4, OW>(p, st, norm);
-    launch_conv1d_row<T, KS, S, LIN, 4, 1>(p, st, norm);
+    if (ow_on) return launch_conv1d_row<T, KS, S, LIN, 4, OW>(p, st);
+    launch_conv1d_row<T, KS, S, LIN, 4, 1>(p, st);
 }
 
 template <class T, int KS, int S>
-bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st, const GroupNormParams* norm) {
+bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st) {
     switch (p.in_length) {
-        case 1: launch_conv1d_row_layout<T, KS, S, 1>(p, st, norm); return true;
-        case 2: launch_conv1d_row_layout<T, KS, S, 2>(p, st, norm); return true;
-        case 4: launch_conv1d_row_layout<T, KS, S, 4>(p, st, norm); return true;
-        case 8: launch_conv1d_row_layout<T, KS, S, 8>(p, st, norm); return true;
-        case 16: launch_conv1d_row_layout<T, KS, S, 16>(p, st, norm); return true;
+        case 1: launch_conv1d_row_layout<T, KS, S, 1>(p, st); return true;
+        case 2: launch_conv1d_row_layout<T, KS, S, 2>(p, st); return true;
+        case 4: launch_conv1d_row_layout<T, KS, S, 4>(p, st); return true;
+        case 8: launch_conv1d_row_layout<T, KS, S, 8>(p, st); return true;
+        case 16: launch_conv1d_row_layout<T, KS, S, 16>(p, st); return true;
         default: return false;
     }
 }
@@ -357,25 +327,21 @@ bool try_conv1d_row_lin(const Conv1dParams& p, cudaStream_t st, const GroupNormP
 namespace detail {
 
 template <class T>
-bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st, const GroupNormParams* norm) {
+bool try_conv1d_row(const Conv1dParams& p, cudaStream_t st) {
     const std::size_t wal = sizeof(T) == 4 ? 16 : 8;
     if (p.in_channels % 4 != 0 || p.pad != p.kernel / 2 || !detail::aligned(p.w.data, wal) ||
         !detail::aligned(p.x, 16))
         return false;
-    // A normalised input needs the staged copy (with the statistics scratch) and channel groups of whole warps.
-    if (norm && !(row_xs_enabled() && row_xs_bytes(p.in_channels, p.in_length, norm->groups) <= row_xs_limit() &&
-                  norm->channels % 32 == 0 && (norm->channels / norm->groups) % 32 == 0))
-        return false;
-    if (p.kernel == 5 && p.stride == 1) return try_conv1d_row_lin<T, 5, 1>(p, st, norm);
-    if (p.kernel == 3 && p.stride == 1) return try_conv1d_row_lin<T, 3, 1>(p, st, norm);
-    if (p.kernel == 3 && p.stride == 2) return try_conv1d_row_lin<T, 3, 2>(p, st, norm);
-    if (p.kernel == 1 && p.stride == 1) return try_conv1d_row_lin<T, 1, 1>(p, st, norm);
+    if (p.kernel == 5 && p.stride == 1) return try_conv1d_row_lin<T, 5, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 1) return try_conv1d_row_lin<T, 3, 1>(p, st);
+    if (p.kernel == 3 && p.stride == 2) return try_conv1d_row_lin<T, 3, 2>(p, st);
+    if (p.kernel == 1 && p.stride == 1) return try_conv1d_row_lin<T, 1, 1>(p, st);
     return false;
 }
 
-template bool try_conv1d_row<float>(const Conv1dParams&, cudaStream_t, const GroupNormParams*);
-template bool try_conv1d_row<bf16>(const Conv1dParams&, cudaStream_t, const GroupNormParams*);
-template bool try_conv1d_row<f16>(const Conv1dParams&, cudaStream_t, const GroupNormParams*);
+template bool try_conv1d_row<float>(const Conv1dParams&, cudaStream_t);
+template bool try_conv1d_row<bf16>(const Conv1dParams&, cudaStream_t);
+template bool try_conv1d_row<f16>(const Conv1dParams&, cudaStream_t);
 
 }  // namespace detail
 }  // namespace flowedge::cuda

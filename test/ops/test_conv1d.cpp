@@ -266,11 +266,11 @@ TEST_CASE_TEMPLATE("conv1d matches a naive loop on the PushT U-Net shapes", B, F
     }
 }
 
-TEST_CASE_TEMPLATE("group_norm_conv1d matches GroupNorm + Mish + FiLM then Conv1d in double (CUDA: the row path normalising its staged input, and its fallbacks)",
+TEST_CASE_TEMPLATE("group_norm_conv1d matches GroupNorm + Mish + FiLM then Conv1d in double",
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
-    // With FLOWEDGE_CUDA_GN_CONV1D=1 the first group runs fused on CUDA (row-path lengths, channels and channels per
-    // group multiples of 32, the staged input within shared memory); the second falls back to group_norm + conv1d.
+    // A fused CUDA form (branch gn-conv1d-fused) would take the first group (row-path lengths, channels and channels
+    // per group multiples of 32, the staged input within shared memory) and fall back to the two ops on the second.
     const NormConvCase fused[] = {
         {cc(1, 512, 512, 16, 5, 1, 2), 8, true, true},   // PushT down0 / up1 conv1 -> conv2
         {cc(1, 2048, 2048, 4, 5, 1, 2), 8, true, true},  // down2 / mid

@@ -72,10 +72,7 @@ void prepare_math(MathMode m);
 bool conv1d_mma_selected(const Conv1dParams& p);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
 void group_norm(const GroupNormParams& p, Stream s);
-/// conv(GroupNorm(x)): group_norm then conv1d; with FLOWEDGE_CUDA_GN_CONV1D=1 (opt-in until measured on a GPU),
-/// where conv1d would run the exact row path with the input staged in shared memory (batch-1 style calls, F32
-/// math; channels and channels per group multiples of 32), one launch whose blocks normalise their staged copy of
-/// p.norm.x (p.norm.y is left alone).
+/// conv(GroupNorm(x)): group_norm (into p.norm.y) then conv1d.
 void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s);
 void rms_norm(const RmsNormParams& p, Stream s);
 void activation(const ActivationParams& p, Stream s);
