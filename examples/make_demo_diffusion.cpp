@@ -2,12 +2,14 @@
 // (251.5 M parameters, LeRobot-like init scales) so the CPU/CUDA programs and benchmarks have a model to load.
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
         if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
         std::ofstream f(path, std::ios::binary | std::ios::trunc);
         if (!f) fail("make-demo-diffusion", "cannot open '" + out + "' for writing");
+        errno = 0;
         const std::uint64_t hl = h.size();
         unsigned char len[8];
         for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hl >> (8 * i));
@@ -125,7 +128,17 @@ int main(int argc, char** argv) {
             }
         }
         f.close();
-        if (!f) fail("make-demo-diffusion", "write to '" + out + "' failed");
+        if (!f) {
+            // Name the cause: a full disk (the 1 GB checkpoint) is the usual one and needs the numbers to act on.
+            const int err = errno;
+            std::error_code ec;
+            const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+            const auto space = std::filesystem::space(dir, ec);
+            const std::string free_text = ec ? "free space unknown" : std::to_string(space.available >> 20) + " MiB free there";
+            fail(ErrorKind::Io, "make-demo-diffusion",
+                 "cannot write '" + out + "': " + (err ? std::generic_category().message(err) : "write failed") + " (" +
+                     std::to_string((8 + h.size() + offset) >> 20) + " MiB needed, " + free_text + ")");
+        }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::cout << "wrote " << out << ": " << n_params << " U-Net parameters, " << (8 + h.size() + offset) << " bytes in "
                   << s << " s\n";

@@ -4,6 +4,7 @@
 // (No maintained .npy C++ library is packaged for Debian; the format is small and fully tested in test/io.)
 #pragma once
 #include <bit>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -285,9 +286,13 @@ inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path,
 inline void write_file_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes, std::string_view component) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     if (!f) fail(ErrorKind::Io, component, "cannot write '" + path.string() + "': cannot open for writing");
+    errno = 0;
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     f.close();
-    if (!f) fail(ErrorKind::Io, component, "cannot write '" + path.string() + "': write failed");
+    if (!f) {
+        const int err = errno;  // the stream keeps no cause; the failed write() or close() left it here
+        fail(ErrorKind::Io, component, "cannot write '" + path.string() + "': " + (err ? std::generic_category().message(err) : "write failed"));
+    }
 }
 
 template <class T>
