@@ -1,5 +1,6 @@
 // flowedge-make-demo-diffusion: writes a deterministic PushT-shaped compact Diffusion Policy checkpoint
-// (251.5 M parameters, LeRobot-like init scales) so the CPU/CUDA programs and benchmarks have a model to load.
+// (251.5 M parameters, LeRobot-like init scales) so the CPU/CUDA programs and benchmarks have a model to load;
+// --down-dims gives a smaller U-Net of the same layout (the aarch64 emulation check uses one).
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -46,17 +47,20 @@ struct Entry {
 
 int main(int argc, char** argv) {
     CLI::App app{"Write a deterministic PushT-shaped Diffusion Policy checkpoint in the compact *.flowedge.safetensors form:\n"
-                 "down_dims 512/1024/2048, kernel 5, 8 groups, Td 128, global cond 132, action_dim 2, horizon 16,\n"
+                 "down_dims 512/1024/2048 (--down-dims), kernel 5, 8 groups, Td 128, global cond 132, action_dim 2, horizon 16,\n"
                  "n_obs_steps 2, n_action_steps 8, T 100, clip 1.0; PyTorch default init bounds 1/sqrt(fan_in)."};
     app.option_defaults()->always_capture_default();
     std::string out = "models/diffusion_pusht.flowedge.safetensors";
     std::uint64_t seed = 20240607;
     app.add_option("OUT", out, "output path (default models/diffusion_pusht.flowedge.safetensors)");
     app.add_option("--seed", seed, "SplitMix64 seed of the initialisation");
+    DiffusionConfig cfg;  // PushT defaults
+    app.add_option("--down-dims", cfg.down_dims,
+                   "U-Net stage widths (a smaller model of the same layout, e.g. 128,256,512 for a 69 MB file)")
+        ->delimiter(',');
     CLI11_PARSE(app, argc, argv);
     try {
         const auto t0 = std::chrono::steady_clock::now();
-        DiffusionConfig cfg;  // PushT defaults
         cfg.scheduler = Scheduler::Ddim;
         cfg.validate();
         std::vector<Entry> entries;
@@ -83,7 +87,8 @@ int main(int argc, char** argv) {
         const auto meta = io::diffusion_meta(cfg);
         entries.push_back({"dp.action_min", Shape{2}, Entry::Fixed, 0.f, {12.2f, 25.6f}});
         entries.push_back({"dp.action_max", Shape{2}, Entry::Fixed, 0.f, {511.0f, 497.8f}});
-        entries.push_back({"dp.dims", Shape{3}, Entry::Fixed, 0.f, {512.f, 1024.f, 2048.f}});
+        entries.push_back({"dp.dims", Shape{std::int64_t(cfg.down_dims.size())}, Entry::Fixed, 0.f,
+                           std::vector<float>(cfg.down_dims.begin(), cfg.down_dims.end())});
         entries.push_back({"dp.meta", Shape{16}, Entry::Fixed, 0.f, std::vector<float>(meta.begin(), meta.end())});
 
         nlohmann::json header = nlohmann::json::object();

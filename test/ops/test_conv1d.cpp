@@ -4,6 +4,7 @@
 // CPU's packed weight layout; and the shared argument checks.
 #include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
+#include "group_norm_reference.hpp"
 #include "ops_test_util.hpp"
 
 using namespace optest;
@@ -83,39 +84,23 @@ void run_group_norm_conv1d(const NormConvCase& k, DType dt, std::uint32_t seed) 
     const ConvCase& cv = k.conv;
     CAPTURE(cv.batch); CAPTURE(cv.cin); CAPTURE(cv.cout); CAPTURE(cv.lin); CAPTURE(cv.kernel); CAPTURE(cv.stride);
     CAPTURE(k.groups); CAPTURE(k.film); CAPTURE(k.shared); CAPTURE(dtype_name(dt));
-    const int C = cv.cin, L = cv.lin, cpg = C / k.groups, lout = cv.conv_out();
+    const int C = cv.cin, L = cv.lin, lout = cv.conv_out();
     const std::size_t n = std::size_t(cv.batch) * C * L;
     auto x = random_vec(n, seed, -2.f, 3.f);
     for (auto& v : x) v += 5.f;  // a large mean: the statistics must not lose precision to it
     const auto gamma = random_vec(C, seed + 1, 0.5f, 1.5f), beta = random_vec(C, seed + 2);
     const auto film = random_vec(std::size_t(cv.batch) * 2 * C, seed + 3), shared = random_vec(2 * std::size_t(C), seed + 4);
-    // The normalised input a and a bound on its rounding (as test_norm.cpp's GroupNorm reference).
-    std::vector<double> a(n), sa(n);
-    for (int b = 0; b < cv.batch; ++b)
-        for (int g = 0; g < k.groups; ++g) {
-            const std::size_t base = (std::size_t(b) * C + std::size_t(g) * cpg) * L, m = std::size_t(cpg) * L;
-            double sum = 0, ss = 0;
-            for (std::size_t i = 0; i < m; ++i) sum += x[base + i];
-            const double mean = sum / double(m);
-            for (std::size_t i = 0; i < m; ++i) ss += (x[base + i] - mean) * (x[base + i] - mean);
-            const double rstd = 1 / std::sqrt(ss / double(m) + 1e-5);
-            for (std::size_t i = 0; i < m; ++i) {
-                const int c = g * cpg + int(i) / L;
-                const double nrm = (x[base + i] - mean) * rstd, pre = nrm * gamma[std::size_t(c)] + beta[std::size_t(c)];
-                double v = ref_act(Activation::Mish, pre), sc = std::fabs(nrm * gamma[std::size_t(c)]) + std::fabs(beta[std::size_t(c)]) + std::fabs(v);
-                if (k.film) {
-                    double fs = film[std::size_t(b) * 2 * C + c], fb = film[std::size_t(b) * 2 * C + C + c];
-                    if (k.shared) {
-                        fs += shared[std::size_t(c)];
-                        fb += shared[std::size_t(C + c)];
-                    }
-                    v = fs * v + fb;
-                    sc = sc * std::fabs(fs) + std::fabs(fb);
-                }
-                a[base + i] = v;
-                sa[base + i] = sc + 1.0;
-            }
-        }
+    // The normalised input a and a bound on its rounding.
+    GroupNormReference r;
+    r.batch = cv.batch; r.channels = C; r.length = L; r.groups = k.groups;
+    r.gamma = gamma.data();
+    r.beta = beta.data();
+    r.act = Activation::Mish;
+    r.film = k.film ? film.data() : nullptr;
+    r.film_stride = 2 * C;
+    r.shared = k.film && k.shared ? shared.data() : nullptr;
+    std::vector<double> a, sa;
+    group_norm_reference(r, x, a, sa);
     const auto bias = random_vec(cv.cout, seed + 5);
     const HostWeights w = make_weights(std::size_t(cv.cout) * C * cv.kernel, dt, seed + 6, 0.3f);
     const std::size_t ny = std::size_t(cv.batch) * cv.cout * lout;

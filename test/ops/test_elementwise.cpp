@@ -198,7 +198,7 @@ TEST_CASE_TEMPLATE("axpby, concat_channels, unnormalize, embedding", B, FLOWEDGE
 TEST_CASE_TEMPLATE("sinusoid follows the float32 recipe of LeRobot's SinusoidalPosEmb", B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
     // One time in every row, and a falling run of times (a sampler's timesteps: t, t - 10, ...).
-    for (const auto [t0, dt] : {std::pair{0.f, 0.f}, {1.f, 0.f}, {37.f, 0.f}, {99.f, 0.f}, {99.f, -10.f}, {0.f, 3.f}}) {
+    for (const auto& [t0, dt] : {std::pair{0.f, 0.f}, {1.f, 0.f}, {37.f, 0.f}, {99.f, 0.f}, {99.f, -10.f}, {0.f, 3.f}}) {
         CAPTURE(t0); CAPTURE(dt);
         const int half = 64, rows = 3;
         Dev<float, B> d(std::size_t(rows) * 2 * half);
