@@ -298,15 +298,7 @@ private:
                 }
             };
             for (std::size_t k = 0; k < m_res.size(); ++k) {
-                // The CPU runs a FiLM linear on conv blocks as a kernel-1 conv of batch = rows (cpu/kernels/linear.hpp),
-                // which re-streams the weights per row: there one item per timestep row.
-                if constexpr (Memory<B>::host_accessible) {
-                    const int two_out = 2 * m_res[k].config().out;
-                    for (int r = 0; r < n; ++r)
-                        add(m_res[k].film_params(g.data + std::int64_t(r) * cd, per_step + film_offset(k, n) + std::int64_t(r) * two_out, 1));
-                } else {
-                    add(m_res[k].film_params(g.data, per_step + film_offset(k, n), n));
-                }
+                add(m_res[k].film_params(g.data, per_step + film_offset(k, n), n));
                 LinearParams pc = m_res[k].film_params(g_cond, per_sample + film_offset(k, batch), batch);
                 pc.bias = nullptr;
                 add(pc);
