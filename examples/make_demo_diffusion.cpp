@@ -1,9 +1,9 @@
 // flowedge-make-demo-diffusion: writes a deterministic PushT-shaped compact Diffusion Policy checkpoint
 // (251.5 M parameters, LeRobot-like init scales) so the CPU/CUDA programs and benchmarks have a model to load;
 // --down-dims gives a smaller U-Net of the same layout (the aarch64 emulation check uses one).
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
