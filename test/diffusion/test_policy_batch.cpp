@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../ops/ops_test_util.hpp"
@@ -208,17 +209,17 @@ TEST_CASE_TEMPLATE("the batched tick allocates nothing after load, with queues o
             out.insert(out.end(), actions.begin(), actions.end());
         }
     };
-    // The out-of-phase ticks' encoder and sampler graphs are recorded the first time their row count is seen (CUDA),
-    // so the counted runs come after one uncounted run.
+    // On CUDA the out-of-phase ticks' encoder and sampler graphs are recorded the first time their row count is seen,
+    // so there the counted runs come after one uncounted run; the CPU allocates nothing from the first tick on.
     std::vector<float> warm;
     warm.reserve(first.capacity());
-    run(warm);
+    if constexpr (!std::is_same_v<B, Cpu>) run(warm);
     const auto before = fe_test::g_operator_new_calls.load();
     run(first);
     run(second);
     CHECK(fe_test::g_operator_new_calls.load() == before);
     CHECK(second == first);
-    CHECK(warm == first);
+    if (!warm.empty()) CHECK(warm == first);
 }
 
 TEST_CASE_TEMPLATE("a batch the memory cannot hold is a load error naming the largest batch that fits, before allocating it", B,
