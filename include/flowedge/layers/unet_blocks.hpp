@@ -53,8 +53,13 @@ public:
         typename Workspace<B>::Mark mark(*ctx.workspace);
         View<float, B> h = ctx.workspace->template take<float>(Shape{x.dim(0), m_cfg.out, x.dim(2)});
         m_conv.forward(ctx, x, h);
-        epi.act = Activation::Mish;
-        m_norm.forward(ctx, h, y, epi);
+        forward_norm(ctx, h, y, epi);
+    }
+
+    /// y = epi(mish(groupnorm(h))): the block's second half on its conv's raw output h ([batch, out, length]), for a
+    /// caller that ran the conv itself (ResBlock's conv2, inside conv1's forward_then).
+    void forward_norm(Context<B>& ctx, View<const float, B> h, View<float, B> y, GroupNormEpilogue epi = {}) const {
+        m_norm.forward(ctx, h, y, with_mish(epi));
     }
 
     /// z = next(epi(mish(groupnorm(conv(x))))): the norm and `next` as one group_norm_conv1d op, for a conv that is
@@ -65,9 +70,8 @@ public:
         View<float, B> h = ctx.workspace->template take<float>(s);
         View<float, B> a = ctx.workspace->template take<float>(s);  // the normalised input, where a backend writes it
         m_conv.forward(ctx, x, h);
-        epi.act = Activation::Mish;
         GroupNormConv1dParams q;
-        q.norm = m_norm.params(int(x.dim(0)), int(x.dim(2)), epi);
+        q.norm = m_norm.params(int(x.dim(0)), int(x.dim(2)), with_mish(epi));
         q.norm.x = h.data;
         q.norm.y = a.data;
         next.launch(ctx, next.params(ctx, a, z), [&](const Conv1dParams& c) {
@@ -77,11 +81,16 @@ public:
     }
 
     const Conv1d<B>& conv() const { return m_conv; }
-    const GroupNorm<B>& norm() const { return m_norm; }
 
     std::int64_t n_parameters() const { return m_conv.n_parameters() + m_norm.n_parameters(); }
 
 private:
+    /// The block's activation (LeRobot's Conv1dBlock ends in Mish) on the caller's epilogue.
+    static GroupNormEpilogue with_mish(GroupNormEpilogue epi) {
+        epi.act = Activation::Mish;
+        return epi;
+    }
+
     Config m_cfg{};
     Conv1d<B> m_conv;
     GroupNorm<B> m_norm;
@@ -180,7 +189,7 @@ public:
         } else {
             check_shape(x, Shape{batch, m_cfg.out, len}, "residual_block", "identity residual");
         }
-        m_conv2.norm().forward(ctx, h, y, {.act = Activation::Mish, .residual = residual});
+        m_conv2.forward_norm(ctx, h, y, {.residual = residual});
     }
 
     std::int64_t n_parameters() const {
