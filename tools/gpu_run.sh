@@ -40,9 +40,10 @@
 #             the PushT-size image policy (F32, BF16), Python select_action overhead (needs BUILD_PYTHON=1 and target
 #             _flowedge), LeRobot's select_action from carried wheels on the GPU and both on this CPU -> $OUT/policy.txt,
 #             policy_bench_cuda_{f32,bf16}.json, python_overhead_{cuda,cpu}.json, lerobot_policy_cuda.json, policy_cpu.*
-#   batch     issue 21: the batched policy's CUDA tests (diffusion_policy_batch) and policy_bench --batch N for N in
-#             BATCH_SIZES (default 1 8 50 256) on the PushT-size image policy: time per call and device bytes per batch
-#             -> $OUT/batch.txt, policy_batch_cuda_b<N>.json
+#   batch     issue 21: the batched policy's CUDA tests (diffusion_policy_batch; BATCH_TESTS=0 skips them) and
+#             policy_bench --batch N for N in BATCH_SIZES (default 1 8 50 256) on the PushT-size image policy: time per
+#             call and device bytes per batch, then with FLOWEDGE_CUDA_NO_LT=1 for N in BATCH_AB_SIZES (default 50 256;
+#             empty skips) -> $OUT/batch.txt, policy_batch_cuda_b<N>{,_no_lt}.json
 #   soak      issue 19: flowedge-lerobot-rollout --backend flowedge-policy --env pusht, 10,000 ticks at 10 ms on the GPU
 #             and SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (gym-pusht wheels in .whl/gym; BUILD_PYTHON=1)
 #             -> $OUT/soak_{cuda,cpu}.{json,png}
@@ -84,8 +85,8 @@
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
 #   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_conv1d / ops_elementwise / ops_math_mode CUDA cases, the
 #             diffusion head, policy, batched policy and CUDA model tests (UNET_ALT_TESTS again under UNET_ALT_ENV),
-#             memcheck + racecheck on ops_norm's CUDA cases and group_norm_conv1d's (under UNET_ALT_ENV) (UNET_TESTS=0
-#             skips them); flowedge_cuda_dp_mix
+#             memcheck + racecheck (under UNET_ALT_ENV) on UNET_SAN_TESTS ("test:filter" pairs; default ops_norm's CUDA
+#             cases and the conv_transpose1d GEMM's) (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
 #             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
 #             UNET_ALT_ENV="VAR=value ..." (alt) and of UNET_BASE_SRC's (base: a carried `git archive` of an earlier
 #             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
@@ -443,23 +444,29 @@ stage_policy() {
 # allocation after load, a batch the card cannot hold refused at load before allocating), then policy_bench on the
 # PushT-size image policy at each of BATCH_SIZES (select_action and the U-Net sample per call, device bytes per batch)
 # -> $OUT/batch.txt, policy_batch_cuda_b<N>.json.
-stage_batch() {
+# The batched policy's CUDA tests, the batched F32 U-Net's GEMM op test and the head against the CPU at batch 16.
+batch_tests() {
     local rc=0
-    BUILD_TARGETS="diffusion_policy_batch policy_bench cuda_models ops_math_mode" stage_build || return $?
     "$BUILD/test/diffusion/diffusion_policy_batch" > "$LOGS/diffusion_policy_batch.log" 2>&1 || rc=$?
     grep -E "MESSAGE|ERROR|CHECK|test cases|skipped|needs" "$LOGS/diffusion_policy_batch.log" | tee -a "$OUT/batch.txt"
-    # The batched F32 U-Net on cuBLASLt's F32 GEMM: its op test and the head against the CPU at batch 16.
     "$BUILD/test/ops/ops_math_mode" -tc='conv1d_gemm*' > "$LOGS/batch_conv1d_gemm.log" 2>&1 || rc=$?
     grep -E "f32 gemm|ERROR|CHECK|test cases" "$LOGS/batch_conv1d_gemm.log" | tail -n 12 | tee -a "$OUT/batch.txt"
     "$BUILD/test/cuda/cuda_models" -tc='DiffusionHead*' > "$LOGS/batch_cuda_models.log" 2>&1 || rc=$?
     grep -E "MESSAGE|batch 16|ERROR|CHECK|test cases" "$LOGS/batch_cuda_models.log" | tail -n 14 | tee -a "$OUT/batch.txt"
+    return "$rc"
+}
+
+stage_batch() {
+    local rc=0
+    BUILD_TARGETS="diffusion_policy_batch policy_bench cuda_models ops_math_mode" stage_build || return $?
+    if [ "${BATCH_TESTS:-1}" = 1 ]; then batch_tests || rc=$?; fi
     policy_folder || return $?
     for b in ${BATCH_SIZES:-1 8 50 256}; do
         "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --batch "$b" --ticks "${BATCH_TICKS:-64}" \
             --json "$OUT/policy_batch_cuda_b$b.json" 2>&1 | tee -a "$OUT/batch.txt" || rc=$?
     done
     # The previous batched F32 path (exact kernels, no library GEMM) in the same call, for the A/B.
-    for b in ${BATCH_AB_SIZES:-50 256}; do
+    for b in ${BATCH_AB_SIZES-50 256}; do
         FLOWEDGE_CUDA_NO_LT=1 "$BUILD/policy_bench" "$POLICY_FOLDER" --device cuda --batch "$b" --ticks "${BATCH_TICKS:-64}" \
             --json "$OUT/policy_batch_cuda_b${b}_no_lt.json" 2>&1 | tee -a "$OUT/batch.txt" || rc=$?
     done
@@ -717,27 +724,32 @@ stage_unet() {
     [ -n "${UNET_ALT_ENV:-}" ] && trees="cur alt ${trees#cur}"
     echo "base tree: $(cat "$base/COMMIT" 2>/dev/null || echo none); alt: ${UNET_ALT_ENV:-none}" | tee -a "$OUT/unet.txt"
     if [ "${UNET_TESTS:-1}" = 1 ]; then
-        for t in ops/ops_norm ops/ops_conv1d ops/ops_elementwise ops/ops_math_mode; do
-            "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
-        done
-        for t in diffusion/diffusion_head diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models; do
-            "$BUILD/test/$t" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
+        # Only the templated op tests name their backend (`<flowedge::Cuda>`); the others run whole.
+        local tc=()
+        for t in ops/ops_norm ops/ops_conv1d ops/ops_elementwise ops/ops_math_mode diffusion/diffusion_head \
+                 diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models; do
+            tc=(); [ "$t" != ops/ops_math_mode ] && [ "${t#ops/}" != "$t" ] && tc=(-tc="$cuda_cases")
+            "$BUILD/test/$t" "${tc[@]}" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
         done
         if [ -n "${UNET_ALT_ENV:-}" ]; then  # the alternative path's own test run (UNET_ALT_TESTS)
             for t in ${UNET_ALT_TESTS:-ops/ops_conv1d diffusion/diffusion_head cuda/cuda_models}; do
-                env $UNET_ALT_ENV "$BUILD/test/$t" -tc="$cuda_cases" > "$LOGS/unet_alt_$(basename $t).log" 2>&1 || rc=$?
+                tc=(); [ "${t#ops/}" != "$t" ] && tc=(-tc="$cuda_cases")
+                env $UNET_ALT_ENV "$BUILD/test/$t" "${tc[@]}" > "$LOGS/unet_alt_$(basename $t).log" 2>&1 || rc=$?
             done
         fi
         grep -HE "ERROR|test cases" "$LOGS"/unet_*.log | sed "s|$LOGS/||" | tee -a "$OUT/unet.txt"
         local san
         san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        # UNET_SAN_TESTS: "test:filter" pairs, each run under memcheck and racecheck (UNET_ALT_ENV set for the alt path's).
+        local spec san_t san_f
         for tool in memcheck racecheck; do
-            "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_norm" -tc="$cuda_cases" > "$LOGS/unet_$tool.log" 2>&1 || rc=$?
-            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_$tool.log" | sed "s/^/$tool: /" | tee -a "$OUT/unet.txt"
-            env ${UNET_ALT_ENV:-} "$san" --tool $tool --error-exitcode 9 "$BUILD/test/ops/ops_conv1d" -tc="group_norm_conv1d*<flowedge::Cuda>*" \
-                > "$LOGS/unet_${tool}_gn_conv1d.log" 2>&1 || rc=$?
-            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_${tool}_gn_conv1d.log" | sed "s/^/$tool gn_conv1d: /" \
-                | tee -a "$OUT/unet.txt"
+            for spec in ${UNET_SAN_TESTS:-"ops/ops_norm:*<flowedge::Cuda>*" "ops/ops_math_mode:conv_transpose1d_gemm*"}; do
+                san_t=${spec%%:*} san_f=${spec#*:}
+                env ${UNET_ALT_ENV:-} "$san" --tool $tool --error-exitcode 9 "$BUILD/test/$san_t" -tc="$san_f" \
+                    > "$LOGS/unet_${tool}_$(basename $san_t).log" 2>&1 || rc=$?
+                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases" "$LOGS/unet_${tool}_$(basename $san_t).log" \
+                    | sed "s|^|$tool $san_t $san_f: |" | tee -a "$OUT/unet.txt"
+            done
         done
     fi
     mkdir -p models

@@ -119,6 +119,14 @@ struct ConvTranspose1dParams {
     float* y = nullptr;
     int batch = 1, in_channels = 0, out_channels = 0, in_length = 0, out_length = 0;
     int kernel = 4, stride = 2, pad = 1;
+    /// As in Conv1dParams: the requested arithmetic, and under F32 math whether batched calls (batch * in_length >= 32)
+    /// may run as one cuBLASLt F32 GEMM. With a GEMM request and scratch (Ops<B>::conv_transpose1d_scratch_bytes(p)
+    /// bytes, 256-byte aligned) Ops<Cuda> computes batched calls as a library GEMM over every (output channel, tap)
+    /// pair then a gather of the taps; otherwise, and on the CPU, the exact kernels.
+    MathMode math = MathMode::F32;
+    bool f32_gemm = false;
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
 };
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine) followed by optional fused epilogues, in this order:

@@ -102,6 +102,24 @@ struct Context {
     /// GEMM-shaped ops may run on the backend library's F32 GEMM under F32 math (LinearParams::f32_gemm,
     /// Conv2dParams::f32_gemm); set by models whose workspace holds every convolution's backend scratch.
     bool f32_gemm = false;
+
+    /// Runs op(p) with `need()` bytes of backend scratch in p.scratch / p.scratch_bytes when the context asks for a
+    /// GEMM path (non-F32 math, or f32_gemm) and the arena was sized for it (models add their layers' scratch_bytes
+    /// at load); otherwise op(p) as given, and the backend takes a path that needs none.
+    template <class P, class Need, class Op>
+    void with_gemm_scratch(P p, Need&& need, Op&& op) const {
+        if ((math != MathMode::F32 || f32_gemm) && workspace) {
+            const std::size_t bytes = need();
+            if (bytes > 0 && workspace->available() >= bytes) {
+                typename Workspace<B>::Mark mark(*workspace);
+                p.scratch = workspace->template take<std::byte>(Shape{std::int64_t(bytes)}).data;
+                p.scratch_bytes = bytes;
+                op(p);
+                return;
+            }
+        }
+        op(p);
+    }
 };
 
 }  // namespace flowedge

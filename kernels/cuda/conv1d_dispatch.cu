@@ -45,8 +45,8 @@ void conv1d(const Conv1dParams& p, Stream s) {
 }
 
 void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s) {
-    // The two kernels (a fused row-path version, whose blocks normalise their staged input, is on branch
-    // gn-conv1d-fused until it has run on a GPU: docs/kernels/cuda_conv.md).
+    // The two kernels: a fused row-path form whose blocks normalised their staged input was slower (each block
+    // recomputes the group statistics before its weight stream starts; docs/kernels/cuda_conv.md).
     group_norm(p.norm, s);
     conv1d(p.conv, s);
 }

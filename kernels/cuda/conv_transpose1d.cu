@@ -1,5 +1,6 @@
 // torch.nn.ConvTranspose1d: the U-Net's x2 upsampling (kernel 4, stride 2, pad 1, input rows of <= 16 positions)
-// as a weight stream with sector-wide loads, and an exact generic kernel for every other shape.
+// as a weight stream with sector-wide loads, and an exact generic kernel for every other shape; batched calls under a
+// GEMM request go to cuBLASLt (gemm_lt.cu).
 // Launch geometry and numerics: docs/kernels/cuda_conv.md.
 #include <cstddef>
 #include <cstdint>
@@ -150,6 +151,10 @@ void conv_transpose1d(const ConvTranspose1dParams& p, Stream s) {
     if (!(p.out_length >= base && p.out_length < base + p.stride && p.out_length > 0)) [[unlikely]]
         fail(comp, "out_length inconsistent with in_length/kernel/stride/pad" +
              expected_got(std::to_string(base) + ".." + std::to_string(base + p.stride - 1), p.out_length));
+    // Batched calls under a GEMM request (TF32/BF16 math, or F32 math with f32_gemm) with scratch: one library GEMM
+    // over every (output channel, tap) pair plus a tap gather (gemm_lt.cu). The up2 kernel below re-reads all the
+    // weights per batch row.
+    if (p.scratch && conv_transpose1d_gemm(p, s)) return;
     const cudaStream_t st = detail::resolve(s);
     detail::dispatch_dtype(p.w.dtype, [&]<class T>() {
         if (try_conv_transpose1d_up2<T>(p, st)) return;

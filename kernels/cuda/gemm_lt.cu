@@ -95,6 +95,29 @@ ScratchLayout scratch_layout(const Conv1dParams& p) {
     return s;
 }
 
+/// A transposed conv as a kernel-1 Conv1d with out_channels * kernel outputs: its im2col panel is x transposed to
+/// [n][i] (n = b * in_length + s) and its GEMM gives D[n][o * kernel + k] (the weights [in][out * kernel] used as
+/// stored, GemmShape::a_mk).
+Conv1dParams transpose_as_conv(const ConvTranspose1dParams& p) {
+    Conv1dParams q;
+    q.x = p.x;
+    q.w = p.w;
+    q.batch = p.batch;
+    q.in_channels = p.in_channels;
+    q.out_channels = p.out_channels * p.kernel;
+    q.in_length = p.in_length;
+    q.out_length = p.in_length;
+    q.math = p.math;
+    q.f32_gemm = p.f32_gemm;
+    return q;
+}
+
+/// Whether a GEMM path may take q: the calls the tensor-core conv path takes (batched), whatever the math asked.
+bool batched_enough(Conv1dParams q) {
+    q.math = MathMode::TF32;
+    return conv1d_mma_selected(q);
+}
+
 void lt_check(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) [[unlikely]]
         fail(ErrorKind::Device, "cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
@@ -108,10 +131,10 @@ struct Plan {
     cublasLtMatmulAlgo_t algo{};
 };
 
-/// What a plan depends on: operand kind, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
+/// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
 /// weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace the
 /// algorithm may use (conv: kLtWorkspaceBytes, linear: none).
-using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int, bool, bool, std::size_t>;
+using PlanKey = std::tuple<int, bool, int, int, int, int, int, int, int, int, bool, bool, std::size_t>;
 
 struct DeviceLt {
     std::mutex mutex;
@@ -127,14 +150,14 @@ DeviceLt& device_lt() {
 }
 
 const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
-    const PlanKey key{int(g.kind), g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.relu, g.workspace};
+    const PlanKey key{int(g.kind), g.a_mk, g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.relu, g.workspace};
     auto it = lt.plans.find(key);
     if (it != lt.plans.end()) return it->second;
     Plan pl;
     const cudaDataType_t ab = g.kind == GemmKind::Bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute = g.kind == GemmKind::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     lt_check(cublasLtMatmulDescCreate(&pl.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasOperation_t ta = g.a_mk ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
     lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
     if (g.bias || g.relu) {
@@ -146,7 +169,8 @@ const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
         lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
                  "set BIAS_DATA_TYPE");
     }
-    lt_check(cublasLtMatrixLayoutCreate(&pl.a, ab, std::uint64_t(g.k), std::uint64_t(g.m), std::int64_t(g.k)), "layout A");
+    if (g.a_mk) lt_check(cublasLtMatrixLayoutCreate(&pl.a, ab, std::uint64_t(g.m), std::uint64_t(g.k), std::int64_t(g.m)), "layout A");
+    else lt_check(cublasLtMatrixLayoutCreate(&pl.a, ab, std::uint64_t(g.k), std::uint64_t(g.m), std::int64_t(g.k)), "layout A");
     lt_check(cublasLtMatrixLayoutCreate(&pl.b, ab, std::uint64_t(g.k), std::uint64_t(g.n), std::int64_t(g.ldb)), "layout B");
     lt_check(cublasLtMatrixLayoutCreate(&pl.d, CUDA_R_32F, std::uint64_t(g.m), std::uint64_t(g.n), std::int64_t(g.ldd)), "layout D");
     cublasLtMatmulPreference_t pref = nullptr;
@@ -258,6 +282,43 @@ __global__ void conv1d_gemm_out_kernel(const Conv1dParams p, const float* __rest
     }
 }
 
+/// y[b, o, t] = bias[o] + sum over taps k (ascending) with t + pad - k = s * stride, 0 <= s < in_length, of
+/// d[b * in_length + s][o * kernel + k]: the transposed conv's outputs from its per-tap GEMM. One thread per output,
+/// t fastest (coalesced writes; the <= 2 taps of the U-Net's upsampler are reads from L2).
+__global__ void conv_transpose1d_col2im_kernel(const ConvTranspose1dParams p, const float* __restrict__ d) {
+    detail::pdl_wait();
+    const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+    const std::int64_t m = std::int64_t(p.out_channels) * p.kernel;
+    for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+         idx += std::int64_t(gridDim.x) * blockDim.x) {
+        const int t = int(idx % p.out_length);
+        const std::int64_t bo = idx / p.out_length;
+        const int o = int(bo % p.out_channels), b = int(bo / p.out_channels);
+        float acc = 0.f;
+        for (int k = 0; k < p.kernel; ++k) {
+            const int num = t + p.pad - k;
+            if (num < 0 || num % p.stride != 0) continue;
+            const int s = num / p.stride;
+            if (s >= p.in_length) continue;
+            acc += d[(std::int64_t(b) * p.in_length + s) * m + std::int64_t(o) * p.kernel + k];
+        }
+        p.y[idx] = p.bias ? acc + p.bias[o] : acc;
+    }
+}
+
+/// The im2col panel of q for GEMM kind `kind` (rounded to its operand type) into `panel`.
+void launch_im2col(const Conv1dParams& q, GemmKind kind, void* panel, std::int64_t n, cudaStream_t st) {
+    const dim3 grid(unsigned((q.in_channels + kIm2colChannels - 1) / kIm2colChannels), unsigned(std::min<std::int64_t>(n, 65535)));
+    if (kind == GemmKind::Tf32)
+        detail::launch_pdl(conv1d_im2col_kernel<float, true>, grid, dim3(kIm2colChannels), 0, st, q, static_cast<float*>(panel), int(n));
+    else if (kind == GemmKind::F32)
+        detail::launch_pdl(conv1d_im2col_kernel<float, false>, grid, dim3(kIm2colChannels), 0, st, q, static_cast<float*>(panel), int(n));
+    else
+        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16, false>, grid, dim3(kIm2colChannels), 0, st, q,
+                           static_cast<__nv_bfloat16*>(panel), int(n));
+    FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_im2col");
+}
+
 }  // namespace
 
 bool lt::gemm(const GemmShape& g, const void* a, const void* b, float* d, void* workspace, cudaStream_t st) {
@@ -352,17 +413,7 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     void* panel = base;
     float* d = reinterpret_cast<float*>(base + sl.panel);
     void* ws = base + sl.panel + sl.out;
-    const dim3 im2col_grid(unsigned((p.in_channels + kIm2colChannels - 1) / kIm2colChannels), unsigned(std::min<std::int64_t>(n, 65535)));
-    if (kind == GemmKind::Tf32)
-        detail::launch_pdl(conv1d_im2col_kernel<float, true>, im2col_grid, dim3(kIm2colChannels), 0, st, p, static_cast<float*>(panel),
-                           int(n));
-    else if (kind == GemmKind::F32)
-        detail::launch_pdl(conv1d_im2col_kernel<float, false>, im2col_grid, dim3(kIm2colChannels), 0, st, p,
-                           static_cast<float*>(panel), int(n));
-    else
-        detail::launch_pdl(conv1d_im2col_kernel<__nv_bfloat16, false>, im2col_grid, dim3(kIm2colChannels), 0, st, p,
-                           static_cast<__nv_bfloat16*>(panel), int(n));
-    FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_im2col");
+    launch_im2col(p, kind, panel, n, st);
     const float alpha = 1.f, beta = 0.f;
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, panel, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, ws,
                             kLtWorkspaceBytes, st),
@@ -370,6 +421,53 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     const dim3 grid(unsigned((p.out_channels + 31) / 32), unsigned((n + 31) / 32));
     detail::launch_pdl(conv1d_gemm_out_kernel, grid, dim3(32, 8), 0, st, p, static_cast<const float*>(d), int(n));
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_gemm_out");
+    return true;
+}
+
+std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams& p) {
+    if (p.batch <= 0 || p.in_length <= 0 || p.in_channels <= 0 || p.kernel <= 0 || p.out_channels <= 0) return 0;
+    if (!device_available()) return 0;
+    const Conv1dParams q = transpose_as_conv(p);
+    return batched_enough(q) ? scratch_layout(q).total : 0;
+}
+
+bool conv_transpose1d_gemm(const ConvTranspose1dParams& p, Stream s) {
+    const Conv1dParams q = transpose_as_conv(p);
+    GemmKind kind{};
+    if (!gemm_kind(q, kind) || detail::env_flag("FLOWEDGE_CUDA_NO_LT") || !batched_enough(q)) return false;
+    const ScratchLayout sl = scratch_layout(q);
+    if (!p.scratch || p.scratch_bytes < sl.total || !detail::aligned(p.scratch, kAlign)) return false;
+    const std::int64_t n = std::int64_t(p.batch) * p.in_length, m = std::int64_t(p.out_channels) * p.kernel;
+    if (n >= (std::int64_t(1) << 31) || m >= (std::int64_t(1) << 31)) return false;
+    const cudaStream_t st = detail::resolve(s);
+    DeviceLt& lt = device_lt();
+    std::lock_guard<std::mutex> lock(lt.mutex);
+    if (!handle_outside_capture(lt, st)) return false;
+    GemmShape g;
+    g.kind = kind;
+    g.a_mk = true;
+    g.m = int(m);
+    g.n = int(n);
+    g.k = p.in_channels;
+    g.ldb = p.in_channels;
+    g.ldd = int(m);
+    g.align_w = pointer_alignment(p.w.data);
+    g.workspace = kLtWorkspaceBytes;
+    const Plan& pl = plan_for(lt, g);
+    if (!pl.usable) return false;
+    auto* base = static_cast<unsigned char*>(p.scratch);
+    void* panel = base;
+    float* d = reinterpret_cast<float*>(base + sl.panel);
+    void* ws = base + sl.panel + sl.out;
+    launch_im2col(q, kind, panel, n, st);
+    const float alpha = 1.f, beta = 0.f;
+    lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, panel, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, ws,
+                            kLtWorkspaceBytes, st),
+             "cublasLtMatmul");
+    const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
+    detail::launch_pdl(conv_transpose1d_col2im_kernel, dim3(detail::blocks_for(total, 256)), dim3(256), 0, st, p,
+                       static_cast<const float*>(d));
+    FLOWEDGE_CUDA_CHECK_LAUNCH("conv_transpose1d_col2im");
     return true;
 }
 

@@ -23,9 +23,11 @@ enum class GemmKind { Tf32, Bf16, F32 };
 
 /// Column-major view, as cuBLASLt sees memory: D (m x n, column stride ldd, float) = A^T * B with A stored k x m
 /// (row-major [m][k], column stride k; the linear's and conv1d's weights, conv2d's im2col panel) and B k x n
-/// (column stride ldb). align_*: the alignment the A / B / D pointers are known to have.
+/// (column stride ldb); with a_mk, D = A * B with A stored m x k (row-major [k][m], column stride m: the transposed
+/// conv's weights [in][out * kernel]). align_*: the alignment the A / B / D pointers are known to have.
 struct GemmShape {
     GemmKind kind = GemmKind::Tf32;
+    bool a_mk = false;
     int m = 0, n = 0, k = 0;
     int ldb = 0, ldd = 0;
     int align_w = 256, align_b = 256, align_d = 256;

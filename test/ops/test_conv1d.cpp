@@ -254,8 +254,9 @@ TEST_CASE_TEMPLATE("conv1d matches a naive loop on the PushT U-Net shapes", B, F
 TEST_CASE_TEMPLATE("group_norm_conv1d matches GroupNorm + Mish + FiLM then Conv1d in double",
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
-    // A fused CUDA form (branch gn-conv1d-fused) would take the first group (row-path lengths, channels and channels
-    // per group multiples of 32, the staged input within shared memory) and fall back to the two ops on the second.
+    // The first group holds the shapes a fused CUDA form took (row-path lengths, channels and channels per group
+    // multiples of 32, the staged input within shared memory; measured slower, not kept), the second those it left
+    // to the two ops.
     const NormConvCase fused[] = {
         {cc(1, 512, 512, 16, 5, 1, 2), 8, true, true},   // PushT down0 / up1 conv1 -> conv2
         {cc(1, 2048, 2048, 4, 5, 1, 2), 8, true, true},  // down2 / mid

@@ -642,6 +642,168 @@ TEST_CASE("conv1d_gemm declines what it does not handle: F32 math without f32_ge
     }
 }
 
+namespace {
+
+/// A batched ConvTranspose1d for cuda::conv_transpose1d_gemm: inputs, weights [in][out][kernel], the exact result
+/// in double (scatter form: input s feeds output s*stride - pad + k) and |bias| + sum|w||x| per output.
+struct TransposeCase {
+    Shape1d s;  // len = in_length
+    int out_len = 0;
+    std::vector<float> x, bias;
+    Weights w;
+    std::vector<double> ref, mag;
+
+    TransposeCase(const Shape1d& sh, DType dt, std::uint32_t seed)
+        : s(sh),
+          out_len((sh.len - 1) * sh.stride - 2 * sh.pad + sh.k),
+          x(random_vec(std::size_t(sh.batch) * sh.in * sh.len, seed)),
+          bias(random_vec(sh.out, seed + 2)),
+          w(random_vec(std::size_t(sh.in) * sh.out * sh.k, seed + 1, -1.f / std::sqrt(float(sh.in)), 1.f / std::sqrt(float(sh.in))), dt) {
+        ref.assign(std::size_t(s.batch) * s.out * out_len, 0.0);
+        mag.assign(ref.size(), 0.0);
+        for (int b = 0; b < s.batch; ++b)
+            for (int o = 0; o < s.out; ++o)
+                for (int t = 0; t < out_len; ++t) {
+                    ref[(std::size_t(b) * s.out + o) * out_len + t] = bias[o];
+                    mag[(std::size_t(b) * s.out + o) * out_len + t] = std::fabs(double(bias[o]));
+                }
+        for (int b = 0; b < s.batch; ++b)
+            for (int i = 0; i < s.in; ++i)
+                for (int j = 0; j < s.len; ++j)
+                    for (int o = 0; o < s.out; ++o)
+                        for (int kk = 0; kk < s.k; ++kk) {
+                            const int t = j * s.stride - s.pad + kk;
+                            if (t < 0 || t >= out_len) continue;
+                            const double v = double(w.widened[(std::size_t(i) * s.out + o) * s.k + kk]) *
+                                             x[(std::size_t(b) * s.in + i) * s.len + j];
+                            ref[(std::size_t(b) * s.out + o) * out_len + t] += v;
+                            mag[(std::size_t(b) * s.out + o) * out_len + t] += std::fabs(v);
+                        }
+    }
+
+    ConvTranspose1dParams params(MathMode m, bool f32_gemm = false) const {
+        ConvTranspose1dParams p;
+        p.batch = s.batch; p.in_channels = s.in; p.out_channels = s.out; p.in_length = s.len; p.out_length = out_len;
+        p.kernel = s.k; p.stride = s.stride; p.pad = s.pad; p.math = m; p.f32_gemm = f32_gemm;
+        return p;
+    }
+};
+
+/// Runs `launch(p)` on the device with y NaN-poisoned plus a guard tail; returns y (without the guard).
+template <class F>
+std::vector<float> run_transpose(const TransposeCase& c, ConvTranspose1dParams p, F&& launch) {
+    const std::size_t n_out = c.ref.size();
+    std::vector<float> init(n_out + kGuard, std::numeric_limits<float>::quiet_NaN());
+    for (int g = 0; g < kGuard; ++g) init[n_out + std::size_t(g)] = 1234.5f + float(g);
+    DeviceArray<float> dx(c.x), dbias(c.bias), dy(init);
+    p.x = dx.get(); p.w = c.w.gpu(); p.bias = dbias.get(); p.y = dy.get();
+    launch(p);
+    std::vector<float> y = dy.download();
+    for (int g = 0; g < kGuard; ++g) CHECK(y[n_out + std::size_t(g)] == 1234.5f + float(g));
+    y.resize(n_out);
+    return y;
+}
+
+/// Every output within rb * (|bias| + sum|w||x|) + 2^-23 |y| (NaN fails); returns the largest error / bound ratio.
+double check_transpose_within(const TransposeCase& c, const std::vector<float>& y, double rb) {
+    double worst = 0;
+    std::size_t n_bad = 0, first_bad = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+        const double err = std::fabs(double(y[i]) - c.ref[i]);
+        const double bound = rb * c.mag[i] + std::ldexp(std::fabs(c.ref[i]), -23) + 1e-30;
+        if (!(err <= bound) && n_bad++ == 0) first_bad = i;
+        if (std::isfinite(err)) worst = std::max(worst, err / bound);
+    }
+    CAPTURE(first_bad);
+    CHECK(n_bad == 0);
+    return worst;
+}
+
+void run_transpose_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
+    CAPTURE(sh.batch); CAPTURE(sh.in); CAPTURE(sh.out); CAPTURE(sh.len); CAPTURE(sh.k); CAPTURE(sh.stride); CAPTURE(sh.pad);
+    CAPTURE(int(dt));
+    const TransposeCase c(sh, dt, seed);
+    const int kg = sh.in * sh.k;  // products per output, counted generously (only ceil(k / stride) taps reach one)
+    struct Mode {
+        MathMode math;
+        bool f32_gemm;
+    };
+    for (const Mode md : {Mode{MathMode::TF32, false}, Mode{MathMode::BF16, false}, Mode{MathMode::F32, true}}) {
+        CAPTURE(int(md.math));
+        cuda::prepare_math(md.math);
+        const ConvTranspose1dParams p0 = c.params(md.math, md.f32_gemm);
+        const std::size_t need = cuda::conv_transpose1d_scratch_bytes(p0);
+        REQUIRE(need > 0);  // every shape here has batch * in_length >= 32
+        DeviceArray<std::byte> scratch(need);
+        auto with_scratch = [&](std::size_t bytes, auto&& op) {
+            return [&, bytes](const ConvTranspose1dParams& q) {
+                ConvTranspose1dParams p = q;
+                p.scratch = scratch.get();
+                p.scratch_bytes = bytes;
+                op(p);
+            };
+        };
+        bool took = false;
+        const auto y = run_transpose(c, p0, with_scratch(need, [&](const ConvTranspose1dParams& p) { took = cuda::conv_transpose1d_gemm(p, {}); }));
+        // F32 weights under every mode here; BF16 weights under BF16 math; F16 weights never.
+        const bool applies = dt == DType::F32 || (dt == DType::BF16 && md.math == MathMode::BF16);
+        // 16-byte aligned operand rows (in and out * kernel multiples of 8) always find an algorithm.
+        if (!applies || (sh.in % 8 == 0 && sh.out * sh.k % 8 == 0)) CHECK(took == applies);
+        if (!took) {
+            // Declined: Ops<Cuda> runs the exact kernels, within the op test's F32 bound.
+            const auto ye = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
+            (void)check_transpose_within(c, ye, double(kg) * std::ldexp(1.0, -23));
+            continue;
+        }
+        const double rb = md.math == MathMode::F32 ? std::ldexp(1.0, -23) + double(kg) * std::ldexp(1.0, -24) : gemm_rel_bound(dt, kg);
+        const double worst = check_transpose_within(c, y, rb);
+        MESSAGE("conv_transpose1d gemm math " << int(md.math) << " dtype " << int(dt) << " in " << sh.in << " N "
+                                              << sh.batch * sh.len << ": max error / bound " << worst);
+        // Same algorithm, same bits; and through Ops<Cuda>::conv_transpose1d with the scratch.
+        const auto y2 = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { (void)cuda::conv_transpose1d_gemm(p, {}); }));
+        CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
+        const auto yo = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
+        CHECK(std::memcmp(y.data(), yo.data(), y.size() * sizeof(float)) == 0);
+        // Too little scratch: nothing launched (y stays NaN-poisoned), and Ops<Cuda> falls back to the exact kernels.
+        bool small_took = true;
+        (void)run_transpose(c, p0, with_scratch(need - 256, [&](const ConvTranspose1dParams& p) { small_took = cuda::conv_transpose1d_gemm(p, {}); }));
+        CHECK_FALSE(small_took);
+    }
+    // F32 math without f32_gemm never takes it, scratch or not.
+    const ConvTranspose1dParams pf = c.params(MathMode::F32);
+    const std::size_t need = cuda::conv_transpose1d_scratch_bytes(pf);
+    DeviceArray<std::byte> scratch(need);
+    bool took = true;
+    (void)run_transpose(c, pf, [&](const ConvTranspose1dParams& q) {
+        ConvTranspose1dParams p = q;
+        p.scratch = scratch.get();
+        p.scratch_bytes = need;
+        took = cuda::conv_transpose1d_gemm(p, {});
+    });
+    CHECK_FALSE(took);
+}
+
+}  // namespace
+
+TEST_CASE("conv_transpose1d_gemm (cuBLASLt): odd and PushT upsampler shapes, every dtype and GEMM request; declines "
+          "unbatched calls") {
+    if (!optest::ready<Cuda>()) return;
+    if (device_major() < 8) return;
+    const Shape1d shapes[] = {
+        {5, 37, 29, 7, 4, 2, 1},       // odd channels, N 35: unaligned rows (the library may still serve them)
+        {3, 40, 24, 11, 3, 1, 0},      // stride 1, kernel 3, N 33
+        {6, 16, 8, 6, 5, 3, 2},        // stride 3: outputs with one tap and with two
+        {64, 1024, 1024, 4, 4, 2, 1},  // PushT up0 upsample at batch 64 (N 256)
+        {8, 512, 512, 8, 4, 2, 1},     // PushT up1 upsample at batch 8 (N 64)
+    };
+    std::uint32_t seed = 1300;
+    for (const Shape1d& s : shapes)
+        for (DType dt : kAllDtypes) run_transpose_gemm_case(s, dt, seed += 17);
+    // Unbatched (batch * in_length below the routing minimum): no scratch asked, never taken.
+    const TransposeCase one({1, 64, 64, 8, 4, 2, 1}, DType::F32, 1);
+    CHECK(cuda::conv_transpose1d_scratch_bytes(one.params(MathMode::TF32)) == 0);
+}
+
 TEST_CASE("Ops<Cpu>::conv1d computes a TF32 request exactly (the CPU has no TF32): the F32 result bit for bit") {
     if (!optest::ready<Cuda>()) return;
     const Case c({8, 40, 24, 16, 5, 1, 2}, DType::F32, 900);

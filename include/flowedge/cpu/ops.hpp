@@ -110,6 +110,8 @@ struct Ops<B> {
     /// Device scratch a conv1d of p's shape may use under a non-F32 MathMode (Conv1dParams::scratch): none here,
     /// the CPU kernels build their panels in thread-local buffers.
     static std::size_t conv1d_scratch_bytes(const Conv1dParams&) { return 0; }
+    /// Likewise for conv_transpose1d (ConvTranspose1dParams::scratch): none.
+    static std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams&) { return 0; }
     /// Readies what MathMode m needs before graphs are recorded (the CUDA tensor-core GEMM library); nothing here.
     static void prepare_math(MathMode) {}
 

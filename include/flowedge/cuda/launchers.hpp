@@ -71,6 +71,15 @@ void prepare_math(MathMode m);
 /// (32, or FLOWEDGE_CUDA_MMA_MIN_N from the environment, read once; a huge value turns the path off).
 bool conv1d_mma_selected(const Conv1dParams& p);
 void conv_transpose1d(const ConvTranspose1dParams& p, Stream s);
+/// cuBLASLt conv_transpose1d (gemm_lt.cu), for batched calls: x transposed into a [batch * in_length][in] panel in
+/// p.scratch, one library GEMM D[n][o * kernel + k] = sum_i w[i, o, k] * x[b, i, s] (n = b * in_length + s; operand
+/// kinds and bound as conv1d_gemm's with Kg = in_channels * kernel), then each output gathers its taps and adds the
+/// bias. Returns false, launching nothing, where conv1d_gemm would (and for batch * in_length below the routing
+/// minimum); conv_transpose1d then runs its exact kernels.
+bool conv_transpose1d_gemm(const ConvTranspose1dParams& p, Stream s);
+/// Scratch bytes conv_transpose1d_gemm needs for p's shape when the call is batched enough for it (p.math ignored,
+/// as conv1d_scratch_bytes), else 0.
+std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams& p);
 void group_norm(const GroupNormParams& p, Stream s);
 /// conv(GroupNorm(x)): group_norm (into p.norm.y) then conv1d.
 void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s);

@@ -76,21 +76,10 @@ public:
     }
 
     /// Runs op(p) (an Ops<B> call taking Conv1dParams) with backend scratch attached where a library GEMM path may
-    /// want it (CUDA: cuBLASLt panel + output): taken only when the arena was sized for it (DiffusionHead adds
-    /// max_conv_scratch_bytes), else the backend uses a path without.
+    /// want it (CUDA: cuBLASLt panel + output; Context::with_gemm_scratch).
     template <class Op>
-    void launch(Context<B>& ctx, Conv1dParams p, Op&& op) const {
-        if ((ctx.math != MathMode::F32 || ctx.f32_gemm) && ctx.workspace) {
-            const std::size_t need = Ops<B>::conv1d_scratch_bytes(p);
-            if (need > 0 && ctx.workspace->available() >= need) {
-                typename Workspace<B>::Mark mark(*ctx.workspace);
-                p.scratch = ctx.workspace->template take<std::byte>(Shape{std::int64_t(need)}).data;
-                p.scratch_bytes = need;
-                op(p);
-                return;
-            }
-        }
-        op(p);
+    void launch(Context<B>& ctx, const Conv1dParams& p, Op&& op) const {
+        ctx.with_gemm_scratch(p, [&] { return Ops<B>::conv1d_scratch_bytes(p); }, op);
     }
 
     /// Backend scratch a forward() of config c over `batch` x `in_length` may take for a library GEMM path (non-F32

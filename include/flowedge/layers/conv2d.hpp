@@ -95,7 +95,8 @@ public:
     void load(const std::shared_ptr<const io::SafeTensors>& file, const std::string& conv_prefix, const std::string& bn_prefix,
               const LoadOptions& opts, std::string_view component) {
         const Shape wshape{m_cfg.out, m_cfg.in, m_cfg.kernel, m_cfg.kernel};
-        const io::TensorInfo& w = require_tensor(*file, conv_prefix + "weight", wshape, component);
+        const std::string w_key = conv_prefix + "weight";  // named: GCC 13 warns on a reference returned from a temporary
+        const io::TensorInfo& w = require_tensor(*file, w_key, wshape, component);
         const io::TensorInfo* b = m_cfg.bias ? &require_tensor(*file, conv_prefix + "bias", Shape{m_cfg.out}, component) : nullptr;
         if (!m_cfg.batch_norm) {
             m_weight.load(w, wshape, Storage::Conv2dWeight, opts, file, component);
@@ -104,8 +105,10 @@ public:
         }
         static constexpr const char* kBnNames[4] = {"weight", "bias", "running_mean", "running_var"};
         std::vector<double> bn[4];
+        const Shape vshape{m_cfg.out};
         for (int i = 0; i < 4; ++i) {
-            const io::TensorInfo& t = require_tensor(*file, bn_prefix + kBnNames[i], Shape{m_cfg.out}, component);
+            const std::string key = bn_prefix + kBnNames[i];
+            const io::TensorInfo& t = require_tensor(*file, key, vshape, component);
             bn[i] = tensor_values(t);
             m_bn[i].load(t, Shape{m_cfg.out}, Storage::Vector, opts, file, component);
         }

@@ -43,7 +43,8 @@ public:
         if (m_cfg.bias) f("bias", m_bias, Shape{m_cfg.out}, Storage::Vector);
     }
 
-    /// y = conv_transpose1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)].
+    /// y = conv_transpose1d(x). x: [batch, in, in_length]; y: [batch, out, out_length(in_length)]. Uses ctx.math and
+    /// ctx.f32_gemm (a batched call may run as a library GEMM on CUDA).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y) const {
         if (!(x.shape.rank == 3)) [[unlikely]] fail(ErrorKind::BadShape, "conv_transpose1d",
               "input must be [batch, channels, length]" + expected_got(3, x.shape.rank));
@@ -64,7 +65,25 @@ public:
         p.kernel = m_cfg.kernel;
         p.stride = m_cfg.stride;
         p.pad = m_cfg.pad;
-        Ops<B>::conv_transpose1d(p, ctx.stream);
+        p.math = ctx.math;
+        p.f32_gemm = ctx.f32_gemm;
+        ctx.with_gemm_scratch(p, [&] { return Ops<B>::conv_transpose1d_scratch_bytes(p); },
+                              [&](const ConvTranspose1dParams& q) { Ops<B>::conv_transpose1d(q, ctx.stream); });
+    }
+
+    /// Backend scratch a forward() over `batch` x `in_length` may take for a library GEMM path (as
+    /// Conv1d::scratch_bytes; 0 on the CPU); models add the largest to their workspace at load.
+    static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
+        ConvTranspose1dParams p;
+        p.batch = batch;
+        p.in_channels = c.in;
+        p.out_channels = c.out;
+        p.in_length = in_length;
+        p.out_length = (in_length - 1) * c.stride - 2 * c.pad + c.kernel;
+        p.kernel = c.kernel;
+        p.stride = c.stride;
+        p.pad = c.pad;
+        return p.out_length > 0 ? Ops<B>::conv_transpose1d_scratch_bytes(p) : 0;
     }
 
     const Parameter<B>& weight() const { return m_weight; }

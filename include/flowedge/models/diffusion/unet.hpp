@@ -233,6 +233,9 @@ private:
         return ResBlock::workspace_bytes_given_film(c, batch, length) + conv;
     }
     static std::size_t scratch_of(const Conv1d<B>& conv, int batch, int length) { return conv_scratch(conv.config(), batch, length); }
+    static std::size_t scratch_of(const ConvTranspose1d<B>& up, int batch, int length) {
+        return Workspace<B>::template bytes_for<std::byte>(ConvTranspose1d<B>::scratch_bytes(up.config(), batch, length));
+    }
 
     /// condition(): takes the Conditioning buffers (kept on return) and, inside a Mark, the scratch that computes them:
     /// the step encoder on `steps` sinusoid rows, then one zeroed matrix G of steps + batch rows of cond_dim,
@@ -402,7 +405,7 @@ private:
             run_res(up.r1, Act{a, a_slot}, b2);
             const int y_slot = next_slot(b_slot);
             View<float, B> y = into_slot(y_slot, Shape{batch, up.upsample.config().out, up.upsample.out_length(L)});
-            if constexpr (kRun) up.upsample.forward(*pass.ctx, b2, y);
+            layer([&] { return scratch_of(up.upsample, batch, L); }, [&] { up.upsample.forward(*pass.ctx, b2, y); });
             cur = Act{y, y_slot};
             L = up.upsample.out_length(L);
         }
