@@ -156,22 +156,22 @@ inline void check_args(const GroupNormParams& p) {
     if (!(p.x && p.y)) [[unlikely]] fail(op, "null x or y pointer");
 }
 
-/// Ops::group_norm_conv1d: each op's checks, the conv reading the norm's output (conv.x == norm.y) of the conv's
-/// input shape, and a conv output that overlaps neither norm buffer.
-inline void check_args(const GroupNormConv1dParams& p) {
+/// Ops::conv1d_group_norm: each op's checks, the norm reading the conv's output (norm.x == conv.y) of the conv's
+/// output shape, and a norm output that overlaps neither the conv's input nor its output.
+inline void check_args(const Conv1dGroupNormParams& p) {
     using namespace op_checks_detail;
-    constexpr std::string_view op = "group_norm_conv1d";
-    check_args(p.norm);
+    constexpr std::string_view op = "conv1d_group_norm";
     check_args(p.conv);
-    if (p.conv.x != p.norm.y) [[unlikely]] fail(op, "the conv must read the norm's output" + expected_got("conv.x == norm.y", "another buffer"));
-    if (!(p.norm.batch == p.conv.batch && p.norm.channels == p.conv.in_channels && p.norm.length == p.conv.in_length)) [[unlikely]]
-        fail(op, "norm and conv input shapes differ" +
-                     expected_got(fields({{"batch", p.conv.batch}, {"channels", p.conv.in_channels}, {"length", p.conv.in_length}}),
+    check_args(p.norm);
+    if (p.norm.x != p.conv.y) [[unlikely]] fail(op, "the norm must read the conv's output" + expected_got("norm.x == conv.y", "another buffer"));
+    if (!(p.norm.batch == p.conv.batch && p.norm.channels == p.conv.out_channels && p.norm.length == p.conv.out_length)) [[unlikely]]
+        fail(op, "conv output and norm shapes differ" +
+                     expected_got(fields({{"batch", p.conv.batch}, {"channels", p.conv.out_channels}, {"length", p.conv.out_length}}),
                                   fields({{"batch", p.norm.batch}, {"channels", p.norm.channels}, {"length", p.norm.length}})));
-    const std::size_t n_in = std::size_t(p.norm.batch) * std::size_t(p.norm.channels) * std::size_t(p.norm.length);
-    const std::size_t n_out = std::size_t(p.conv.batch) * std::size_t(p.conv.out_channels) * std::size_t(p.conv.out_length);
-    if (ranges_overlap(p.conv.y, n_out, p.norm.x, n_in) || ranges_overlap(p.conv.y, n_out, p.norm.y, n_in)) [[unlikely]]
-        fail(op, "conv output overlaps the norm's input or output" + expected_got("disjoint buffers", "overlap"));
+    const std::size_t n_in = std::size_t(p.conv.batch) * std::size_t(p.conv.in_channels) * std::size_t(p.conv.in_length);
+    const std::size_t n_out = std::size_t(p.norm.batch) * std::size_t(p.norm.channels) * std::size_t(p.norm.length);
+    if (ranges_overlap(p.norm.y, n_out, p.conv.x, n_in) || ranges_overlap(p.norm.y, n_out, p.conv.y, n_out)) [[unlikely]]
+        fail(op, "norm output overlaps the conv's input or output" + expected_got("disjoint buffers", "overlap"));
 }
 
 /// Ops::rms_norm: rows >= 0, dim > 0, x/y set when rows > 0.

@@ -155,14 +155,14 @@ struct GroupNormParams {
     Activation post_act = Activation::None;
 };
 
-/// A Conv1d whose input is a GroupNorm's output, as one op (Ops<B>::group_norm_conv1d): conv.y = conv(norm's
-/// epilogue(GroupNorm(norm.x))). norm.y is scratch for the normalised input: a backend that runs the two ops writes
-/// it and the conv reads it, CUDA's row path normalises its own staged copy of norm.x and leaves norm.y unwritten.
-/// conv.x must be norm.y; norm's batch, channels and length must be the conv's batch, in_channels and in_length.
-/// (The U-Net's first GroupNorm of a residual block feeds only the block's second conv.)
-struct GroupNormConv1dParams {
-    GroupNormParams norm;
+/// A GroupNorm of a Conv1d's output, as one op (Ops<B>::conv1d_group_norm; LeRobot's Conv1dBlock and the U-Net's
+/// residual block halves): norm.y = norm's epilogue(GroupNorm(conv(conv.x))). conv.y is scratch for the raw conv
+/// output: a backend that runs the two ops writes it and the norm reads it; CUDA's library-GEMM path for batched
+/// calls normalises the GEMM's own [position][channel] output and leaves conv.y unwritten. norm.x must be conv.y;
+/// norm's batch, channels and length must be the conv's batch, out_channels and out_length.
+struct Conv1dGroupNormParams {
     Conv1dParams conv;
+    GroupNormParams norm;
 };
 
 /// RMSNorm as in Mamba: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. x, y: [rows, dim].

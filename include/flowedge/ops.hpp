@@ -2,7 +2,7 @@
 //
 // Layers and models call only Ops<B>; they never test which backend they run on. A backend provides:
 //   memory:   allocate / deallocate (via Memory<B>), copy_from_host, copy_to_host, copy, fill_zero, synchronize
-//   compute:  linear, linear_batch, conv1d, conv_transpose1d, group_norm, group_norm_conv1d, rms_norm, activation, axpby,
+//   compute:  linear, linear_batch, conv1d, conv_transpose1d, group_norm, conv1d_group_norm, rms_norm, activation, axpby,
 //             concat_channels, sinusoid, embedding, causal_conv, selective_scan, diffusion_step, unnormalize,
 //             images: conv2d, max_pool2d, spatial_softmax, normalize, image_to_tensor, resize
 //             transformer (op_params_transformer.hpp): layer_norm, attention, gelu, transpose, position_embedding_2d

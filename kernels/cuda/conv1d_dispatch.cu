@@ -1,6 +1,6 @@
 // torch.nn.Conv1d entry point: decides which path runs for a shape (tensor-core GEMM or implicit GEMM under TF32/BF16
 // math for batched calls, the library's F32 GEMM for batched F32 calls that ask for it (f32_gemm), else the exact
-// row, tiled or generic kernel), and GroupNorm + Conv1d (group_norm_conv1d); the table of shapes and paths is in
+// row, tiled or generic kernel), and Conv1d + GroupNorm (conv1d_group_norm); the table of shapes and paths is in
 // docs/kernels/cuda_conv.md.
 #include <cstdint>
 #include <string_view>
@@ -44,11 +44,14 @@ void conv1d(const Conv1dParams& p, Stream s) {
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d");
 }
 
-void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s) {
-    // The two kernels: a fused row-path form whose blocks normalised their staged input was slower (each block
-    // recomputes the group statistics before its weight stream starts; docs/kernels/cuda_conv.md).
-    group_norm(p.norm, s);
+void conv1d_group_norm(const Conv1dGroupNormParams& p, Stream s) {
+    // Batched calls on the library GEMM: the norm reads the GEMM's [position][channel] output plus the bias itself,
+    // so the transpose kernel and the raw output's round trip through memory go. Otherwise the two ops (at batch 1,
+    // GroupNorm folded into the conv before it gained nothing and into the conv after it lost:
+    // docs/kernels/cuda_conv.md).
+    if (gemm_candidate(p.conv) && conv1d_gemm_group_norm(p, s)) return;
     conv1d(p.conv, s);
+    group_norm(p.norm, s);
 }
 
 }  // namespace flowedge::cuda

@@ -1,6 +1,8 @@
-// Opt-in tensor-core paths on cuBLASLt for batched calls (MathMode TF32/BF16): torch.nn.Linear with many rows
-// (linear_gemm: y = x W^T + bias straight from the caller's row-major x and y, no copies) and torch.nn.Conv1d
-// (conv1d_gemm, below).
+// Library-GEMM paths on cuBLASLt for batched calls (MathMode TF32/BF16, or F32 with f32_gemm): torch.nn.Linear with
+// many rows (linear_gemm: y = x W^T + bias straight from the caller's row-major x and y, no copies), torch.nn.Conv1d
+// (conv1d_gemm, below; conv1d_gemm_group_norm hands the GEMM's output to a GroupNorm that reads that layout itself)
+// and torch.nn.ConvTranspose1d (conv_transpose1d_gemm: the same GEMM over every output channel x tap, with the
+// weights [in][out * kernel] as stored, on x transposed by the kernel-1 im2col, then a gather of each output's taps).
 //
 // Linear: D (out x rows, column-major = y [rows][out] with row stride ld_y) = W (out x in) * X^T, X = x [rows][in]
 // (column-major in x rows, ld_x), bias and ReLU through the library's epilogues, accumulate as beta = 1 (C = D = y);
@@ -53,6 +55,7 @@
 
 #include "common.cuh"
 #include "gemm_lt.cuh"
+#include "group_norm_common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 #include "flowedge/cuda/device.hpp"
 
@@ -109,6 +112,8 @@ Conv1dParams transpose_as_conv(const ConvTranspose1dParams& p) {
     q.out_length = p.in_length;
     q.math = p.math;
     q.f32_gemm = p.f32_gemm;
+    q.scratch = p.scratch;
+    q.scratch_bytes = p.scratch_bytes;
     return q;
 }
 
@@ -386,20 +391,25 @@ std::size_t conv1d_scratch_bytes(const Conv1dParams& p) {
     return scratch_layout(p).total;
 }
 
-bool conv1d_gemm(const Conv1dParams& p, Stream s) {
+namespace {
+
+/// The im2col panel and library GEMM of p into p.scratch: returns the GEMM's output D[n][o] (n = b * out_length + t,
+/// no bias), or null, launching nothing, where the library path declines. a_mk: p is a transposed conv's view
+/// (transpose_as_conv), its weights [in][out] used as stored.
+const float* im2col_gemm(const Conv1dParams& p, bool a_mk, cudaStream_t st) {
     GemmKind kind{};
-    if (!gemm_kind(p, kind) || detail::env_flag("FLOWEDGE_CUDA_NO_LT")) return false;
-    if (p.kernel > kIm2colMaxKernel) return false;  // the im2col block stages at most kIm2colMaxKernel taps
+    if (!gemm_kind(p, kind) || detail::env_flag("FLOWEDGE_CUDA_NO_LT")) return nullptr;
+    if (p.kernel > kIm2colMaxKernel) return nullptr;  // the im2col block stages at most kIm2colMaxKernel taps
     const ScratchLayout sl = scratch_layout(p);
-    if (!p.scratch || p.scratch_bytes < sl.total || !detail::aligned(p.scratch, kAlign)) return false;
+    if (!p.scratch || p.scratch_bytes < sl.total || !detail::aligned(p.scratch, kAlign)) return nullptr;
     const std::int64_t n = std::int64_t(p.batch) * p.out_length, kg = std::int64_t(p.in_channels) * p.kernel;
-    if (n >= (std::int64_t(1) << 31) || kg >= (std::int64_t(1) << 31)) return false;
-    const cudaStream_t st = detail::resolve(s);
+    if (n >= (std::int64_t(1) << 31) || kg >= (std::int64_t(1) << 31)) return nullptr;
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
-    if (!handle_outside_capture(lt, st)) return false;
+    if (!handle_outside_capture(lt, st)) return nullptr;
     GemmShape g;
     g.kind = kind;
+    g.a_mk = a_mk;
     g.m = p.out_channels;
     g.n = int(n);
     g.k = int(kg);
@@ -408,7 +418,7 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     g.align_w = pointer_alignment(p.w.data);
     g.workspace = kLtWorkspaceBytes;
     const Plan& pl = plan_for(lt, g);
-    if (!pl.usable) return false;
+    if (!pl.usable) return nullptr;
     auto* base = static_cast<unsigned char*>(p.scratch);
     void* panel = base;
     float* d = reinterpret_cast<float*>(base + sl.panel);
@@ -418,9 +428,28 @@ bool conv1d_gemm(const Conv1dParams& p, Stream s) {
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, panel, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, ws,
                             kLtWorkspaceBytes, st),
              "cublasLtMatmul");
+    return d;
+}
+
+}  // namespace
+
+bool conv1d_gemm(const Conv1dParams& p, Stream s) {
+    const cudaStream_t st = detail::resolve(s);
+    const float* d = im2col_gemm(p, false, st);
+    if (!d) return false;
+    const std::int64_t n = std::int64_t(p.batch) * p.out_length;
     const dim3 grid(unsigned((p.out_channels + 31) / 32), unsigned((n + 31) / 32));
-    detail::launch_pdl(conv1d_gemm_out_kernel, grid, dim3(32, 8), 0, st, p, static_cast<const float*>(d), int(n));
+    detail::launch_pdl(conv1d_gemm_out_kernel, grid, dim3(32, 8), 0, st, p, d, int(n));
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv1d_gemm_out");
+    return true;
+}
+
+bool conv1d_gemm_group_norm(const Conv1dGroupNormParams& p, Stream s) {
+    if (!detail::group_norm_gemm_layout_fits(p.norm)) return false;
+    const cudaStream_t st = detail::resolve(s);
+    const float* d = im2col_gemm(p.conv, false, st);
+    if (!d) return false;
+    detail::group_norm_gemm_layout(p.norm, d, p.conv.bias, st);
     return true;
 }
 
@@ -433,40 +462,12 @@ std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams& p) {
 
 bool conv_transpose1d_gemm(const ConvTranspose1dParams& p, Stream s) {
     const Conv1dParams q = transpose_as_conv(p);
-    GemmKind kind{};
-    if (!gemm_kind(q, kind) || detail::env_flag("FLOWEDGE_CUDA_NO_LT") || !batched_enough(q)) return false;
-    const ScratchLayout sl = scratch_layout(q);
-    if (!p.scratch || p.scratch_bytes < sl.total || !detail::aligned(p.scratch, kAlign)) return false;
-    const std::int64_t n = std::int64_t(p.batch) * p.in_length, m = std::int64_t(p.out_channels) * p.kernel;
-    if (n >= (std::int64_t(1) << 31) || m >= (std::int64_t(1) << 31)) return false;
+    if (!batched_enough(q)) return false;
     const cudaStream_t st = detail::resolve(s);
-    DeviceLt& lt = device_lt();
-    std::lock_guard<std::mutex> lock(lt.mutex);
-    if (!handle_outside_capture(lt, st)) return false;
-    GemmShape g;
-    g.kind = kind;
-    g.a_mk = true;
-    g.m = int(m);
-    g.n = int(n);
-    g.k = p.in_channels;
-    g.ldb = p.in_channels;
-    g.ldd = int(m);
-    g.align_w = pointer_alignment(p.w.data);
-    g.workspace = kLtWorkspaceBytes;
-    const Plan& pl = plan_for(lt, g);
-    if (!pl.usable) return false;
-    auto* base = static_cast<unsigned char*>(p.scratch);
-    void* panel = base;
-    float* d = reinterpret_cast<float*>(base + sl.panel);
-    void* ws = base + sl.panel + sl.out;
-    launch_im2col(q, kind, panel, n, st);
-    const float alpha = 1.f, beta = 0.f;
-    lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, panel, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, ws,
-                            kLtWorkspaceBytes, st),
-             "cublasLtMatmul");
+    const float* d = im2col_gemm(q, true, st);
+    if (!d) return false;
     const std::int64_t total = std::int64_t(p.batch) * p.out_channels * p.out_length;
-    detail::launch_pdl(conv_transpose1d_col2im_kernel, dim3(detail::blocks_for(total, 256)), dim3(256), 0, st, p,
-                       static_cast<const float*>(d));
+    detail::launch_pdl(conv_transpose1d_col2im_kernel, dim3(detail::blocks_for(total, 256)), dim3(256), 0, st, p, d);
     FLOWEDGE_CUDA_CHECK_LAUNCH("conv_transpose1d_col2im");
     return true;
 }

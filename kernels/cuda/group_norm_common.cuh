@@ -2,6 +2,7 @@
 // GroupNorm kernels (norm.cu) and any kernel that normalises a GroupNorm's output itself.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "common.cuh"
 #include "flowedge/op_params.hpp"
@@ -39,5 +40,17 @@ __device__ __forceinline__ float2 group_stats(double s, double q, double n, floa
     const double var = fmax(q / n - mean * mean, 0.0);
     return make_float2(float(mean), float(1.0 / sqrt(var + double(eps))));
 }
+
+/// Elements of one group that the one-block GroupNorm kernels hold in registers (256 threads x 8).
+constexpr int kGroupNormBlockElements = 2048;
+
+/// Whether group_norm_gemm_layout takes p: every group within one block's registers.
+inline bool group_norm_gemm_layout_fits(const GroupNormParams& p) {
+    return p.groups > 0 && std::int64_t(p.channels / p.groups) * p.length <= kGroupNormBlockElements;
+}
+
+/// GroupNorm (with p's epilogue, into p.y) of a conv output held as a library GEMM's d[b * length + t][c] plus
+/// bias[c] (may be null) instead of p.x (norm.cu); the caller checks group_norm_gemm_layout_fits(p).
+void group_norm_gemm_layout(const GroupNormParams& p, const float* d, const float* bias, cudaStream_t st);
 
 }  // namespace flowedge::cuda::detail

@@ -239,6 +239,56 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) y[i] = x[i] * scale * (p.weight ? p.weight[i] : 1.f);
 }
 
+/// GroupNorm of a conv output given as a library GEMM's d[n][c] (n = b * length + t) plus the conv bias[c]: one block
+/// per (batch, group) of <= kThreads * kRegs elements. The group is read channel-fastest (runs of D's rows), staged
+/// in shared memory in [channel][position] order, and the epilogue runs position-fastest, so y and the residual are
+/// accessed as contiguous [batch, channels, length] runs. Sums as group_norm_kernel's (double, one block reduction).
+__global__ void __launch_bounds__(kThreads) group_norm_gemm_layout_kernel(GroupNormParams p, const float* __restrict__ d,
+                                                                          const float* __restrict__ bias) {
+    __shared__ double scratch[2][32];
+    __shared__ float xs[kThreads * kRegs];
+    detail::pdl_wait();  // launched with launch_pdl: d is the GEMM's output
+    detail::pdl_allow_next();
+    const int cpg = p.channels / p.groups, L = p.length;
+    const int b = blockIdx.x / p.groups, g = blockIdx.x % p.groups;
+    const int n = cpg * L;
+    const std::size_t base = (std::size_t(b) * p.channels + std::size_t(g) * cpg) * L;
+    const float* film = group_film(p, b);
+    float ga[kRegs], be[kRegs], fsc[kRegs], fbi[kRegs], res[kRegs];
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {  // the epilogue's operands, element i = (channel i / L, position i % L)
+        const int i = threadIdx.x + r * kThreads;
+        const bool in = i < n;
+        const int c = g * cpg + (in ? i / L : 0);
+        ga[r] = p.gamma ? p.gamma[c] : 1.f;
+        be[r] = p.beta ? p.beta[c] : 0.f;
+        fsc[r] = film ? film_term(p, film, c) : 1.f;
+        fbi[r] = film ? film_term(p, film, p.channels + c) : 0.f;
+        res[r] = (p.residual && in) ? p.residual[base + i] : 0.f;
+    }
+    double s = 0.0, q = 0.0;
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {  // element j = (position j / cpg, channel j % cpg): D's rows, contiguous in c
+        const int j = threadIdx.x + r * kThreads;
+        if (j < n) {
+            const int t = j / cpg, cl = j - t * cpg, c = g * cpg + cl;
+            float v = d[(std::size_t(b) * L + t) * p.channels + c];
+            if (bias) v += bias[c];  // the float the transpose kernel would have stored
+            xs[cl * L + t] = v;
+            s += double(v);
+            q += double(v) * double(v);
+        }
+    }
+    block_sum2(s, q, scratch);  // its barriers also publish xs
+    const float2 st = group_stats(s, q, double(n), p.eps);
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {
+        const int i = threadIdx.x + r * kThreads;
+        if (i < n) p.y[base + i] = group_norm_epilogue(p, film != nullptr, xs[i], st.x, st.y, ga[r], be[r], fsc[r], fbi[r], res[r]);
+    }
+}
+static_assert(kThreads * kRegs == detail::kGroupNormBlockElements, "group_norm_gemm_layout_fits() assumes this block size");
+
 /// Cluster size S for groups of `n` elements (1 = one block per group): 1 for groups of up to 1024 elements or
 /// without clusters (below sm_90, or FLOWEDGE_CUDA_GN_NO_CLUSTER=1); else the smallest power of two (<= 8) whose
 /// share fits a block's registers, doubled while one sample's groups * S stay below the SM count and every thread
@@ -281,6 +331,15 @@ void group_norm(const GroupNormParams& p, Stream s) {
         detail::launch_pdl_cluster(group_norm_cluster_kernel<false>, grid, dim3(kClusterThreads), 0, st, unsigned(split), p);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_cluster_kernel");
 }
+
+namespace detail {
+
+void group_norm_gemm_layout(const GroupNormParams& p, const float* d, const float* bias, cudaStream_t st) {
+    launch_pdl(group_norm_gemm_layout_kernel, dim3(unsigned(p.batch * p.groups)), dim3(kThreads), 0, st, p, d, bias);
+    FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_gemm_layout_kernel");
+}
+
+}  // namespace detail
 
 void rms_norm(const RmsNormParams& p, Stream s) {
     constexpr std::string_view comp = "cuda rms_norm";

@@ -68,10 +68,14 @@ struct HostWeights {
     WeightRef ref() const { return {bytes.data(), dtype}; }  // the host copy, for Ops<Cpu>
 };
 
-inline HostWeights make_weights(std::size_t n, DType dt, std::uint32_t seed, float scale = 1.f) {
+/// Random weights in [-scale, scale] stored as dt; step > 0 rounds them to multiples of step first (values every
+/// dtype holds exactly when the step and range allow, e.g. multiples of 1/64 in [-1, 1]).
+inline HostWeights make_weights(std::size_t n, DType dt, std::uint32_t seed, float scale = 1.f, float step = 0.f) {
     HostWeights w;
     w.dtype = dt;
-    const auto v = random_vec(n, seed, -scale, scale);
+    auto v = random_vec(n, seed, -scale, scale);
+    if (step > 0.f)
+        for (float& e : v) e = std::round(e / step) * step;
     w.bytes.resize(n * dtype_size(dt));
     w.value.resize(n);
     for (std::size_t i = 0; i < n; ++i) {

@@ -1,6 +1,6 @@
 // conv1d on every backend vs a naive double-accumulating loop (padding, stride, every weight dtype, the CPU's chunked
 // and parallel paths, the CUDA row/tiled/generic paths and the PushT U-Net shapes), a non-CPU backend also vs
-// Ops<Cpu>; group_norm_conv1d (a conv reading a GroupNorm's output) vs the same loop after a double GroupNorm; the
+// Ops<Cpu>; conv1d_group_norm (a GroupNorm of a conv's output) vs a double GroupNorm of the exact conv output; the
 // CPU's packed weight layout; and the shared argument checks.
 #include "../support/conv_case.hpp"
 #include "cpu_packed_util.hpp"
@@ -70,78 +70,114 @@ void run_conv1d(const ConvCase& k, DType dt, std::uint32_t seed, bool packed = f
 /// Shorthand for the CUDA path lists below: (batch, in, out, length, kernel, stride, pad) with a bias.
 ConvCase cc(int batch, int in, int out, int len, int k, int stride, int pad) { return {batch, in, out, len, k, stride, pad, true}; }
 
-/// group_norm_conv1d: GroupNorm(groups, conv.cin) + Mish (+ FiLM, optionally with a shared row) on x, then conv.
-struct NormConvCase {
+/// conv1d_group_norm: Conv1d, then GroupNorm(groups, conv.cout) + Mish with a FiLM (optionally plus a shared row) or
+/// a residual, as the U-Net's two block halves.
+struct ConvNormCase {
     ConvCase conv;
     int groups;
-    bool film, shared;
+    bool film, shared, residual;
 };
 
-/// conv(film(mish(groupnorm(x)))) in double (the U-Net's conv1 norm feeding conv2) vs the fused op; a non-CPU
-/// backend also vs Ops<Cpu>. The op must leave its raw input x as it was.
+/// Values rounded to multiples of `step`.
+std::vector<float> on_grid(std::vector<float> v, float step) {
+    for (float& e : v) e = std::round(e / step) * step;
+    return v;
+}
+
+/// Scratch for a library-GEMM path of conv p on backend B (none on the CPU), with p.math's library readied first.
 template <class B>
-void run_group_norm_conv1d(const NormConvCase& k, DType dt, std::uint32_t seed) {
+struct GemmScratch {
+    std::size_t bytes;
+    Dev<std::byte, B> buf;
+    explicit GemmScratch(const Conv1dParams& p)
+        : bytes((Ops<B>::prepare_math(p.math), Ops<B>::conv1d_scratch_bytes(p))), buf(bytes) {}
+    void* ptr() { return bytes ? static_cast<void*>(buf.ptr()) : nullptr; }
+};
+
+/// conv1d_group_norm under `math` (with GEMM scratch where the backend asks for it, f32_gemm under F32) vs the double
+/// GroupNorm of the exact conv output; a non-CPU backend also vs Ops<Cpu>. Inputs lie on a grid (x: multiples of 1/8
+/// in [-2, 2]; weights: multiples of 1/64 in [-1, 1]; bias: multiples of 1/8) that every weight dtype and the TF32 /
+/// BF16 GEMM operands hold exactly, and in_channels * kernel < 16384 keeps every partial sum below 2^15, a multiple of
+/// 2^-9: the raw conv output is then exact in float on every path, whatever the summation order, so one reference
+/// and the GroupNorm's own bound serve the exact kernels and the library-GEMM path alike.
+template <class B>
+void run_conv1d_group_norm(const ConvNormCase& k, DType dt, MathMode math, std::uint32_t seed) {
     const ConvCase& cv = k.conv;
     CAPTURE(cv.batch); CAPTURE(cv.cin); CAPTURE(cv.cout); CAPTURE(cv.lin); CAPTURE(cv.kernel); CAPTURE(cv.stride);
-    CAPTURE(k.groups); CAPTURE(k.film); CAPTURE(k.shared); CAPTURE(dtype_name(dt));
-    const int C = cv.cin, L = cv.lin, lout = cv.conv_out();
-    const std::size_t n = std::size_t(cv.batch) * C * L;
-    auto x = random_vec(n, seed, -2.f, 3.f);
-    for (auto& v : x) v += 5.f;  // a large mean: the statistics must not lose precision to it
-    const auto gamma = random_vec(C, seed + 1, 0.5f, 1.5f), beta = random_vec(C, seed + 2);
-    const auto film = random_vec(std::size_t(cv.batch) * 2 * C, seed + 3), shared = random_vec(2 * std::size_t(C), seed + 4);
-    // The normalised input a and a bound on its rounding.
+    CAPTURE(k.groups); CAPTURE(k.film); CAPTURE(k.shared); CAPTURE(k.residual); CAPTURE(dtype_name(dt)); CAPTURE(int(math));
+    REQUIRE(cv.cin * cv.kernel < 16384);
+    const int C = cv.cout, lout = cv.conv_out();
+    const std::size_t nx = std::size_t(cv.batch) * cv.cin * cv.lin, ny = std::size_t(cv.batch) * C * lout;
+    const auto x = on_grid(random_vec(nx, seed, -2.f, 2.f), 0.125f);
+    auto bias = on_grid(random_vec(C, seed + 1, -2.f, 2.f), 0.125f);
+    for (float& b : bias) b += 8.f;  // a large mean: the statistics must not lose precision to it
+    const HostWeights w = make_weights(std::size_t(C) * cv.cin * cv.kernel, dt, seed + 2, 1.f, 1.f / 64);
+    std::vector<float> h(ny);  // the conv output, exact in float
+    for (int b = 0; b < cv.batch; ++b)
+        for (int o = 0; o < C; ++o)
+            for (int t = 0; t < lout; ++t) {
+                double acc = bias[std::size_t(o)];
+                for (int i = 0; i < cv.cin; ++i)
+                    for (int kk = 0; kk < cv.kernel; ++kk) {
+                        const int src = t * cv.stride + kk - cv.pad;
+                        if (src >= 0 && src < cv.lin)
+                            acc += w.value[(std::size_t(o) * cv.cin + i) * cv.kernel + kk] * x[(std::size_t(b) * cv.cin + i) * cv.lin + src];
+                    }
+                h[(std::size_t(b) * C + o) * lout + t] = float(acc);
+                REQUIRE(double(h[(std::size_t(b) * C + o) * lout + t]) == acc);
+            }
+    const auto gamma = random_vec(C, seed + 3, 0.5f, 1.5f), beta = random_vec(C, seed + 4);
+    const auto film = random_vec(std::size_t(cv.batch) * 2 * C, seed + 5), shared = random_vec(2 * std::size_t(C), seed + 6);
+    const auto residual = random_vec(ny, seed + 7);
     GroupNormReference r;
-    r.batch = cv.batch; r.channels = C; r.length = L; r.groups = k.groups;
-    r.gamma = gamma.data();
-    r.beta = beta.data();
-    r.act = Activation::Mish;
+    r.batch = cv.batch; r.channels = C; r.length = lout; r.groups = k.groups;
+    r.gamma = gamma.data(); r.beta = beta.data(); r.act = Activation::Mish;
     r.film = k.film ? film.data() : nullptr;
     r.film_stride = 2 * C;
     r.shared = k.film && k.shared ? shared.data() : nullptr;
-    std::vector<double> a, sa;
-    group_norm_reference(r, x, a, sa);
-    const auto bias = random_vec(cv.cout, seed + 5);
-    const HostWeights w = make_weights(std::size_t(cv.cout) * C * cv.kernel, dt, seed + 6, 0.3f);
-    const std::size_t ny = std::size_t(cv.batch) * cv.cout * lout;
-    std::vector<double> ref(ny), scale(ny);
-    for (int b = 0; b < cv.batch; ++b)
-        for (int o = 0; o < cv.cout; ++o)
-            for (int t = 0; t < lout; ++t) {
-                double acc = bias[std::size_t(o)], mag = std::fabs(acc);
-                for (int i = 0; i < C; ++i)
-                    for (int kk = 0; kk < cv.kernel; ++kk) {
-                        const int src = t * cv.stride + kk - cv.pad;
-                        if (src < 0 || src >= L) continue;
-                        const double wv = w.value[(std::size_t(o) * C + i) * cv.kernel + kk];
-                        const std::size_t xi = (std::size_t(b) * C + i) * L + src;
-                        acc += wv * a[xi];
-                        mag += std::fabs(wv) * sa[xi];
-                    }
-                ref[(std::size_t(b) * cv.cout + o) * lout + t] = acc;
-                scale[(std::size_t(b) * cv.cout + o) * lout + t] = mag;
-            }
-    Dev<float, B> dx(x), dg(gamma), dbt(beta), df(film), dsh(shared), da(n), db(bias), dy(ny);
+    r.residual = k.residual ? residual.data() : nullptr;
+    std::vector<double> ref, scale;
+    group_norm_reference(r, h, ref, scale);
+
+    Dev<float, B> dx(x), db(bias), dg(gamma), dbt(beta), df(film), dsh(shared), dres(residual), dh(ny), dy(ny);
     DevWeights<B> dw(w);
-    GroupNormConv1dParams q;
-    q.norm.x = dx.ptr(); q.norm.y = da.ptr(); q.norm.gamma = dg.ptr(); q.norm.beta = dbt.ptr();
-    q.norm.batch = cv.batch; q.norm.channels = C; q.norm.length = L; q.norm.groups = k.groups; q.norm.act = Activation::Mish;
+    Conv1dGroupNormParams q;
+    q.conv = fe_test::conv1d_params(cv, dx.ptr(), {dw.d.ptr(), dt}, db.ptr());
+    q.conv.y = dh.ptr();
+    q.conv.math = math;
+    q.conv.f32_gemm = math == MathMode::F32;
+    q.norm.x = dh.ptr(); q.norm.y = dy.ptr(); q.norm.gamma = dg.ptr(); q.norm.beta = dbt.ptr();
+    q.norm.batch = cv.batch; q.norm.channels = C; q.norm.length = lout; q.norm.groups = k.groups; q.norm.act = Activation::Mish;
     q.norm.film = k.film ? df.ptr() : nullptr;
-    q.norm.film_shared = k.shared ? dsh.ptr() : nullptr;
-    q.conv = fe_test::conv1d_params(cv, da.ptr(), {dw.d.ptr(), dt}, db.ptr());
-    q.conv.y = dy.ptr();
-    Ops<B>::group_norm_conv1d(q);
+    q.norm.film_shared = k.film && k.shared ? dsh.ptr() : nullptr;
+    q.norm.residual = k.residual ? dres.ptr() : nullptr;
+    GemmScratch<B> scratch(q.conv);
+    q.conv.scratch = scratch.ptr();
+    q.conv.scratch_bytes = scratch.bytes;
+    Ops<B>::conv1d_group_norm(q);
     const auto got = dy.host(ny);
-    check_all(got, ref, scale, 2e-6, "group_norm_conv1d");
+    check_all(got, ref, scale, 2e-6, "conv1d_group_norm");
     CHECK(max_norm_rel(got, ref) <= kTolRef);
-    CHECK(dx.host(n) == x);
+    CHECK(dx.host(nx) == x);
+#ifdef FLOWEDGE_WITH_CUDA
+    if constexpr (std::is_same_v<B, Cuda>) {
+        // Batched calls with scratch under a GEMM request take the GEMM-layout norm (F32 weights, or BF16 weights under
+        // BF16 math; in_channels * kernel a multiple of 8 keeps the operand rows aligned for the library; groups of at
+        // most 2048 elements).
+        const bool gemm = scratch.bytes > 0 && (dt == DType::F32 || (dt == DType::BF16 && math == MathMode::BF16)) &&
+                          cv.cin * cv.kernel % 8 == 0 && C / k.groups * lout <= 2048;
+        if (gemm) CHECK(cuda::conv1d_gemm_group_norm(q, {}));
+    }
+#endif
     if constexpr (!kIsCpu<B>) {
-        std::vector<float> cpu(ny), cpu_a(n);
-        GroupNormConv1dParams h = q;
-        h.norm.x = x.data(); h.norm.y = cpu_a.data(); h.norm.gamma = gamma.data(); h.norm.beta = beta.data();
-        h.norm.film = k.film ? film.data() : nullptr; h.norm.film_shared = k.shared ? shared.data() : nullptr;
-        h.conv.x = cpu_a.data(); h.conv.w = {w.bytes.data(), dt}; h.conv.bias = bias.data(); h.conv.y = cpu.data();
-        Ops<Cpu>::group_norm_conv1d(h);
+        std::vector<float> cpu(ny), cpu_h(ny);
+        Conv1dGroupNormParams c = q;
+        c.conv.x = x.data(); c.conv.w = {w.bytes.data(), dt}; c.conv.bias = bias.data(); c.conv.y = cpu_h.data();
+        c.conv.scratch = nullptr; c.conv.scratch_bytes = 0;
+        c.norm.x = cpu_h.data(); c.norm.y = cpu.data(); c.norm.gamma = gamma.data(); c.norm.beta = beta.data();
+        c.norm.film = k.film ? film.data() : nullptr; c.norm.film_shared = k.film && k.shared ? shared.data() : nullptr;
+        c.norm.residual = k.residual ? residual.data() : nullptr;
+        Ops<Cpu>::conv1d_group_norm(c);
         CHECK(max_norm_rel(got, cpu) <= kTolCpu);
     }
 }
@@ -251,54 +287,47 @@ TEST_CASE_TEMPLATE("conv1d matches a naive loop on the PushT U-Net shapes", B, F
     }
 }
 
-TEST_CASE_TEMPLATE("group_norm_conv1d matches GroupNorm + Mish + FiLM then Conv1d in double",
+TEST_CASE_TEMPLATE("conv1d_group_norm matches Conv1d then GroupNorm + Mish + FiLM / residual in double, on every path",
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
-    // The first group holds the shapes a fused CUDA form took (row-path lengths, channels and channels per group
-    // multiples of 32, the staged input within shared memory; measured slower, not kept), the second those it left
-    // to the two ops.
-    const NormConvCase fused[] = {
-        {cc(1, 512, 512, 16, 5, 1, 2), 8, true, true},   // PushT down0 / up1 conv1 -> conv2
-        {cc(1, 2048, 2048, 4, 5, 1, 2), 8, true, true},  // down2 / mid
-        {cc(1, 512, 2, 16, 1, 1, 0), 8, false, false},   // the final block's norm into the final 1x1 conv
-        {cc(3, 256, 37, 8, 5, 1, 2), 4, true, false},    // batch 3, odd outputs
-        {cc(2, 64, 9, 4, 3, 2, 1), 2, true, true},       // k3 s2, 32 channels per group
-        {cc(1, 96, 5, 2, 3, 1, 1), 3, false, false},     // a row of 2
-        {cc(2, 32, 7, 1, 1, 1, 0), 1, true, false},      // a row of 1, one group
-        {cc(1, 1024, 130, 8, 1, 1, 0), 8, true, true},   // k1 with 4 outputs per warp, 2 past the last full warp
-    };
-    const NormConvCase fallback[] = {
-        {cc(1, 48, 5, 16, 5, 1, 2), 3, true, true},      // 16 channels per group
-        {cc(2, 64, 9, 7, 5, 1, 2), 2, true, false},      // length 7 (tiled path)
-        {cc(1, 36, 5, 8, 5, 1, 2), 4, false, false},     // 36 channels
-        {cc(1, 3072, 4, 8, 3, 2, 1), 8, true, false},    // 3072 x 8 floats do not fit the staging limit
+    const ConvNormCase cases[] = {
+        {cc(1, 512, 512, 16, 5, 1, 2), 8, true, true, false},    // PushT down0 conv1 (batch 1: exact kernels)
+        {cc(1, 2048, 2048, 4, 5, 1, 2), 8, false, false, true},  // down2 / mid conv2
+        {cc(2, 96, 64, 16, 5, 1, 2), 8, true, false, false},     // batch * length 32: the batched paths
+        {cc(8, 256, 128, 8, 5, 1, 2), 8, true, true, false},     // PushT-like batch 8
+        {cc(16, 128, 256, 4, 5, 1, 2), 8, false, false, true},   // L 4, groups of 128 elements
+        {cc(4, 40, 48, 16, 3, 1, 1), 3, true, false, false},     // 16 channels per group, Kg 120
+        {cc(3, 37, 20, 11, 5, 1, 2), 4, false, false, true},     // odd sizes: Kg 185 (unaligned rows)
+        {cc(1, 36, 64, 7, 5, 1, 2), 2, true, false, false},      // length 7 (tiled path)
+        {cc(2, 64, 512, 16, 5, 1, 2), 2, false, false, true},    // groups of 4096 elements: GEMM, transpose, group_norm
     };
     std::uint32_t seed = 500;
-    for (const auto& k : fused)
-        for (DType dt : kAllDtypes) run_group_norm_conv1d<B>(k, dt, seed += 10);
-    for (const auto& k : fallback) run_group_norm_conv1d<B>(k, DType::F32, seed += 10);
+    for (const auto& k : cases)
+        for (DType dt : kAllDtypes)
+            for (MathMode m : {MathMode::F32, MathMode::TF32, MathMode::BF16})
+                if (!(kIsCpu<B> && m == MathMode::TF32)) run_conv1d_group_norm<B>(k, dt, m, seed += 10);  // CPU: TF32 = F32
 }
 
-TEST_CASE_TEMPLATE("group_norm_conv1d rejects a conv that does not read the norm's output, other shapes and overlapping buffers" *
+TEST_CASE_TEMPLATE("conv1d_group_norm rejects a norm that does not read the conv's output, other shapes and overlapping buffers" *
                        doctest::test_suite("op_checks"),
                    B, FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!ready<B>()) return;
     Dev<float, B> buf(256);
-    GroupNormConv1dParams q;
-    q.norm.x = buf.ptr(); q.norm.y = buf.ptr() + 64;
+    Conv1dGroupNormParams q;
+    q.conv.x = buf.ptr(); q.conv.w = {buf.ptr() + 32, DType::F32}; q.conv.y = buf.ptr() + 64;
+    q.conv.in_channels = 2; q.conv.out_channels = 4; q.conv.in_length = 8; q.conv.out_length = 8; q.conv.kernel = 3; q.conv.pad = 1;
+    q.norm.x = buf.ptr() + 64; q.norm.y = buf.ptr() + 128;
     q.norm.channels = 4; q.norm.length = 8; q.norm.groups = 2;
-    q.conv.x = buf.ptr() + 64; q.conv.w = {buf.ptr() + 128, DType::F32}; q.conv.y = buf.ptr() + 192;
-    q.conv.in_channels = 4; q.conv.out_channels = 2; q.conv.in_length = 8; q.conv.out_length = 8; q.conv.kernel = 3; q.conv.pad = 1;
-    auto bad = [&](auto edit) { GroupNormConv1dParams r = q; edit(r); return r; };
-    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([&](auto& r) { r.conv.x = buf.ptr(); })),
-                         "flowedge: group_norm_conv1d: the conv must read the norm's output (expected conv.x == norm.y, got another buffer)", Error);
-    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([](auto& r) { r.norm.length = 4; })),
-                         "flowedge: group_norm_conv1d: norm and conv input shapes differ (expected batch 1, channels 4, length 8, got "
+    auto bad = [&](auto edit) { Conv1dGroupNormParams r = q; edit(r); return r; };
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d_group_norm(bad([&](auto& r) { r.norm.x = buf.ptr() + 128; })),
+                         "flowedge: conv1d_group_norm: the norm must read the conv's output (expected norm.x == conv.y, got another buffer)", Error);
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d_group_norm(bad([](auto& r) { r.norm.length = 4; })),
+                         "flowedge: conv1d_group_norm: conv output and norm shapes differ (expected batch 1, channels 4, length 8, got "
                          "batch 1, channels 4, length 4)", Error);
-    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([&](auto& r) { r.conv.y = buf.ptr() + 8; })),
-                         "flowedge: group_norm_conv1d: conv output overlaps the norm's input or output (expected disjoint buffers, got overlap)",
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d_group_norm(bad([&](auto& r) { r.norm.y = buf.ptr() + 80; })),
+                         "flowedge: conv1d_group_norm: norm output overlaps the conv's input or output (expected disjoint buffers, got overlap)",
                          Error);
-    CHECK_THROWS_WITH_AS(Ops<B>::group_norm_conv1d(bad([](auto& r) { r.norm.groups = 3; })),
+    CHECK_THROWS_WITH_AS(Ops<B>::conv1d_group_norm(bad([](auto& r) { r.norm.groups = 3; })),
                          doctest::Contains("flowedge: group_norm: channels not divisible by groups"), Error);
     Memory<B>::synchronize();
 }

@@ -408,14 +408,14 @@ struct Case {
 
 constexpr int kGuard = 64;  // floats past the output that must stay untouched
 
-/// Runs `launch(p)` on the device with y NaN-poisoned plus a guard tail; returns y (without the guard).
-template <class F>
-std::vector<float> run_device(const Case& c, MathMode m, F&& launch) {
+/// Runs `launch(p)` on the device for case c (x, bias, w, ref) with p's pointers set and y NaN-poisoned plus a guard
+/// tail; returns y (without the guard).
+template <class C, class P, class F>
+std::vector<float> run_poisoned(const C& c, P p, F&& launch) {
     const std::size_t n_out = c.ref.size();
     std::vector<float> init(n_out + kGuard, std::numeric_limits<float>::quiet_NaN());
     for (int g = 0; g < kGuard; ++g) init[n_out + std::size_t(g)] = 1234.5f + float(g);
     DeviceArray<float> dx(c.x), dbias(c.bias), dy(init);
-    Conv1dParams p = c.params(m);
     p.x = dx.get(); p.w = c.w.gpu(); p.bias = dbias.get(); p.y = dy.get();
     launch(p);
     std::vector<float> y = dy.download();
@@ -424,8 +424,13 @@ std::vector<float> run_device(const Case& c, MathMode m, F&& launch) {
     return y;
 }
 
+template <class F>
+std::vector<float> run_device(const Case& c, MathMode m, F&& launch) { return run_poisoned(c, c.params(m), launch); }
+
 /// Every output within rb * (|bias| + sum|w||x|) + 2^-23 |y| (NaN fails); returns the largest error / bound ratio seen.
-double check_within(const Case& c, const std::vector<float>& y, double rb) {
+/// C: a case with ref and mag (|bias| + sum|w||x|) per output.
+template <class C>
+double check_within(const C& c, const std::vector<float>& y, double rb) {
     double worst = 0;
     std::size_t n_bad = 0, first_bad = 0;
     for (std::size_t i = 0; i < y.size(); ++i) {
@@ -689,36 +694,6 @@ struct TransposeCase {
     }
 };
 
-/// Runs `launch(p)` on the device with y NaN-poisoned plus a guard tail; returns y (without the guard).
-template <class F>
-std::vector<float> run_transpose(const TransposeCase& c, ConvTranspose1dParams p, F&& launch) {
-    const std::size_t n_out = c.ref.size();
-    std::vector<float> init(n_out + kGuard, std::numeric_limits<float>::quiet_NaN());
-    for (int g = 0; g < kGuard; ++g) init[n_out + std::size_t(g)] = 1234.5f + float(g);
-    DeviceArray<float> dx(c.x), dbias(c.bias), dy(init);
-    p.x = dx.get(); p.w = c.w.gpu(); p.bias = dbias.get(); p.y = dy.get();
-    launch(p);
-    std::vector<float> y = dy.download();
-    for (int g = 0; g < kGuard; ++g) CHECK(y[n_out + std::size_t(g)] == 1234.5f + float(g));
-    y.resize(n_out);
-    return y;
-}
-
-/// Every output within rb * (|bias| + sum|w||x|) + 2^-23 |y| (NaN fails); returns the largest error / bound ratio.
-double check_transpose_within(const TransposeCase& c, const std::vector<float>& y, double rb) {
-    double worst = 0;
-    std::size_t n_bad = 0, first_bad = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) {
-        const double err = std::fabs(double(y[i]) - c.ref[i]);
-        const double bound = rb * c.mag[i] + std::ldexp(std::fabs(c.ref[i]), -23) + 1e-30;
-        if (!(err <= bound) && n_bad++ == 0) first_bad = i;
-        if (std::isfinite(err)) worst = std::max(worst, err / bound);
-    }
-    CAPTURE(first_bad);
-    CHECK(n_bad == 0);
-    return worst;
-}
-
 void run_transpose_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
     CAPTURE(sh.batch); CAPTURE(sh.in); CAPTURE(sh.out); CAPTURE(sh.len); CAPTURE(sh.k); CAPTURE(sh.stride); CAPTURE(sh.pad);
     CAPTURE(int(dt));
@@ -744,29 +719,29 @@ void run_transpose_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
             };
         };
         bool took = false;
-        const auto y = run_transpose(c, p0, with_scratch(need, [&](const ConvTranspose1dParams& p) { took = cuda::conv_transpose1d_gemm(p, {}); }));
+        const auto y = run_poisoned(c, p0, with_scratch(need, [&](const ConvTranspose1dParams& p) { took = cuda::conv_transpose1d_gemm(p, {}); }));
         // F32 weights under every mode here; BF16 weights under BF16 math; F16 weights never.
         const bool applies = dt == DType::F32 || (dt == DType::BF16 && md.math == MathMode::BF16);
         // 16-byte aligned operand rows (in and out * kernel multiples of 8) always find an algorithm.
         if (!applies || (sh.in % 8 == 0 && sh.out * sh.k % 8 == 0)) CHECK(took == applies);
         if (!took) {
             // Declined: Ops<Cuda> runs the exact kernels, within the op test's F32 bound.
-            const auto ye = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
-            (void)check_transpose_within(c, ye, double(kg) * std::ldexp(1.0, -23));
+            const auto ye = run_poisoned(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
+            (void)check_within(c, ye, double(kg) * std::ldexp(1.0, -23));
             continue;
         }
         const double rb = md.math == MathMode::F32 ? std::ldexp(1.0, -23) + double(kg) * std::ldexp(1.0, -24) : gemm_rel_bound(dt, kg);
-        const double worst = check_transpose_within(c, y, rb);
+        const double worst = check_within(c, y, rb);
         MESSAGE("conv_transpose1d gemm math " << int(md.math) << " dtype " << int(dt) << " in " << sh.in << " N "
                                               << sh.batch * sh.len << ": max error / bound " << worst);
         // Same algorithm, same bits; and through Ops<Cuda>::conv_transpose1d with the scratch.
-        const auto y2 = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { (void)cuda::conv_transpose1d_gemm(p, {}); }));
+        const auto y2 = run_poisoned(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { (void)cuda::conv_transpose1d_gemm(p, {}); }));
         CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);
-        const auto yo = run_transpose(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
+        const auto yo = run_poisoned(c, p0, with_scratch(need, [](const ConvTranspose1dParams& p) { Ops<Cuda>::conv_transpose1d(p, {}); }));
         CHECK(std::memcmp(y.data(), yo.data(), y.size() * sizeof(float)) == 0);
         // Too little scratch: nothing launched (y stays NaN-poisoned), and Ops<Cuda> falls back to the exact kernels.
         bool small_took = true;
-        (void)run_transpose(c, p0, with_scratch(need - 256, [&](const ConvTranspose1dParams& p) { small_took = cuda::conv_transpose1d_gemm(p, {}); }));
+        (void)run_poisoned(c, p0, with_scratch(need - 256, [&](const ConvTranspose1dParams& p) { small_took = cuda::conv_transpose1d_gemm(p, {}); }));
         CHECK_FALSE(small_took);
     }
     // F32 math without f32_gemm never takes it, scratch or not.
@@ -774,7 +749,7 @@ void run_transpose_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
     const std::size_t need = cuda::conv_transpose1d_scratch_bytes(pf);
     DeviceArray<std::byte> scratch(need);
     bool took = true;
-    (void)run_transpose(c, pf, [&](const ConvTranspose1dParams& q) {
+    (void)run_poisoned(c, pf, [&](const ConvTranspose1dParams& q) {
         ConvTranspose1dParams p = q;
         p.scratch = scratch.get();
         p.scratch_bytes = need;

@@ -139,11 +139,11 @@ struct Ops<B> {
         FLOWEDGE_CPU_KERNEL(group_norm(p));
     }
 
-    /// A Conv1d reading a GroupNorm's output: the two ops in turn (norm.y holds the normalised input).
-    static void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s = {}) {
+    /// A GroupNorm of a Conv1d's output: the two ops in turn (conv.y holds the raw conv output).
+    static void conv1d_group_norm(const Conv1dGroupNormParams& p, Stream s = {}) {
         check_args(p);
-        group_norm(p.norm, s);
         conv1d(p.conv, s);
+        group_norm(p.norm, s);
     }
 
     /// Mamba RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, per row. x, y: [rows, dim].

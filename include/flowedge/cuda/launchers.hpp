@@ -81,8 +81,13 @@ bool conv_transpose1d_gemm(const ConvTranspose1dParams& p, Stream s);
 /// as conv1d_scratch_bytes), else 0.
 std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams& p);
 void group_norm(const GroupNormParams& p, Stream s);
-/// conv(GroupNorm(x)): group_norm (into p.norm.y) then conv1d.
-void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s);
+/// GroupNorm(conv(x)): where conv1d would run cuBLASLt's GEMM (conv1d_gemm) and a group fits one block (<= 2048
+/// elements), im2col + GEMM, then the norm reads the GEMM's [position][channel] output plus the conv bias itself
+/// (conv1d_gemm_group_norm; p.conv.y unwritten); otherwise conv1d then group_norm.
+void conv1d_group_norm(const Conv1dGroupNormParams& p, Stream s);
+/// The library-GEMM form of conv1d_group_norm (gemm_lt.cu): false, launching nothing, where conv1d_gemm would
+/// decline or a group exceeds 2048 elements.
+bool conv1d_gemm_group_norm(const Conv1dGroupNormParams& p, Stream s);
 void rms_norm(const RmsNormParams& p, Stream s);
 void activation(const ActivationParams& p, Stream s);
 void axpby(const AxpbyParams& p, Stream s);

@@ -48,7 +48,7 @@ struct Ops<Cuda> {
     static void conv_transpose1d(const ConvTranspose1dParams& p, Stream s = {}) { check_args(p); cuda::conv_transpose1d(p, s); }
     static std::size_t conv_transpose1d_scratch_bytes(const ConvTranspose1dParams& p) { return cuda::conv_transpose1d_scratch_bytes(p); }
     static void group_norm(const GroupNormParams& p, Stream s = {}) { check_args(p); cuda::group_norm(p, s); }
-    static void group_norm_conv1d(const GroupNormConv1dParams& p, Stream s = {}) { check_args(p); cuda::group_norm_conv1d(p, s); }
+    static void conv1d_group_norm(const Conv1dGroupNormParams& p, Stream s = {}) { check_args(p); cuda::conv1d_group_norm(p, s); }
     static void rms_norm(const RmsNormParams& p, Stream s = {}) { check_args(p); cuda::rms_norm(p, s); }
     static void activation(const ActivationParams& p, Stream s = {}) { check_args(p); cuda::activation(p, s); }
     static void axpby(const AxpbyParams& p, Stream s = {}) { check_args(p); cuda::axpby(p, s); }

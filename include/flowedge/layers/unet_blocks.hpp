@@ -11,8 +11,7 @@
 namespace flowedge {
 
 /// LeRobot DiffusionConv1dBlock: Conv1d(in, out, k, padding k//2) -> GroupNorm(groups, out) -> Mish,
-/// executed as one conv1d op plus one fused group_norm op (the epilogue may add FiLM and a residual after Mish), or,
-/// when a conv consumes the block's output alone, the conv plus one group_norm_conv1d op (forward_then).
+/// executed as one conv1d_group_norm op (the norm's epilogue may add FiLM and a residual after Mish).
 /// x: [batch, in, length] -> y: [batch, out, length]. State-dict names: block.0.{weight,bias}, block.1.{weight,bias}.
 template <Backend B>
 class Conv1dBlock {
@@ -45,42 +44,21 @@ public:
         return Workspace<B>::template bytes_for<float>(std::size_t(batch) * cfg.out * length);
     }
 
-    /// Scratch bytes forward_then() takes from the context's workspace (plus `next`'s own conv scratch).
-    static std::size_t workspace_bytes_then(const Config& cfg, int batch, int length) { return 2 * workspace_bytes(cfg, batch, length); }
-
     /// y = epi(mish(groupnorm(conv(x)))). x: [batch, in, length]; y: [batch, out, length] (must not alias x).
     void forward(Context<B>& ctx, View<const float, B> x, View<float, B> y, GroupNormEpilogue epi = {}) const {
         typename Workspace<B>::Mark mark(*ctx.workspace);
-        View<float, B> h = ctx.workspace->template take<float>(Shape{x.dim(0), m_cfg.out, x.dim(2)});
-        m_conv.forward(ctx, x, h);
-        forward_norm(ctx, h, y, epi);
-    }
-
-    /// y = epi(mish(groupnorm(h))): the block's second half on its conv's raw output h ([batch, out, length]), for a
-    /// caller that ran the conv itself (ResBlock's conv2, inside conv1's forward_then).
-    void forward_norm(Context<B>& ctx, View<const float, B> h, View<float, B> y, GroupNormEpilogue epi = {}) const {
-        m_norm.forward(ctx, h, y, with_mish(epi));
-    }
-
-    /// z = next(epi(mish(groupnorm(conv(x))))): the norm and `next` as one group_norm_conv1d op, for a conv that is
-    /// the block output's only consumer. x: [batch, in, length]; next: in = out of this block; z: next's output.
-    void forward_then(Context<B>& ctx, View<const float, B> x, GroupNormEpilogue epi, const Conv1d<B>& next, View<float, B> z) const {
-        typename Workspace<B>::Mark mark(*ctx.workspace);
         const Shape s{x.dim(0), m_cfg.out, x.dim(2)};
-        View<float, B> h = ctx.workspace->template take<float>(s);
-        View<float, B> a = ctx.workspace->template take<float>(s);  // the normalised input, where a backend writes it
-        m_conv.forward(ctx, x, h);
-        GroupNormConv1dParams q;
+        check_shape(y, s, "conv1d_block", "output");
+        View<float, B> h = ctx.workspace->template take<float>(s);  // the raw conv output (params() checks x)
+        Conv1dGroupNormParams q;
         q.norm = m_norm.params(int(x.dim(0)), int(x.dim(2)), with_mish(epi));
         q.norm.x = h.data;
-        q.norm.y = a.data;
-        next.launch(ctx, next.params(ctx, a, z), [&](const Conv1dParams& c) {
+        q.norm.y = y.data;
+        m_conv.launch(ctx, m_conv.params(ctx, x, h), [&](const Conv1dParams& c) {
             q.conv = c;
-            Ops<B>::group_norm_conv1d(q, ctx.stream);
+            Ops<B>::conv1d_group_norm(q, ctx.stream);
         });
     }
-
-    const Conv1d<B>& conv() const { return m_conv; }
 
     std::int64_t n_parameters() const { return m_conv.n_parameters() + m_norm.n_parameters(); }
 
@@ -142,9 +120,8 @@ public:
     /// Scratch bytes forward_with_film() takes from the context's workspace.
     static std::size_t workspace_bytes_given_film(const Config& cfg, int batch, int length) {
         const std::size_t act = Workspace<B>::template bytes_for<float>(std::size_t(batch) * cfg.out * length);
-        return act /* conv2's raw output */ + (cfg.in != cfg.out ? act : 0) /* residual conv */ +
-               Conv1dBlock<B>::workspace_bytes_then({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups},
-                                                    batch, length);
+        return act /* conv1's block output */ + (cfg.in != cfg.out ? act : 0) /* residual conv */ +
+               Conv1dBlock<B>::workspace_bytes({.in = cfg.in, .out = cfg.out, .kernel = cfg.kernel, .groups = cfg.groups}, batch, length);
     }
 
     /// Scratch bytes forward() takes from the context's workspace (the FiLM vector plus forward_with_film's).
@@ -178,9 +155,6 @@ public:
         check(x.data != y.data, "residual_block", "output aliases the input");
         typename Workspace<B>::Mark mark(*ctx.workspace);
         Workspace<B>& ws = *ctx.workspace;
-        // conv1's GroupNorm (with the FiLM) feeds conv2 alone: the two as one op; conv2's norm ends the block.
-        View<float, B> h = ws.template take<float>(Shape{batch, m_cfg.out, len});
-        m_conv1.forward_then(ctx, x, {.film = film.data, .film_stride = 2 * m_cfg.out, .film_shared = film_shared}, m_conv2.conv(), h);
         const float* residual = x.data;
         if (m_residual) {
             View<float, B> r = ws.template take<float>(Shape{batch, m_cfg.out, len});
@@ -189,7 +163,9 @@ public:
         } else {
             check_shape(x, Shape{batch, m_cfg.out, len}, "residual_block", "identity residual");
         }
-        m_conv2.forward_norm(ctx, h, y, {.residual = residual});
+        View<float, B> a = ws.template take<float>(Shape{batch, m_cfg.out, len});
+        m_conv1.forward(ctx, x, a, {.film = film.data, .film_stride = 2 * m_cfg.out, .film_shared = film_shared});
+        m_conv2.forward(ctx, a, y, {.residual = residual});
     }
 
     std::int64_t n_parameters() const {

@@ -215,13 +215,21 @@ private:
     static std::size_t conv_scratch(const typename Conv1d<B>::Config& c, int batch, int length) {
         return Workspace<B>::template bytes_for<std::byte>(Conv1d<B>::scratch_bytes(c, batch, length));
     }
-    /// Scratch of the final block's forward_then into the final 1x1 conv: its own plus the larger backend scratch of
-    /// the two convolutions.
+    /// Scratch of run_final: the block's output, the block's own scratch and the larger backend scratch of the two
+    /// convolutions.
     std::size_t final_scratch(int batch, int length) const {
         const auto& c = m_final_block.config();
-        return Conv1dBlock<B>::workspace_bytes_then(c, batch, length) +
+        return Workspace<B>::template bytes_for<float>(std::size_t(batch) * c.out * length) +
+               Conv1dBlock<B>::workspace_bytes(c, batch, length) +
                std::max(conv_scratch({.in = c.in, .out = c.out, .kernel = c.kernel, .stride = 1, .pad = c.kernel / 2}, batch, length),
                         conv_scratch(m_final_conv.config(), batch, length));
+    }
+    /// eps = final_conv(final_block(x)). x: [batch, down_dims[0], horizon]; eps: [batch, action_dim, horizon].
+    void run_final(Context<B>& ctx, View<const float, B> x, View<float, B> eps) const {
+        typename Workspace<B>::Mark mark(*ctx.workspace);
+        View<float, B> z = ctx.workspace->template take<float>(Shape{x.dim(0), m_final_block.config().out, x.dim(2)});
+        m_final_block.forward(ctx, x, z);
+        m_final_conv.forward(ctx, z, eps);
     }
     /// Scratch of one ResBlock::forward_with_film: its own plus the largest backend scratch of its convolutions
     /// (conv1, conv2, the 1x1 residual), each taken on top of what the block holds.
@@ -410,7 +418,7 @@ private:
             L = up.upsample.out_length(L);
         }
         const View<float, B> eps{pass.eps, Shape{batch, c.action_dim, L}};
-        layer([&] { return final_scratch(batch, L); }, [&] { m_final_block.forward_then(*pass.ctx, cur.v, {}, m_final_conv, eps); });
+        layer([&] { return final_scratch(batch, L); }, [&] { run_final(*pass.ctx, cur.v, eps); });
         return result;
     }
 
