@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps, "DDIM steps")->check(CLI::Range(1, 1000));
     app.add_option("--dtype", dtypes,
                    "weight storage: f32 and/or bf16 (f16 allowed; int8: LoadOptions::quantize = Int8, AVX2 / AVX-512 sets; w8a8: "
-                   "quantize = W8A8, AVX-512 set on an AVX512_VNNI CPU)")
+                   "quantize = W8A8, AVX2 set or AVX-512 set on an AVX512_VNNI CPU)")
         ->check(CLI::IsMember({"f32", "bf16", "f16", "int8", "w8a8"}));
     app.add_option("--math", maths, "arithmetic (DiffusionHead::set_math): f32 (exact) and/or bf16 (tf32 allowed)")
         ->check(CLI::IsMember({"f32", "bf16", "tf32"}));

@@ -39,9 +39,11 @@ enum class WeightQuant : std::uint8_t {
     Int8,
     /// W8A8: the weights as Int8, and the Conv1d activations quantised too, per call: each im2col column (one output
     /// position's [in, kernel] input window) to unsigned 8 bits over its own range [min, max] (step (max - min) / 255),
-    /// the products summed in int32 (AVX512_VNNI vpdpbusd, four multiply-adds per byte lane) and scaled back to F32. ConvTranspose1d and
-    /// streamed Linear weights run weight-only as Int8. CPU AVX-512 kernel set on an AVX512_VNNI CPU only (Zen 4,
-    /// Ice Lake and later); elsewhere loading fails (ErrorKind::Unsupported). Error bound: docs/numerics.md.
+    /// the products summed in int32 (AVX512_VNNI vpdpbusd, four multiply-adds per byte lane) and scaled back to F32;
+    /// on the AVX2 kernel set (no VNNI: vpmaddubsw, whose int16 pair sums would saturate at 8 bits) to 7 bits (step
+    /// (max - min) / 127). ConvTranspose1d and streamed Linear weights run weight-only as Int8. CPU AVX2 kernel set, or
+    /// the AVX-512 set on an AVX512_VNNI CPU; elsewhere loading fails (ErrorKind::Unsupported). Error bound:
+    /// docs/numerics.md.
     W8A8,
 };
 

@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="flowedge: weight storage (default f32)")
     ap.add_argument("--policy.quantize", dest="quantize", choices=("none", "int8", "w8a8"), default=None,
                     help="flowedge, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8) or INT8 weights and "
-                         "activations (w8a8, AVX-512 with VNNI); error bounds in docs/numerics.md")
+                         "activations (w8a8: AVX2, or AVX-512 with VNNI); error bounds in docs/numerics.md")
     ap.add_argument("--env.type", dest="env_type", choices=sorted(ENV_TYPES), default="pusht")
     ap.add_argument("--env.task", dest="env_task", default=None, help="gym task (default: LeRobot's for the type)")
     ap.add_argument("--env.episode_length", dest="episode_length", type=int, default=None,

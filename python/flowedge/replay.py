@@ -394,7 +394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dtype", choices=("f32", "bf16", "f16"), default=None, help="flowedge-policy: weight storage")
     ap.add_argument("--quantize", choices=("none", "int8", "w8a8"), default=None,
                     help="flowedge-policy, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8: AVX2 / AVX-512) or INT8 "
-                         "weights and activations (w8a8: AVX-512 with VNNI); error bounds in docs/numerics.md")
+                         "weights and activations (w8a8: AVX2, or AVX-512 with VNNI); error bounds in docs/numerics.md")
     args = ap.parse_args(argv)
     if args.backend == "flowedge-policy":
         return main_policy(args)

@@ -378,7 +378,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="flowedge-policy: weight storage (default f32)")
     ap.add_argument("--quantize", choices=("none", "int8", "w8a8"), default=None,
                     help="flowedge-policy, Diffusion Policy on the CPU: opt-in INT8 U-Net weights (int8: AVX2 / AVX-512) or INT8 "
-                         "weights and activations (w8a8: AVX-512 with VNNI); error bounds in docs/numerics.md")
+                         "weights and activations (w8a8: AVX2, or AVX-512 with VNNI); error bounds in docs/numerics.md")
     rt = ap.add_argument_group("real time (--backend flowedge-policy; docs/realtime.md)")
     rt.add_argument("--lock-memory", action="store_true",
                     help="mlockall + pre-fault after load (needs ulimit -l / CAP_IPC_LOCK)")

@@ -121,7 +121,7 @@ def test_quantize_is_an_opt_in_load_option(dp_path):
     exact = episode()
     np.testing.assert_array_equal(episode(quantize="none"), exact)
     ran = 0
-    for q, needs in (("int8", "needs the AVX2 or AVX-512 kernel set"), ("w8a8", "needs the AVX-512 kernel set on a CPU with AVX512_VNNI")):
+    for q, needs in (("int8", "needs the AVX2 or AVX-512 kernel set"), ("w8a8", "needs the AVX2 kernel set, or the AVX-512 set on a CPU with AVX512_VNNI")):
         try:
             a = episode(quantize=q)
         except flowedge.FlowEdgeError as e:  # a CPU (or FLOWEDGE_CPU_ISA) without the INT8 kernels refuses, naming them

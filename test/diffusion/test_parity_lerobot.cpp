@@ -255,7 +255,7 @@ TEST_CASE("W8A8 (LoadOptions::quantize, AVX512_VNNI) and BF16 weights under Math
     auto h32 = DiffusionHead<Cpu>::load(kFolder, {}, 2);
     const Errors e32 = measure(h32, "F32 (for the W8A8 / BF16-math comparison)");
     if (!cpu::w8a8_available()) {
-        check_refused(WeightQuant::W8A8, "LoadOptions::quantize = W8A8 needs the AVX-512 kernel set");
+        check_refused(WeightQuant::W8A8, "LoadOptions::quantize = W8A8 needs the AVX2 kernel set");
     } else {
         auto h = DiffusionHead<Cpu>::load(kFolder, {.quantize = WeightQuant::W8A8}, 2);
         CHECK(check_within(measure(h, "W8A8"), e32, kW8A8Bound, "W8A8") > 0.0);

@@ -273,8 +273,9 @@ namespace {
 
 /// conv1d on W8A8 blocks (WeightQuant::W8A8) against
 ///   - a double loop on the dequantised weights and the activations quantised here as the kernel does (per output
-///     position t of batch row b, over the im2col column's range [lo, hi]: s_x = (hi - lo) / 255 in float,
-///     u = round((x - lo) * (255 / (hi - lo))) in [0, 255], x_q = lo + s_x u): the int32 sum is exact, then four
+///     position t of batch row b, over the im2col column's range [lo, hi], with the kernel set's levels L = 255 for
+///     vpdpbusd or 127 for AVX2: s_x = (hi - lo) / L in float, u = round((x - lo) * (L / (hi - lo))) in [0, L],
+///     x_q = lo + s_x u): the int32 sum is exact, then four
 ///     float roundings of values up to sum |w_q| (|s_x u| + |lo|), 2e-6 of that;
 ///   - a double loop on the original weights and activations: |dy| <= sum (s_w / 2 |x| + s_x / 2 |w_q|) plus the same
 ///     rounding term;
@@ -284,6 +285,7 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
     const int lout = k.conv_out();
     const auto [x, bias, w, q, R] = conv1d_inputs(k, dt, seed);
     const std::size_t n = std::size_t(k.batch) * k.cout * lout;
+    const float levels = float(cpu::w8a8_activation_levels());
     std::vector<double> ref(n), mag(n), ref_q(n), mag_q(n), bound(n);
     std::vector<float> col(R), col_q(R);
     for (int b = 0; b < k.batch; ++b)
@@ -297,9 +299,9 @@ void run_conv1d_w8a8(const ConvCase& k, DType dt, std::uint32_t seed) {
                     lo = std::min(lo, v);
                     hi = std::max(hi, v);
                 }
-            const float sx = (hi - lo) / 255.f, inv = hi > lo ? 255.f / (hi - lo) : 0.f;
+            const float sx = (hi - lo) / levels, inv = hi > lo ? levels / (hi - lo) : 0.f;
             for (std::size_t j = 0; j < R; ++j)
-                col_q[j] = float(double(lo) + double(sx) * std::clamp(std::nearbyint((col[j] - lo) * inv), 0.f, 255.f));
+                col_q[j] = float(double(lo) + double(sx) * std::clamp(std::nearbyint((col[j] - lo) * inv), 0.f, levels));
             for (int o = 0; o < k.cout; ++o) {
                 const std::size_t i = (std::size_t(b) * k.cout + o) * lout + t;
                 ref[i] = ref_q[i] = bias[std::size_t(o)];
@@ -368,13 +370,13 @@ TEST_CASE("conv1d on W8A8 blocks on AMX tiles (tdpbusd): bit-identical to the vp
 #endif
 }
 
-TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI): within rounding of the quantised operands and the quantisation bound") {
+TEST_CASE("conv1d on W8A8 blocks (AVX512_VNNI or AVX2): within rounding of the quantised operands and the quantisation bound") {
     if (!cpu::w8a8_available()) {
         const HostWeights w = make_weights(3 * 4, DType::F32, 7800, 0.3f);
         CHECK_THROWS_WITH_AS(Ops<Cpu>::prepare_weight(Storage::ConvWeight, w.ref(), Shape{3, 4, 1}, "test weight", WeightQuant::W8A8),
-                             ("flowedge: cpu: test weight: LoadOptions::quantize = W8A8 needs the AVX-512 kernel set on a CPU with "
-                              "AVX512_VNNI (vpdpbusd) (expected an AVX512_VNNI CPU with FLOWEDGE_CPU_ISA unset or avx512, or quantize = "
-                              "Int8 / None, got kernel set " + cpu::kernel_set_name() + ")").c_str(),
+                             ("flowedge: cpu: test weight: LoadOptions::quantize = W8A8 needs the AVX2 kernel set, or the AVX-512 set on "
+                              "a CPU with AVX512_VNNI (expected an x86-64 CPU with AVX2 and FLOWEDGE_CPU_ISA unset, avx2 or (AVX512_VNNI "
+                              "CPUs) avx512, or quantize = Int8 / None, got kernel set " + cpu::kernel_set_name() + ")").c_str(),
                              Error);
         MESSAGE("kernel set " << cpu::kernel_set_name() << ": W8A8 refused at load, as it must be");
         return;

@@ -169,10 +169,14 @@ inline Isa active_isa() { return detail::isa_state().isa; }
 inline bool bf16_math_available() {
     return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_bf16;
 }
-/// Whether WeightQuant::W8A8 has its vpdpbusd kernels here (the AVX-512 set on a CPU with AVX512_VNNI).
+/// Whether WeightQuant::W8A8 has kernels here: the AVX-512 set on a CPU with AVX512_VNNI (vpdpbusd), or the AVX2 set
+/// (vpmaddubsw, with activations of 7 bits instead of 8: w8a8_activation_levels()).
 inline bool w8a8_available() {
-    return active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_vnni;
+    return (active_isa() == Isa::Avx512 && detail::isa_state().features.avx512_vnni) || active_isa() == Isa::Avx2;
 }
+/// The steps - 1 each W8A8 activation column is quantised to here: 255 (vpdpbusd) or 127 (AVX2's vpmaddubsw, whose
+/// int16 pair sums would saturate at 8 bits).
+inline int w8a8_activation_levels() { return active_isa() == Isa::Avx512 ? 255 : 127; }
 /// Whether MathMode::BF16 runs on AMX tiles (tdpbf16ps) here: the Conv1d on packed BF16 blocks and the small-row
 /// products of packed_linear.hpp. bf16_math_available() and a CPU with AMX-BF16 whose tile state Linux granted, unless
 /// FLOWEDGE_CPU_AMX=0.
@@ -181,13 +185,13 @@ inline bool amx_bf16_available() {
 }
 /// Whether W8A8 Conv1d runs on AMX tiles (tdpbusd) here: w8a8_available() and AMX-INT8, as amx_bf16_available().
 inline bool amx_int8_available() {
-    return w8a8_available() && detail::isa_state().amx && detail::isa_state().features.amx_int8;
+    return active_isa() == Isa::Avx512 && w8a8_available() && detail::isa_state().amx && detail::isa_state().features.amx_int8;
 }
 /// One line for logs and benchmark records, e.g. "avx512 (+bf16) (+vnni) (+amx)".
 inline std::string kernel_set_name() {
     std::string s(isa_name(active_isa()));
     if (bf16_math_available()) s += " (+bf16)";
-    if (w8a8_available()) s += " (+vnni)";
+    if (w8a8_available() && active_isa() == Isa::Avx512) s += " (+vnni)";
     if (amx_bf16_available() || amx_int8_available()) s += " (+amx)";
     return s;
 }

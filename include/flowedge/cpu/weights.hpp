@@ -3,8 +3,8 @@
 //   AVX2 and AVX-512 sets: Conv1d, ConvTranspose1d and streamed Linear weights -> packed conv blocks
 //                (kernels/packed_conv.hpp, the AVX2 set's layout and kernels, which the AVX-512 set calls: on Zen 4 they
 //                beat its row-major 512-bit kernels), replacing the stored tensor (INT8 blocks with per-output scales
-//                under LoadOptions::quantize = Int8; under W8A8, AVX-512 set only, Conv1d weights become W8A8 blocks,
-//                kernels/packed_conv_dot.hpp); small-row Linear weights -> k-major packed copy
+//                under LoadOptions::quantize = Int8; under W8A8 Conv1d weights become W8A8 blocks,
+//                kernels/packed_conv_w8a8.hpp); small-row Linear weights -> k-major packed copy
 //                (kernels/packed_linear.hpp) beside it; many-row Linear weights -> the same, or under exact math the
 //                GEMM's group layout (kernels/packed_gemm.hpp) beside it.
 //   AVX2 and AVX-512 sets: Conv2d weights -> output blocks of one vector (kernels/conv2d_packed.hpp), replacing the
@@ -48,8 +48,7 @@ public:
 
     /// Conv blocks of a stored [out, R] matrix w (transposed: a ConvTranspose1d weight [in, out, K], packed as the
     /// [out*K, in] kernel-1 Conv1d it is per input column), in w's dtype or quantised (LoadOptions::quantize): Int8,
-    /// INT8 blocks with per-output scales; W8A8 (a Conv1d weight on the AVX-512 set only), the W8A8 blocks of
-    /// kernels/packed_conv_dot.hpp. isa: the kernel set that runs them (AVX2 or AVX-512; the layout of the others is
+    /// INT8 blocks with per-output scales; W8A8 (a Conv1d weight), the W8A8 blocks of kernels/packed_conv_w8a8.hpp. isa: the kernel set that runs them (AVX2 or AVX-512; the layout of the others is
     /// the AVX2 set's in both). `what` names the tensor in errors.
     static std::unique_ptr<PackedWeight> conv_blocks(const WeightRef& w, const Shape& shape, bool transposed, WeightQuant q,
                                                      Isa isa, std::string_view what) {
@@ -59,11 +58,11 @@ public:
         pw->m_int8 = q != WeightQuant::None;
         const int out = transposed ? int(shape.dims[1] * shape.dims[2]) : int(shape.dims[0]);
         const std::size_t R = std::size_t(shape.numel()) / std::size_t(out);
-        if (w8a8 && R > avx512::packed_dot::kW8A8MaxSteps) [[unlikely]]
+        if (w8a8 && R > avx2::w8a8::kMaxSteps) [[unlikely]]
             fail(ErrorKind::Unsupported, "cpu", std::string(what) + ": LoadOptions::quantize = W8A8 takes Conv1d rows of at most " +
-                                                    std::to_string(avx512::packed_dot::kW8A8MaxSteps) + " in_channels * kernel" +
-                                                    expected_got("<= " + std::to_string(avx512::packed_dot::kW8A8MaxSteps), R));
-        const std::size_t bytes = w8a8 ? avx512::packed_dot::w8a8_bytes(out, R)
+                                                    std::to_string(avx2::w8a8::kMaxSteps) + " in_channels * kernel" +
+                                                    expected_got("<= " + std::to_string(avx2::w8a8::kMaxSteps), R));
+        const std::size_t bytes = w8a8 ? avx2::w8a8::bytes(out, R)
                                   : pw->m_int8 ? avx2::packed_conv_elements<std::int8_t>(out, R)
                                                : avx2::packed_conv_elements(w.dtype, out, R) * dtype_size(w.dtype);
         Memory<Cpu>::check_fits(bytes, std::string(what));
@@ -74,7 +73,7 @@ public:
                 if (transposed) avx2::pack_conv_transpose_weights(src, int(shape.dims[0]), int(shape.dims[1]), int(shape.dims[2]), dst);
                 else avx2::pack_conv_weights(src, out, R, dst);
             };
-            if (w8a8) avx512::packed_dot::pack_w8a8(src, out, R, reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
+            if (w8a8) avx2::w8a8::pack(src, out, R, reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
             else if (pw->m_int8) pack(reinterpret_cast<std::int8_t*>(pw->m_buf.data()));
             else pack(reinterpret_cast<std::remove_cvref_t<decltype(*src)>*>(pw->m_buf.data()));
         });
@@ -242,8 +241,8 @@ inline std::unique_ptr<PreparedWeight> prepare_weight(Storage storage, const Wei
     const bool simd = isa == Isa::Avx2 || isa == Isa::Avx512;
     if (q == WeightQuant::W8A8 && !w8a8_available()) [[unlikely]]
         fail(ErrorKind::Unsupported, "cpu",
-             std::string(what) + ": LoadOptions::quantize = W8A8 needs the AVX-512 kernel set on a CPU with AVX512_VNNI (vpdpbusd)" +
-                 expected_got("an AVX512_VNNI CPU with FLOWEDGE_CPU_ISA unset or avx512, or quantize = Int8 / None",
+             std::string(what) + ": LoadOptions::quantize = W8A8 needs the AVX2 kernel set, or the AVX-512 set on a CPU with AVX512_VNNI" +
+                 expected_got("an x86-64 CPU with AVX2 and FLOWEDGE_CPU_ISA unset, avx2 or (AVX512_VNNI CPUs) avx512, or quantize = Int8 / None",
                               "kernel set " + kernel_set_name()));
     if (int8 && !simd) [[unlikely]]
         fail(ErrorKind::Unsupported, "cpu",

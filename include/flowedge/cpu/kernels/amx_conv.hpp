@@ -447,7 +447,7 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
 }
 
 /// Conv1d on W8A8 blocks on tdpbusd (see the file comment): bit-identical to conv1d_w8a8. R = in_channels * kernel
-/// <= kW8A8MaxSteps (checked at load), so a panel row of ld <= 16384 quads leaves room for at least 4 columns.
+/// <= avx2::w8a8::kMaxSteps (checked at load), so a panel row of ld <= 16384 quads leaves room for at least 4 columns.
 inline void conv1d_w8a8_amx(const Conv1dParams& p, const std::int8_t* wp) {
     const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), Q = w8a8_steps(R) / 4;
     const std::size_t ld = (Q + kTileRows - 1) / kTileRows * kTileRows;

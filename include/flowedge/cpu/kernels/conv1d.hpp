@@ -217,7 +217,9 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 }
 #endif
 
-// The dot-product kernels on packed blocks (AVX-512 set), which use im2col_column and conv_out above.
+// W8A8: the block layout and the AVX2 set's kernel, which use im2col_column and conv_out above.
+#include "flowedge/cpu/kernels/packed_conv_w8a8.hpp"
+// The dot-product kernels on packed blocks (AVX-512 set).
 #include "flowedge/cpu/kernels/packed_conv_dot.hpp"
 // The same two modes on AMX tiles (AVX-512 set, where the CPU has AMX).
 #include "flowedge/cpu/kernels/amx_conv.hpp"
@@ -228,12 +230,17 @@ inline void conv1d_bf16_impl(const Conv1dParams& p, const WT* w) {
 /// avx2::Int8Blocks of INT8 or W8A8 blocks), or null for the row-major weight p.w.data; bf16: run MathMode::BF16 on
 /// vdpbf16ps (AVX-512 set with AVX512_BF16: row-major weights, and BF16 blocks; F32 and F16 blocks stay exact).
 /// BF16 blocks under MathMode::BF16 and W8A8 blocks run on AMX tiles where cpu::amx_bf16_available() /
-/// amx_int8_available() (amx_conv.hpp), else on the vector dot-product kernels. INT8 weight-only blocks under
+/// amx_int8_available() (amx_conv.hpp), else on the vector dot-product kernels (AVX-512 set: vpdpbusd; AVX2 set:
+/// W8A8 on vpmaddubsw, packed_conv_w8a8.hpp). INT8 weight-only blocks under
 /// MathMode::BF16 run on AMX tiles (int8 widened to BF16 per tile) where cpu::amx_bf16_available(), and exactly (the
 /// widening F32 kernel) everywhere else.
 inline void conv1d(const Conv1dParams& p, const void* blocks, bool int8, bool bf16) {
 #if FLOWEDGE_ISA_AVX2
     if (blocks) {
+        if (int8 && static_cast<const Int8Blocks*>(blocks)->w8a8) {
+            w8a8::conv1d(p, static_cast<const Int8Blocks*>(blocks)->data);
+            return;
+        }
         // Every MathMode runs the exact packed kernel (no BF16 arithmetic kernel exists in this set).
         with_blocks(blocks, p.w.dtype, int8, [&](auto w) { conv1d_packed_impl(p, w); });
         return;

@@ -5,7 +5,8 @@
 //     per step pair one vpermw turns their first 64 bytes into 16 (step j, step j+1) weight pairs, one per output, and
 //     the last 32 bytes already are pairs for outputs 16..23; vdpbf16ps multiplies them by the column's BF16-rounded
 //     activation pair (x[j], x[j+1]), F32 accumulation.
-//   WeightQuant::W8A8 (AVX512_VNNI): blocks of 32 outputs x steps in quads, made at load ([block][quad][output][4]
+//   WeightQuant::W8A8 (AVX512_VNNI; the layout and an AVX2 kernel are in packed_conv_w8a8.hpp): blocks of 32 outputs
+//     x steps in quads, made at load ([block][quad][output][4]
 //     signed bytes, R padded with zero steps to a multiple of 4), then the block's 32 F32 weight scales and 32 int32
 //     row sums sum_j q[o][j]. Per call each im2col column c is quantised over its own range [m_c, M_c] to unsigned
 //     bytes (what vpdpbusd takes), u = round((x - m_c) / s_c) with s_c = (M_c - m_c) / 255, so x ~ m_c + s_c u;
@@ -160,44 +161,10 @@ inline void conv1d_bh(const Conv1dParams& p, const bf16* wp) {
 
 // ---- WeightQuant::W8A8 --------------------------------------------------------------------------------------------
 
-inline constexpr int kW8Width = 32;  // outputs per block: two vectors of 16 int32 lanes
-
-/// Steps per block row: R padded to whole quads.
-constexpr std::size_t w8a8_steps(std::size_t R) { return (R + 3) / 4 * 4; }
-/// Bytes of one block: the quads, then 32 F32 scales and 32 int32 row sums.
-constexpr std::size_t w8a8_block_bytes(std::size_t R) {
-    return std::size_t(kW8Width) * w8a8_steps(R) + kW8Width * (sizeof(float) + sizeof(std::int32_t));
-}
-constexpr std::size_t w8a8_bytes(int out, std::size_t R) {
-    return std::size_t((out + kW8Width - 1) / kW8Width) * w8a8_block_bytes(R);
-}
-/// The longest reduction W8A8 blocks take: one column on the panel, and no int32 overflow of a sum of R4 products
-/// |q| <= 127 times u <= 255 (127 * 255 * 65536 < 2^31).
-inline constexpr std::size_t kW8A8MaxSteps = 65536;
-
-/// W8A8 blocks of w ([out, R] row-major, any stored dtype), quantised per row as the INT8 blocks are
-/// (avx2::quantise_row). dst: w8a8_bytes(out, R) bytes. Load time only.
-template <class T>
-inline void pack_w8a8(const T* w, int out, std::size_t R, std::int8_t* dst) {
-    constexpr int W = kW8Width;
-    const std::size_t R4 = w8a8_steps(R);
-    std::vector<std::int8_t> row(R);
-    for (int b = 0; b * W < out; ++b) {
-        std::int8_t* db = dst + std::size_t(b) * w8a8_block_bytes(R);
-        std::fill(db, db + w8a8_block_bytes(R), std::int8_t(0));
-        float scales[W] = {};
-        std::int32_t sums[W] = {};
-        for (int l = 0; l < W && b * W + l < out; ++l) {
-            scales[l] = avx2::quantise_row(w + std::size_t(b * W + l) * R, R, b * W + l, row.data());
-            for (std::size_t j = 0; j < R; ++j) {
-                db[(j / 4) * 4 * W + std::size_t(l) * 4 + j % 4] = row[j];
-                sums[l] += row[j];
-            }
-        }
-        std::memcpy(db + R4 * W, scales, sizeof(scales));
-        std::memcpy(db + R4 * W + sizeof(scales), sums, sizeof(sums));
-    }
-}
+// The block layout is the AVX2 set's (packed_conv_w8a8.hpp), which also runs W8A8 where there is no VNNI.
+inline constexpr int kW8Width = avx2::w8a8::kWidth;
+constexpr std::size_t w8a8_steps(std::size_t R) { return avx2::w8a8::steps(R); }
+constexpr std::size_t w8a8_block_bytes(std::size_t R) { return avx2::w8a8::block_bytes(R); }
 
 /// out[v][c] = sum over `quads` step quads of the block's weights (vector v: outputs 16v..16v+15) x column c's
 /// activation quad (4 unsigned bytes). wq: the block's quads; x: the quad panel, [quad][column], nn columns.
@@ -221,25 +188,11 @@ __attribute__((target("avx512vnni"))) inline void w8a8_quads(const std::int8_t* 
         for (int c = 0; c < NC; ++c) out[v][c] = acc[v][c];
 }
 
-/// W8A8's quantisation of one im2col column: its range [lo, hi] gives the step scale = (hi - lo) / 255 and offset
-/// min = lo, and a value v becomes the byte round((v - lo) * inv) clamped to [0, 255]. A non-finite column gets NaN
-/// scale and offset (its outputs are NaN, as the exact kernels would give non-finite ones).
-struct ColumnQuant {
-    float scale, min, inv, lo;
-};
-inline ColumnQuant column_quant(const Conv1dParams& p, int col) {
-    float lo = INFINITY, hi = -INFINITY;
-    bool finite = true;
-    im2col_column(p, col, 0, p.in_channels, [&](int, float v) {
-        finite = finite && std::isfinite(v);
-        lo = std::min(lo, v);
-        hi = std::max(hi, v);
-    });
-    return {finite ? (hi - lo) / 255.f : __builtin_nanf(""), finite ? lo : __builtin_nanf(""),
-            finite && hi > lo ? 255.f / (hi - lo) : 0.f, lo};
-}
+/// W8A8's quantisation of one im2col column for vpdpbusd: 256 steps (u in [0, 255]) over its range.
+using ColumnQuant = avx2::w8a8::ColumnQuant;
+inline ColumnQuant column_quant(const Conv1dParams& p, int col) { return avx2::w8a8::column_quant(p, col, 255.f); }
 
-/// Conv1d on W8A8 blocks (see the file comment). R = in_channels * kernel <= kW8A8MaxSteps (checked at load).
+/// Conv1d on W8A8 blocks (see the file comment). R = in_channels * kernel <= avx2::w8a8::kMaxSteps (checked at load).
 inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
     constexpr int W = kW8Width;
     const int Cout = p.out_channels, N = p.batch * p.out_length;
@@ -255,21 +208,10 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
         const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
         for (int n0 = 0; n0 < N; n0 += ns) {
             const int nn = std::min(ns, N - n0);
-            auto* bytes = reinterpret_cast<std::uint8_t*>(panel);
             if (n0 > 0) {
 #pragma omp barrier
             }
-            for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-                const ColumnQuant q = column_quant(p, n0 + c);
-                xscale[c] = q.scale;
-                xmin[c] = q.min;
-                const float lo = q.lo, inv = q.inv;
-                auto put = [&](std::size_t j, std::uint8_t u) { bytes[((j / 4) * std::size_t(nn) + std::size_t(c)) * 4 + j % 4] = u; };
-                im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
-                    put(std::size_t(j), std::uint8_t(std::clamp(std::nearbyint((v - lo) * inv), 0.f, 255.f)));
-                });
-                for (std::size_t j = R; j < R4; ++j) put(j, 0);  // zero weights there
-            }
+            avx2::w8a8::quantise_columns(p, n0, nn, tid, nth, 255.f, panel, xscale, xmin);
 #pragma omp barrier
             for (int ob = b0; ob < b1; ++ob) {
                 const std::int8_t* wb = wp + std::size_t(ob) * w8a8_block_bytes(R);
