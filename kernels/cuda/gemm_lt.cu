@@ -136,9 +136,9 @@ struct Plan {
     cublasLtMatmulAlgo_t algo{};
 };
 
-/// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the alignment the
-/// weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace the
-/// algorithm may use (conv: kLtWorkspaceBytes, linear: none).
+/// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the
+/// alignment the weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace
+/// the algorithm may use (conv: kLtWorkspaceBytes, linear: none).
 using PlanKey = std::tuple<int, bool, int, int, int, int, int, int, int, int, bool, bool, std::size_t>;
 
 struct DeviceLt {

@@ -331,8 +331,8 @@ inline void packed_chunk(const WT* wp, const float* x, std::size_t ldx, int n, i
 }
 
 /// An INT8 weight as Ops<Cpu> hands it to the kernels (PackedWeight::data() when int8()): the blocks, and whether they
-/// are the weight-only INT8 blocks above (LoadOptions::quantize = Int8) or W8A8 blocks (WeightQuant::W8A8, AVX-512 set:
-/// kernels/packed_conv_dot.hpp), which only that set's conv1d runs.
+/// are the weight-only INT8 blocks above (LoadOptions::quantize = Int8) or W8A8 blocks (WeightQuant::W8A8:
+/// kernels/packed_conv_w8a8.hpp), which only the conv1d of the AVX2 and AVX-512 sets runs.
 struct Int8Blocks {
     const std::int8_t* data;
     bool w8a8;

@@ -119,7 +119,8 @@ inline void quads(const std::int8_t* wq, const std::uint32_t* x, int nn, std::si
 
 /// Conv1d on W8A8 blocks with activations of kAvx2Levels + 1 steps. R = in_channels * kernel <= kMaxSteps (checked at
 /// load). Like the AVX-512 kernel: the threads quantise a pass of up to 64 whole columns into a shared panel (one
-/// barrier), then each streams its own output blocks, whole, for up to kMaxCols columns at a time. Deterministic for any thread count (integer sums, one epilogue per output).
+/// barrier), then each streams its own output blocks, whole, for up to kMaxCols columns at a time. Deterministic for
+/// any thread count (integer sums, one epilogue per output).
 inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
     constexpr int W = kWidth;
     const int Cout = p.out_channels, N = p.batch * p.out_length;
