@@ -190,55 +190,32 @@ __attribute__((target("avx512vnni"))) inline void w8a8_quads(const std::int8_t* 
 
 /// W8A8's quantisation of one im2col column for vpdpbusd: 256 steps (u in [0, 255]) over its range.
 using ColumnQuant = avx2::w8a8::ColumnQuant;
-inline ColumnQuant column_quant(const Conv1dParams& p, int col) { return avx2::w8a8::column_quant(p, col, 255.f); }
+inline ColumnQuant column_quant(const Conv1dParams& p, int col) { return avx2::w8a8::column_quant(p, col, avx2::w8a8::kVnniLevels); }
 
-/// Conv1d on W8A8 blocks (see the file comment). R = in_channels * kernel <= avx2::w8a8::kMaxSteps (checked at load).
+/// Conv1d on W8A8 blocks (see the file comment; avx2::w8a8::conv1d_passes at kVnniLevels), up to
+/// kMaxCols columns per stream of a block's quads.
 inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
-    constexpr int W = kW8Width;
-    const int Cout = p.out_channels, N = p.batch * p.out_length;
-    const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), R4 = w8a8_steps(R), Q = R4 / 4;
-    const int blocks = (Cout + W - 1) / W;
-    const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kPanelWords / Q}));
-    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
-    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [quad][column], 4 unsigned bytes round((x - m_c) / s_c)
-    alignas(64) float xscale[64], xmin[64];
-#pragma omp parallel if (par)
-    {
-        const int tid = thread_index(), nth = thread_count();
-        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; n0 < N; n0 += ns) {
-            const int nn = std::min(ns, N - n0);
-            if (n0 > 0) {
-#pragma omp barrier
-            }
-            avx2::w8a8::quantise_columns(p, n0, nn, tid, nth, 255.f, panel, xscale, xmin);
-#pragma omp barrier
-            for (int ob = b0; ob < b1; ++ob) {
-                const std::int8_t* wb = wp + std::size_t(ob) * w8a8_block_bytes(R);
-                const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
-                const std::int32_t* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
-                const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
-                column_groups(nn, [&](int c0, int nc) {
-                    with_cols(nc, [&](auto cols) {
-                        constexpr int NC = decltype(cols)::value;
-                        __m512i acc[2][NC];
-                        w8a8_quads<NC>(wb, panel + c0, nn, Q, acc);
-                        for (int c = 0; c < NC; ++c) {
-                            alignas(64) float out[W];
-                            for (int v = 0; v < 2; ++v) {
-                                const __m512 dot = _mm512_cvtepi32_ps(acc[v][c]);
-                                const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(rowsum + 16 * v));
-                                const __m512 x = _mm512_fmadd_ps(dot, _mm512_set1_ps(xscale[c0 + c]),
-                                                                 _mm512_mul_ps(sums, _mm512_set1_ps(xmin[c0 + c])));
-                                _mm512_store_ps(out + 16 * v, _mm512_mul_ps(x, _mm512_loadu_ps(wscale + 16 * v)));
-                            }
-                            for (int o = o0; o < o1; ++o) conv_out(p, n0 + c0 + c, o, out[o - o0], true);
-                        }
-                    });
-                });
-            }
-        }
-    }
+    avx2::w8a8::conv1d_passes(p, wp, avx2::w8a8::kVnniLevels, [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q,
+                                               const avx2::w8a8::BlockScales& s, auto&& emit) {
+        column_groups(nn, [&](int c0, int nc) {
+            with_cols(nc, [&](auto cols) {
+                constexpr int NC = decltype(cols)::value;
+                __m512i acc[2][NC];
+                w8a8_quads<NC>(wb, panel + c0, nn, Q, acc);
+                for (int c = 0; c < NC; ++c) {
+                    alignas(64) float out[kW8Width];
+                    for (int v = 0; v < 2; ++v) {
+                        const __m512 dot = _mm512_cvtepi32_ps(acc[v][c]);
+                        const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(s.rowsum + 16 * v));
+                        const __m512 x = _mm512_fmadd_ps(dot, _mm512_set1_ps(s.xscale[c0 + c]),
+                                                         _mm512_mul_ps(sums, _mm512_set1_ps(s.xmin[c0 + c])));
+                        _mm512_store_ps(out + 16 * v, _mm512_mul_ps(x, _mm512_loadu_ps(s.wscale + 16 * v)));
+                    }
+                    emit(c0 + c, out);
+                }
+            });
+        });
+    });
 }
 
 }  // namespace packed_dot

@@ -15,8 +15,9 @@
 namespace w8a8 {
 
 inline constexpr int kWidth = 32;  // outputs per block
-/// Activation levels of this set's kernel (see the file comment); the AVX-512 set's vpdpbusd kernels use 255.
+/// Activation levels of this set's kernel (see the file comment) and of the AVX-512 set's vpdpbusd / tdpbusd kernels.
 inline constexpr float kAvx2Levels = 127.f;
+inline constexpr float kVnniLevels = 255.f;
 
 /// Steps per block row: R padded to whole quads.
 constexpr std::size_t steps(std::size_t R) { return (R + 3) / 4 * 4; }
@@ -88,11 +89,58 @@ inline void quantise_columns(const Conv1dParams& p, int n0, int nn, int tid, int
     }
 }
 
+/// A block's dequantisation operands: its per-output weight scales and row sums, the pass's column scales and
+/// offsets (output = wscale[o] * (xscale[c] * dot + xmin[c] * rowsum[o])).
+struct BlockScales {
+    const float* wscale;
+    const std::int32_t* rowsum;
+    const float* xscale;
+    const float* xmin;
+};
+
+/// The pass and block loops of the W8A8 kernels on the [quad][column] panel (this set's and the AVX-512 set's
+/// vpdpbusd kernel): the threads quantise a pass of up to 64 whole columns to `levels` + 1 steps into a shared panel
+/// (one barrier), then each streams its own output blocks, whole. block(wb, panel, nn, quads, scales, emit) computes
+/// block wb's kWidth outputs for the pass's nn columns and calls emit(c, out) with column c's (out[l]: output
+/// o0 + l). R = in_channels * kernel <= kMaxSteps (checked at load). Deterministic for any thread count (integer
+/// sums, one epilogue per output).
+template <class Block>
+inline void conv1d_passes(const Conv1dParams& p, const std::int8_t* wp, float levels, Block&& block) {
+    constexpr int W = kWidth;
+    const int Cout = p.out_channels, N = p.batch * p.out_length;
+    const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), R4 = steps(R), Q = R4 / 4;
+    const int blocks = (Cout + W - 1) / W;
+    const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kScratchFloats / Q}));
+    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
+    alignas(64) std::uint32_t panel[kScratchFloats];  // shared: [quad][column], 4 unsigned bytes round((x - m_c) / s_c)
+    alignas(64) float xscale[64], xmin[64];
+#pragma omp parallel if (par)
+    {
+        const int tid = thread_index(), nth = thread_count();
+        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
+        for (int n0 = 0; n0 < N; n0 += ns) {
+            const int nn = std::min(ns, N - n0);
+            if (n0 > 0) {
+#pragma omp barrier
+            }
+            quantise_columns(p, n0, nn, tid, nth, levels, panel, xscale, xmin);
+#pragma omp barrier
+            for (int ob = b0; ob < b1; ++ob) {
+                const std::int8_t* wb = wp + std::size_t(ob) * block_bytes(R);
+                const BlockScales scales{reinterpret_cast<const float*>(wb + R4 * W),
+                                         reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float)), xscale, xmin};
+                const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
+                block(wb, panel, nn, Q, scales, [&](int c, const float* out) {
+                    for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, out[o - o0], true);
+                });
+            }
+        }
+    }
+}
+
 /// Columns per micro-kernel call: 4 x NC int32 accumulators, the broadcast, the ones and a product within the 16 ymm
 /// registers (the weight loads fold into vpmaddubsw).
 inline constexpr int kMaxCols = 3;
-/// Panel words (4 activation bytes each) per pass: the exact kernels' 256 KiB of stack.
-inline constexpr std::size_t kPanelWords = kScratchFloats;
 
 /// acc[v][c] = sum over `quads` step quads of the block's weights (vector v: outputs 8v .. 8v + 7) x column c's
 /// activation quad. wq: the block's quads (rows of 128 bytes, streamed whole); x: the quad panel, [quad][column].
@@ -117,63 +165,37 @@ inline void quads(const std::int8_t* wq, const std::uint32_t* x, int nn, std::si
         for (int c = 0; c < NC; ++c) out[v][c] = acc[v][c];
 }
 
-/// Conv1d on W8A8 blocks with activations of kAvx2Levels + 1 steps. R = in_channels * kernel <= kMaxSteps (checked at
-/// load). Like the AVX-512 kernel: the threads quantise a pass of up to 64 whole columns into a shared panel (one
-/// barrier), then each streams its own output blocks, whole, for up to kMaxCols columns at a time. Deterministic for
-/// any thread count (integer sums, one epilogue per output).
+/// Conv1d on W8A8 blocks with activations of kAvx2Levels + 1 steps (conv1d_passes), up to kMaxCols columns per
+/// stream of a block's quads.
 inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
-    constexpr int W = kWidth;
-    const int Cout = p.out_channels, N = p.batch * p.out_length;
-    const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), R4 = steps(R), Q = R4 / 4;
-    const int blocks = (Cout + W - 1) / W;
-    const int ns = int(std::min<std::size_t>({std::size_t(N), 64, kPanelWords / Q}));
-    [[maybe_unused]] const bool par = double(N) * double(R) * Cout >= kParallelMacs;
-    alignas(64) std::uint32_t panel[kPanelWords];  // shared: [quad][column], 4 unsigned bytes round((x - m_c) / s_c)
-    alignas(64) float xscale[64], xmin[64];
-#pragma omp parallel if (par)
-    {
-        const int tid = thread_index(), nth = thread_count();
-        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; n0 < N; n0 += ns) {
-            const int nn = std::min(ns, N - n0);
-            if (n0 > 0) {
-#pragma omp barrier
-            }
-            quantise_columns(p, n0, nn, tid, nth, kAvx2Levels, panel, xscale, xmin);
-#pragma omp barrier
-            for (int ob = b0; ob < b1; ++ob) {
-                const std::int8_t* wb = wp + std::size_t(ob) * block_bytes(R);
-                const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
-                const std::int32_t* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
-                const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
-                for (int c0 = 0, groups = (nn + kMaxCols - 1) / kMaxCols, g = 0; g < groups; ++g) {
-                    const int c1 = nn * (g + 1) / groups;  // column groups of at most kMaxCols, as even as possible
-                    auto run = [&](auto cols) {
-                        constexpr int NC = decltype(cols)::value;
-                        __m256i acc[4][NC];
-                        quads<NC>(wb, panel + c0, nn, Q, acc);
-                        for (int c = 0; c < NC; ++c) {
-                            alignas(32) float out[W];
-                            for (int v = 0; v < 4; ++v) {
-                                const __m256 dot = _mm256_cvtepi32_ps(acc[v][c]);
-                                const __m256 sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rowsum + 8 * v)));
-                                const __m256 xv = _mm256_fmadd_ps(dot, _mm256_set1_ps(xscale[c0 + c]),
-                                                                  _mm256_mul_ps(sums, _mm256_set1_ps(xmin[c0 + c])));
-                                _mm256_store_ps(out + 8 * v, _mm256_mul_ps(xv, _mm256_loadu_ps(wscale + 8 * v)));
-                            }
-                            for (int o = o0; o < o1; ++o) conv_out(p, n0 + c0 + c, o, out[o - o0], true);
-                        }
-                    };
-                    switch (c1 - c0) {
-                        case 1: run(std::integral_constant<int, 1>{}); break;
-                        case 2: run(std::integral_constant<int, 2>{}); break;
-                        default: run(std::integral_constant<int, 3>{}); break;
+    conv1d_passes(p, wp, kAvx2Levels, [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q,
+                                         const BlockScales& s, auto&& emit) {
+        for (int c0 = 0, groups = (nn + kMaxCols - 1) / kMaxCols, g = 0; g < groups; ++g) {
+            const int c1 = nn * (g + 1) / groups;  // column groups of at most kMaxCols, as even as possible
+            auto run = [&](auto cols) {
+                constexpr int NC = decltype(cols)::value;
+                __m256i acc[4][NC];
+                quads<NC>(wb, panel + c0, nn, Q, acc);
+                for (int c = 0; c < NC; ++c) {
+                    alignas(32) float out[kWidth];
+                    for (int v = 0; v < 4; ++v) {
+                        const __m256 dot = _mm256_cvtepi32_ps(acc[v][c]);
+                        const __m256 sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.rowsum + 8 * v)));
+                        const __m256 xv = _mm256_fmadd_ps(dot, _mm256_set1_ps(s.xscale[c0 + c]),
+                                                          _mm256_mul_ps(sums, _mm256_set1_ps(s.xmin[c0 + c])));
+                        _mm256_store_ps(out + 8 * v, _mm256_mul_ps(xv, _mm256_loadu_ps(s.wscale + 8 * v)));
                     }
-                    c0 = c1;
+                    emit(c0 + c, out);
                 }
+            };
+            switch (c1 - c0) {
+                case 1: run(std::integral_constant<int, 1>{}); break;
+                case 2: run(std::integral_constant<int, 2>{}); break;
+                default: run(std::integral_constant<int, 3>{}); break;
             }
+            c0 = c1;
         }
-    }
+    });
 }
 
 }  // namespace w8a8
