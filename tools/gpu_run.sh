@@ -90,9 +90,10 @@
 #             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
 #             UNET_ALT_ENV="VAR=value ..." (alt) and of UNET_BASE_SRC's (base: a carried `git archive` of an earlier
 #             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
-#             (UNET_POLICY=0 skips them); this tree's whole dp_mix with its kernel table (UNET_MIX=0 skips it)
-#             -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt, policy_bench_cuda_f32_{cur,alt,base}.json,
-#             dp_mix.{txt,json}
+#             (UNET_POLICY=0 skips them); ncu per-kernel tables of one U-Net call per UNET_PROF spec
+#             ("batch:math[:dtype]", e.g. "64:tf32 64:bf16:bf16") and tree; this tree's whole dp_mix with its kernel
+#             table (UNET_MIX=0 skips it); bench/probe_conv1d_paths.py at each UNET_PROBE batch -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt,
+#             policy_bench_cuda_f32_{cur,alt,base}.json, ncu_unet_<tree>_b<batch>_<math>_<dtype>.csv, dp_mix.{txt,json}
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -712,10 +713,10 @@ build_base_tree() {
 stage_unet() {
     local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part e
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
-        build_base_tree "$base" $bdir unet flowedge_cuda_dp_mix policy_bench
+        build_base_tree "$base" $bdir unet flowedge_cuda_dp_mix policy_bench diffusion_sample
         bpid=$!
     fi
-    local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion"
+    local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion diffusion_sample"
     [ "${UNET_TESTS:-1}" = 1 ] && targets+=" ops_norm ops_conv1d ops_elementwise ops_math_mode diffusion_head diffusion_policy diffusion_policy_batch cuda_models"
     BUILD_TARGETS=$targets stage_build || return $?
     if [ -n "$bpid" ]; then
@@ -733,7 +734,7 @@ stage_unet() {
         done
         if [ -n "${UNET_ALT_ENV:-}" ]; then  # the alternative path's own test run (UNET_ALT_TESTS)
             for t in ${UNET_ALT_TESTS:-ops/ops_conv1d diffusion/diffusion_head cuda/cuda_models}; do
-                tc=(); [ "${t#ops/}" != "$t" ] && tc=(-tc="$cuda_cases")
+                tc=(); [ "$t" != ops/ops_math_mode ] && [ "${t#ops/}" != "$t" ] && tc=(-tc="$cuda_cases")
                 env $UNET_ALT_ENV "$BUILD/test/$t" "${tc[@]}" > "$LOGS/unet_alt_$(basename $t).log" 2>&1 || rc=$?
             done
         fi
@@ -780,6 +781,30 @@ stage_unet() {
                 --json "$OUT/policy_bench_cuda_f32_$tree.json" 2>&1 | sed "s/^/$tree: /" | tee -a "$OUT/unet.txt" || rc=$?
         done
     fi
+    # UNET_PROF: "batch:math[:dtype]" specs; ncu's per-kernel table of one U-Net call (a 1-step sample, the second
+    # of two) for each spec and tree -> ncu_unet_<tree>_b<batch>_<math>_<dtype>.csv, summaries in unet.txt.
+    local spec ncu pb pm pd csv
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for spec in ${UNET_PROF:-}; do
+        IFS=: read -r pb pm pd <<< "$spec"
+        pd=${pd:-f32}
+        for tree in $trees; do
+            [ $tree = alt ] && continue
+            bin=$BUILD; [ $tree = base ] && bin=$bdir
+            csv=$OUT/ncu_unet_${tree}_b${pb}_${pm}_${pd}.csv
+            "$ncu" --clock-control none --graph-profiling node --csv \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size \
+                "$bin/diffusion_sample" models/diffusion_pusht.flowedge.safetensors 1 --device cuda --repeats 1 \
+                --batch "$pb" --math "$pm" --dtype "$pd" > "$csv" 2> "$LOGS/unet_ncu_${tree}_${pb}_${pm}_${pd}.err" || rc=$?
+            python3 tools/ncu_kernel_summary.py "$csv" 30 2>&1 | sed "s/^/$tree /" | tee -a "$OUT/unet.txt"
+        done
+    done
+    # UNET_PROBE: batch sizes for bench/probe_conv1d_paths.py (cuDNN conv vs im2col panel + GEMM vs the GEMM alone,
+    # per conv of one U-Net call, PyTorch) -> probe_conv1d_b<batch>.{txt,json}
+    for pb in ${UNET_PROBE:-}; do
+        python3 bench/probe_conv1d_paths.py --batch "$pb" --json "$OUT/probe_conv1d_b$pb.json" > "$OUT/probe_conv1d_b$pb.txt" 2>&1 || rc=$?
+        grep -E "^(tf32|bf16)|^total" "$OUT/probe_conv1d_b$pb.txt" | tee -a "$OUT/unet.txt"
+    done
     if [ "${UNET_MIX:-1}" = 1 ]; then stage_mix > "$LOGS/unet_mix.log" 2>&1 || rc=$?; fi
     return "$rc"
 }

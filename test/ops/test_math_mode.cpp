@@ -607,7 +607,7 @@ void run_gemm_case(const Shape1d& sh, DType dt, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("conv1d_gemm (cuBLASLt): odd and PushT-like shapes at batch*length >= 256, every dtype and math mode") {
+TEST_CASE("conv1d_gemm (cuBLASLt): odd, long and PushT-like shapes at batch*length >= 256, every dtype and math mode") {
     if (!optest::ready<Cuda>()) return;
     if (device_major() < 8) return;
     const Shape1d shapes[] = {
@@ -617,6 +617,8 @@ TEST_CASE("conv1d_gemm (cuBLASLt): odd and PushT-like shapes at batch*length >= 
         {64, 1024, 128, 8, 3, 2, 1},  // the stride-2 downsample: N 256
         {64, 4096, 64, 4, 1, 1, 0},   // k 1 residual conv, Kg 4096
         {64, 4096, 96, 4, 5, 1, 2},   // the longest PushT reduction: Kg 20480, N 256
+        {2, 72, 40, 300, 5, 1, 2},    // long rows: N 600, a channel tail in the im2col blocks (64 + 8)
+        {4, 296, 36, 100, 1, 1, 0},   // k 1 over long rows, Kg 296
     };
     std::uint32_t seed = 700;
     for (const Shape1d& s : shapes)
