@@ -84,7 +84,8 @@
 #             the fused kernels (FLOW_NCU=0 skips it) -> $OUT/flow.txt, cluster_exchange_probe.json,
 #             mamba_flow_cuda_fused_{act,solve}_phases.json, ncu_flow__fused_{act,solve}.txt
 #   unet      issues 20 / 21 (and 19's chunk): ops_norm / ops_conv1d / ops_elementwise / ops_math_mode CUDA cases, the
-#             diffusion head, policy, batched policy and CUDA model tests (UNET_ALT_TESTS again under UNET_ALT_ENV),
+#             diffusion head, policy, batched policy and CUDA model tests (UNET_TEST_LIST picks them; UNET_ALT_TESTS
+#             again under UNET_ALT_ENV),
 #             memcheck + racecheck (under UNET_ALT_ENV) on UNET_SAN_TESTS ("test:filter" pairs; default ops_norm's CUDA
 #             cases and the conv_transpose1d GEMM's) (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
 #             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
@@ -92,8 +93,9 @@
 #             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
 #             (UNET_POLICY=0 skips them); ncu per-kernel tables of one U-Net call per UNET_PROF spec
 #             ("batch:math[:dtype]", e.g. "64:tf32 64:bf16:bf16") and tree; this tree's whole dp_mix with its kernel
-#             table (UNET_MIX=0 skips it); bench/probe_conv1d_paths.py at each UNET_PROBE batch -> $OUT/unet.txt, dp_mix_{cur,alt,base}_{samples,math}_rN.txt,
-#             policy_bench_cuda_f32_{cur,alt,base}.json, ncu_unet_<tree>_b<batch>_<math>_<dtype>.csv, dp_mix.{txt,json}
+#             table (UNET_MIX=0 skips it); bench/probe_conv1d_paths.py at each UNET_PROBE batch -> $OUT/unet.txt,
+#             dp_mix_{cur,alt,base}_{samples,math}_rN.txt, policy_bench_cuda_f32_{cur,alt,base}.json,
+#             ncu_unet_<tree>_b<batch>_<math>_<dtype>.csv, probe_conv1d_b<batch>.{txt,json}, dp_mix.{txt,json}
 #   cpudiff   issue 22 on this host's CPU: PushT 10-step DDIM batch 1 (models/dp_pusht made by LeRobot from .whl) through
 #             bench/run_diffusion_cpu.sh: flowedge (a CPU-only Release build in build-cpu) F32 / BF16 / INT8 weights at F32
 #             and BF16 math, LeRobot's PyTorch U-Net, at CPUDIFF_THREADS ("1 2 4 8 16"), the read-bandwidth floor, lscpu
@@ -711,13 +713,18 @@ build_base_tree() {
 }
 
 stage_unet() {
-    local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part e
+    local rc=0 cuda_cases='*<flowedge::Cuda>*' base=${UNET_BASE_SRC:-} bdir=build-unet-base bpid='' trees=cur t r tree bin part e spec
     if [ -n "$base" ] && [ -f "$base/CMakeLists.txt" ]; then
         build_base_tree "$base" $bdir unet flowedge_cuda_dp_mix policy_bench diffusion_sample
         bpid=$!
     fi
     local targets="flowedge_cuda_dp_mix policy_bench flowedge-make-demo-diffusion diffusion_sample"
-    [ "${UNET_TESTS:-1}" = 1 ] && targets+=" ops_norm ops_conv1d ops_elementwise ops_math_mode diffusion_head diffusion_policy diffusion_policy_batch cuda_models"
+    local tests=${UNET_TEST_LIST:-ops/ops_norm ops/ops_conv1d ops/ops_elementwise ops/ops_math_mode diffusion/diffusion_head \
+        diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models}
+    if [ "${UNET_TESTS:-1}" = 1 ]; then
+        for t in $tests ${UNET_ALT_TESTS:-}; do targets+=" $(basename "$t")"; done
+        for spec in ${UNET_SAN_TESTS:-ops/ops_norm ops/ops_math_mode}; do targets+=" $(basename "${spec%%:*}")"; done  # default: below
+    fi
     BUILD_TARGETS=$targets stage_build || return $?
     if [ -n "$bpid" ]; then
         if wait "$bpid"; then trees="cur base"; else echo "base tree $base: build failed" | tee -a "$OUT/unet.txt"; fi
@@ -727,8 +734,7 @@ stage_unet() {
     if [ "${UNET_TESTS:-1}" = 1 ]; then
         # Only the templated op tests name their backend (`<flowedge::Cuda>`); the others run whole.
         local tc=()
-        for t in ops/ops_norm ops/ops_conv1d ops/ops_elementwise ops/ops_math_mode diffusion/diffusion_head \
-                 diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models; do
+        for t in $tests; do
             tc=(); [ "$t" != ops/ops_math_mode ] && [ "${t#ops/}" != "$t" ] && tc=(-tc="$cuda_cases")
             "$BUILD/test/$t" "${tc[@]}" > "$LOGS/unet_$(basename $t).log" 2>&1 || rc=$?
         done
@@ -745,7 +751,7 @@ stage_unet() {
         # cut at UNET_SAN_TIMEOUT s. Racecheck reports hazards inside cuBLASLt's sm_90 GEMMs (nvjet*, whose asynchronous
         # copies it does not follow); excluding them (--kernel-name-exclude kns=nvjet) made it fail with an internal
         # error on an H100, so they stay in and the report names the kernel.
-        local spec san_t san_f
+        local san_t san_f
         for tool in memcheck racecheck; do
             for spec in ${UNET_SAN_TESTS:-"ops/ops_norm:*<flowedge::Cuda>*" "ops/ops_math_mode:conv_transpose1d_gemm*"}; do
                 san_t=${spec%%:*} san_f=${spec#*:}
@@ -783,7 +789,7 @@ stage_unet() {
     fi
     # UNET_PROF: "batch:math[:dtype]" specs; ncu's per-kernel table of one U-Net call (a 1-step sample, the second
     # of two) for each spec and tree -> ncu_unet_<tree>_b<batch>_<math>_<dtype>.csv, summaries in unet.txt.
-    local spec ncu pb pm pd csv
+    local ncu pb pm pd csv
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for spec in ${UNET_PROF:-}; do
         IFS=: read -r pb pm pd <<< "$spec"

@@ -300,6 +300,8 @@ TEST_CASE_TEMPLATE("conv1d_group_norm matches Conv1d then GroupNorm + Mish + FiL
         {cc(3, 37, 20, 11, 5, 1, 2), 4, false, false, true},     // odd sizes: Kg 185 (unaligned rows)
         {cc(1, 36, 64, 7, 5, 1, 2), 2, true, false, false},      // length 7 (tiled path)
         {cc(2, 64, 512, 16, 5, 1, 2), 2, false, false, true},    // groups of 4096 elements: GEMM, transpose, group_norm
+        {cc(4, 64, 512, 16, 5, 1, 2), 8, true, false, true},     // groups of 1024 (PushT's at every level) on the GEMM layout
+        {cc(2, 64, 256, 16, 5, 1, 2), 2, true, false, false},    // groups of 2048: the GEMM-layout norm's largest
     };
     std::uint32_t seed = 500;
     for (const auto& k : cases)

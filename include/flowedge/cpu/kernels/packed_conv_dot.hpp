@@ -190,13 +190,15 @@ __attribute__((target("avx512vnni"))) inline void w8a8_quads(const std::int8_t* 
 
 /// W8A8's quantisation of one im2col column for vpdpbusd: 256 steps (u in [0, 255]) over its range.
 using ColumnQuant = avx2::w8a8::ColumnQuant;
-inline ColumnQuant column_quant(const Conv1dParams& p, int col) { return avx2::w8a8::column_quant(p, col, avx2::w8a8::kVnniLevels); }
+inline ColumnQuant column_quant(const Conv1dParams& p, int col) {
+    return avx2::w8a8::column_quant(p, col, avx2::w8a8::kVnniLevels);
+}
 
 /// Conv1d on W8A8 blocks (see the file comment; avx2::w8a8::conv1d_passes at kVnniLevels), up to
 /// kMaxCols columns per stream of a block's quads.
 inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
-    avx2::w8a8::conv1d_passes(p, wp, avx2::w8a8::kVnniLevels, [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q,
-                                               const avx2::w8a8::BlockScales& s, auto&& emit) {
+    auto block = [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q,
+                    const avx2::w8a8::BlockScales& s, auto&& emit) {
         column_groups(nn, [&](int c0, int nc) {
             with_cols(nc, [&](auto cols) {
                 constexpr int NC = decltype(cols)::value;
@@ -215,7 +217,8 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
                 }
             });
         });
-    });
+    };
+    avx2::w8a8::conv1d_passes(p, wp, avx2::w8a8::kVnniLevels, block);
 }
 
 }  // namespace packed_dot

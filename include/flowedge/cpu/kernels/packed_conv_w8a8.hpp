@@ -127,8 +127,9 @@ inline void conv1d_passes(const Conv1dParams& p, const std::int8_t* wp, float le
 #pragma omp barrier
             for (int ob = b0; ob < b1; ++ob) {
                 const std::int8_t* wb = wp + std::size_t(ob) * block_bytes(R);
-                const BlockScales scales{reinterpret_cast<const float*>(wb + R4 * W),
-                                         reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float)), xscale, xmin};
+                const auto* wscale = reinterpret_cast<const float*>(wb + R4 * W);
+                const auto* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
+                const BlockScales scales{wscale, rowsum, xscale, xmin};
                 const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
                 block(wb, panel, nn, Q, scales, [&](int c, const float* out) {
                     for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, out[o - o0], true);
@@ -168,8 +169,8 @@ inline void quads(const std::int8_t* wq, const std::uint32_t* x, int nn, std::si
 /// Conv1d on W8A8 blocks with activations of kAvx2Levels + 1 steps (conv1d_passes), up to kMaxCols columns per
 /// stream of a block's quads.
 inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
-    conv1d_passes(p, wp, kAvx2Levels, [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q,
-                                         const BlockScales& s, auto&& emit) {
+    auto block = [](const std::int8_t* wb, const std::uint32_t* panel, int nn, std::size_t Q, const BlockScales& s,
+                    auto&& emit) {
         for (int c0 = 0, groups = (nn + kMaxCols - 1) / kMaxCols, g = 0; g < groups; ++g) {
             const int c1 = nn * (g + 1) / groups;  // column groups of at most kMaxCols, as even as possible
             auto run = [&](auto cols) {
@@ -180,7 +181,8 @@ inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
                     alignas(32) float out[kWidth];
                     for (int v = 0; v < 4; ++v) {
                         const __m256 dot = _mm256_cvtepi32_ps(acc[v][c]);
-                        const __m256 sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.rowsum + 8 * v)));
+                        const __m256i rs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.rowsum + 8 * v));
+                        const __m256 sums = _mm256_cvtepi32_ps(rs);
                         const __m256 xv = _mm256_fmadd_ps(dot, _mm256_set1_ps(s.xscale[c0 + c]),
                                                           _mm256_mul_ps(sums, _mm256_set1_ps(s.xmin[c0 + c])));
                         _mm256_store_ps(out + 8 * v, _mm256_mul_ps(xv, _mm256_loadu_ps(s.wscale + 8 * v)));
@@ -195,7 +197,8 @@ inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
             }
             c0 = c1;
         }
-    });
+    };
+    conv1d_passes(p, wp, kAvx2Levels, block);
 }
 
 }  // namespace w8a8
