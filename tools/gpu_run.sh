@@ -18,7 +18,8 @@
 #             thread -> $OUT/mamba_flow_cpu_on_gpu_box.json; bench/pytorch_mamba_flow.py --device cuda (PyTorch eager,
 #             transformers MambaModel) -> $OUT/mamba_flow_pytorch_cuda.json (needs torch with CUDA and transformers)
 #   sanitize  compute-sanitizer memcheck + racecheck on the small-config GPU tests
-#   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`), then
+#   pytorch   build the CUDA Python module in build-py (nanobind from `python3 -m nanobind --cmake_dir`; with
+#             BUILD_PYTHON=1 in $BUILD instead, sharing the other stages' kernel objects), then
 #             bench/pytorch_vs_flowedge_cuda.py: PyTorch eager / CUDA graph / torch.compile vs flowedge F32/BF16/F16
 #             on the PushT demo checkpoint (needs torch with CUDA, numpy, safetensors, nanobind for python3); samples/s vs
 #             batch against the roofs in dp_cuda_vs_pytorch.png (issue 21's sweep: PYTORCH_ARGS="--batches 8 16 32 64
@@ -328,18 +329,26 @@ stage_asan() {
 }
 
 stage_pytorch() {
-    local nbdir gen=() rc
-    command -v ninja > /dev/null && gen=(-G Ninja)
-    nbdir=$(python3 -m nanobind --cmake_dir) || { echo "python3 cannot import nanobind (pip install nanobind)"; return 3; }
-    if [ ! -f "$BUILD_PY/CMakeCache.txt" ]; then
-        cmake -S . -B "$BUILD_PY" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
-              -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
-              -Dnanobind_ROOT="$nbdir" || return $?
+    local nbdir gen=() rc pydir
+    if [ "${BUILD_PYTHON:-0}" = 1 ]; then
+        # The module in $BUILD, sharing its flowedge_cuda objects with the other stages' targets (one CUDA build per
+        # call; the separate build-py tree costs a second whole build of the kernels).
+        BUILD_TARGETS=_flowedge stage_build || return $?
+        pydir=$(python_site) || return $?
+    else
+        command -v ninja > /dev/null && gen=(-G Ninja)
+        nbdir=$(python3 -m nanobind --cmake_dir) || { echo "python3 cannot import nanobind (pip install nanobind)"; return 3; }
+        if [ ! -f "$BUILD_PY/CMakeCache.txt" ]; then
+            cmake -S . -B "$BUILD_PY" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLOWEDGE_BACKEND=cuda \
+                  -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
+                  -Dnanobind_ROOT="$nbdir" || return $?
+        fi
+        cmake --build "$BUILD_PY" --target _flowedge -j "$JOBS" || return $?
+        pydir=$BUILD_PY/python
     fi
-    cmake --build "$BUILD_PY" --target _flowedge -j "$JOBS" || return $?
-    ls "$BUILD_PY"/python/_flowedge*
+    ls "$pydir"
     python3 bench/pytorch_vs_flowedge_cuda.py models/diffusion_pusht.flowedge.safetensors \
-        --flowedge-path "$BUILD_PY/python" --json "$OUT/dp_cuda_vs_pytorch.json" --md "$OUT/dp_cuda_vs_pytorch.md" \
+        --flowedge-path "$pydir" --json "$OUT/dp_cuda_vs_pytorch.json" --md "$OUT/dp_cuda_vs_pytorch.md" \
         --png "$OUT/dp_cuda_vs_pytorch.png" ${PYTORCH_ARGS:-} 2>&1 | tee "$OUT/dp_cuda_vs_pytorch.txt"
     rc=${PIPESTATUS[0]}
     # Also into the checkout, ready to commit with the other results.
