@@ -47,6 +47,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -128,13 +129,25 @@ void lt_check(cublasStatus_t st, const char* what) {
         fail(ErrorKind::Device, "cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
 }
 
-/// One GEMM shape's descriptors and chosen algorithm (created once, kept for the process).
+/// Heuristic candidates timed per shape under FLOWEDGE_CUDA_LT_AUTOTUNE=1.
+constexpr int kAutotuneCandidates = 8;
+
+/// One GEMM shape's descriptors and chosen algorithm (created once, kept for the process). candidates: the
+/// heuristic's algorithms, best first (several only under FLOWEDGE_CUDA_LT_AUTOTUNE=1, see tune()).
 struct Plan {
     bool usable = false;
+    bool tuned = false;
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t candidates[kAutotuneCandidates]{};
+    int n_candidates = 0;
 };
+
+bool autotune_enabled() {
+    static const bool on = detail::env_flag("FLOWEDGE_CUDA_LT_AUTOTUNE");
+    return on;
+}
 
 /// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the
 /// alignment the weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace
@@ -154,7 +167,7 @@ DeviceLt& device_lt() {
     return devices[dev & 63];
 }
 
-const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
+Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
     const PlanKey key{int(g.kind), g.a_mk, g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.relu, g.workspace};
     auto it = lt.plans.find(key);
     if (it != lt.plans.end()) return it->second;
@@ -187,19 +200,20 @@ const Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)), "set align B");
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)), "set align C");
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)), "set align D");
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt.handle, pl.op, pl.a, pl.b, pl.d, pl.d, pref, 1, &result, &found);
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt.handle, pl.op, pl.a, pl.b, pl.d, pl.d, pref,
+                                                             autotune_enabled() ? kAutotuneCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (hs == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-        pl.algo = result.algo;
+    if (hs == CUBLAS_STATUS_SUCCESS)
+        for (int i = 0; i < found; ++i)
+            if (results[i].state == CUBLAS_STATUS_SUCCESS) pl.candidates[pl.n_candidates++] = results[i].algo;
+    if (pl.n_candidates > 0) {
+        pl.algo = pl.candidates[0];
         pl.usable = true;
     }
     return lt.plans.emplace(key, pl).first->second;
 }
-
-/// The device's handle, created here unless a capture is in progress (cublasLtCreate may allocate); null then.
-cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st);
 
 bool capturing(cudaStream_t st) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -207,6 +221,42 @@ bool capturing(cudaStream_t st) {
     return status != cudaStreamCaptureStatusNone;
 }
 
+/// FLOWEDGE_CUDA_LT_AUTOTUNE=1: the plan's first call outside a graph capture times every heuristic candidate on
+/// the call's own operands (2 runs each after a warm-up, events on the call's stream; the caller's D is only
+/// overwritten, beta = 0) and keeps the fastest for the process. Off by default: the choice then depends on timing,
+/// so two processes may pick different algorithms and differ in the last bits (the heuristic's first choice is the
+/// same every run). A plan first called while capturing keeps the heuristic's choice.
+void tune(DeviceLt& lt, Plan& pl, const void* a, const void* b, float* d, void* ws, std::size_t ws_bytes, cudaStream_t st) {
+    if (pl.tuned) return;
+    pl.tuned = true;
+    if (pl.n_candidates < 2 || capturing(st)) return;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    FLOWEDGE_CUDA_CHECK(cudaEventCreate(&e0));
+    FLOWEDGE_CUDA_CHECK(cudaEventCreate(&e1));
+    const float alpha = 1.f, beta = 0.f;
+    float best = INFINITY;
+    for (int i = 0; i < pl.n_candidates; ++i) {
+        const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
+        auto run = [&] {
+            return cublasLtMatmul(lt.handle, pl.op, &alpha, a, pl.a, b, pl.b, &beta, d, pl.d, d, pl.d, &algo, ws, ws_bytes, st);
+        };
+        if (run() != CUBLAS_STATUS_SUCCESS) continue;
+        FLOWEDGE_CUDA_CHECK(cudaEventRecord(e0, st));
+        bool ok = run() == CUBLAS_STATUS_SUCCESS && run() == CUBLAS_STATUS_SUCCESS;
+        FLOWEDGE_CUDA_CHECK(cudaEventRecord(e1, st));
+        FLOWEDGE_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.f;
+        FLOWEDGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ok && ms < best) {
+            best = ms;
+            pl.algo = algo;
+        }
+    }
+    FLOWEDGE_CUDA_CHECK(cudaEventDestroy(e0));
+    FLOWEDGE_CUDA_CHECK(cudaEventDestroy(e1));
+}
+
+/// The device's handle, created here unless a capture is in progress (cublasLtCreate may allocate); null then.
 cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st) {
     if (!lt.handle && !capturing(st)) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
     return lt.handle;
@@ -330,8 +380,9 @@ bool lt::gemm(const GemmShape& g, const void* a, const void* b, float* d, void* 
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
     if (!handle_outside_capture(lt, st)) return false;
-    const Plan& pl = plan_for(lt, g);
+    Plan& pl = plan_for(lt, g);
     if (!pl.usable) return false;
+    tune(lt, pl, a, b, d, workspace, g.workspace, st);
     const float alpha = 1.f, beta = 0.f;
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, a, pl.a, b, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, workspace,
                             g.workspace, st),
@@ -370,11 +421,12 @@ bool linear_gemm(const LinearParams& p, Stream s) {
     g.align_d = pointer_alignment(p.y);
     g.bias = p.bias != nullptr;
     g.relu = p.act == Activation::Relu;
-    const Plan& pl = plan_for(lt, g);
+    Plan& pl = plan_for(lt, g);
     if (!pl.usable) return false;
     if (g.bias)
         lt_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
                  "set BIAS_POINTER");
+    if (!p.accumulate) tune(lt, pl, p.w.data, p.x, p.y, nullptr, 0, st);  // an accumulating call's reruns would add up
     const float alpha = 1.f, beta = p.accumulate ? 1.f : 0.f;
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y, pl.d, &pl.algo,
                             nullptr, 0, st),
@@ -417,13 +469,14 @@ const float* im2col_gemm(const Conv1dParams& p, bool a_mk, cudaStream_t st) {
     g.ldd = p.out_channels;
     g.align_w = pointer_alignment(p.w.data);
     g.workspace = kLtWorkspaceBytes;
-    const Plan& pl = plan_for(lt, g);
+    Plan& pl = plan_for(lt, g);
     if (!pl.usable) return nullptr;
     auto* base = static_cast<unsigned char*>(p.scratch);
     void* panel = base;
     float* d = reinterpret_cast<float*>(base + sl.panel);
     void* ws = base + sl.panel + sl.out;
     launch_im2col(p, kind, panel, n, st);
+    tune(lt, pl, p.w.data, panel, d, ws, kLtWorkspaceBytes, st);
     const float alpha = 1.f, beta = 0.f;
     lt_check(cublasLtMatmul(lt.handle, pl.op, &alpha, p.w.data, pl.a, panel, pl.b, &beta, d, pl.d, d, pl.d, &pl.algo, ws,
                             kLtWorkspaceBytes, st),

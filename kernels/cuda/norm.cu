@@ -240,11 +240,16 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
 }
 
 /// GroupNorm of a conv output given as a library GEMM's d[n][c] (n = b * length + t) plus the conv bias[c]: one block
-/// per (batch, group) of <= kThreads * kRegs elements. The group is read channel-fastest (runs of D's rows), staged
+/// per (batch, group) of <= Threads * kRegs elements. The group is read channel-fastest (runs of D's rows), staged
 /// in shared memory in [channel][position] order, and the epilogue runs position-fastest, so y and the residual are
 /// accessed as contiguous [batch, channels, length] runs. Sums as group_norm_kernel's (double, one block reduction).
-__global__ void __launch_bounds__(kThreads) group_norm_gemm_layout_kernel(GroupNormParams p, const float* __restrict__ d,
-                                                                          const float* __restrict__ bias) {
+/// FLOWEDGE_CUDA_GN_LAYOUT_128=1 (opt-in until measured against the 256-thread blocks): groups of <= 1024 elements
+/// (the PushT U-Net's) take 128-thread blocks, each thread still holding 8 elements, so twice as many blocks fit an SM
+/// and a batch-64 grid of 512 groups runs in one wave instead of two.
+template <int Threads>
+__global__ void __launch_bounds__(Threads) group_norm_gemm_layout_kernel(GroupNormParams p, const float* __restrict__ d,
+                                                                         const float* __restrict__ bias) {
+    constexpr int kThreads = Threads;
     __shared__ double scratch[2][32];
     __shared__ float xs[kThreads * kRegs];
     detail::pdl_wait();  // launched with launch_pdl: d is the GEMM's output
@@ -335,7 +340,12 @@ void group_norm(const GroupNormParams& p, Stream s) {
 namespace detail {
 
 void group_norm_gemm_layout(const GroupNormParams& p, const float* d, const float* bias, cudaStream_t st) {
-    launch_pdl(group_norm_gemm_layout_kernel, dim3(unsigned(p.batch * p.groups)), dim3(kThreads), 0, st, p, d, bias);
+    static const bool small_blocks = env_flag("FLOWEDGE_CUDA_GN_LAYOUT_128");
+    const dim3 grid(unsigned(p.batch * p.groups));
+    if (small_blocks && (p.channels / p.groups) * p.length <= kGroupNormBlockElements / 2)
+        launch_pdl(group_norm_gemm_layout_kernel<kThreads / 2>, grid, dim3(kThreads / 2), 0, st, p, d, bias);
+    else
+        launch_pdl(group_norm_gemm_layout_kernel<kThreads>, grid, dim3(kThreads), 0, st, p, d, bias);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_gemm_layout_kernel");
 }
 
