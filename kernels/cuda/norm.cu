@@ -243,9 +243,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
 /// per (batch, group) of <= Threads * kRegs elements. The group is read channel-fastest (runs of D's rows), staged
 /// in shared memory in [channel][position] order, and the epilogue runs position-fastest, so y and the residual are
 /// accessed as contiguous [batch, channels, length] runs. Sums as group_norm_kernel's (double, one block reduction).
-/// FLOWEDGE_CUDA_GN_LAYOUT_128=1 (opt-in until measured against the 256-thread blocks): groups of <= 1024 elements
-/// (the PushT U-Net's) take 128-thread blocks, each thread still holding 8 elements, so twice as many blocks fit an SM
-/// and a batch-64 grid of 512 groups runs in one wave instead of two.
+/// Threads = 128 (FLOWEDGE_CUDA_GN_LAYOUT_128=1, groups of <= 1024 elements): each thread still holds 8 elements and
+/// twice as many blocks fit an SM, for grids of many small groups (state of the switch: docs/status.md).
 template <int Threads>
 __global__ void __launch_bounds__(Threads) group_norm_gemm_layout_kernel(GroupNormParams p, const float* __restrict__ d,
                                                                          const float* __restrict__ bias) {

@@ -617,7 +617,7 @@ TEST_CASE("conv1d_gemm (cuBLASLt): odd, long and PushT-like shapes at batch*leng
         {64, 1024, 128, 8, 3, 2, 1},  // the stride-2 downsample: N 256
         {64, 4096, 64, 4, 1, 1, 0},   // k 1 residual conv, Kg 4096
         {64, 4096, 96, 4, 5, 1, 2},   // the longest PushT reduction: Kg 20480, N 256
-        {2, 72, 40, 300, 5, 1, 2},    // long rows: N 600, a channel tail in the im2col blocks (64 + 8)
+        {2, 72, 40, 300, 5, 1, 2},    // long rows: N 600, 72 channels (one partial im2col block)
         {4, 296, 36, 100, 1, 1, 0},   // k 1 over long rows, Kg 296
     };
     std::uint32_t seed = 700;
