@@ -88,7 +88,7 @@
 #             diffusion head, policy, batched policy and CUDA model tests (UNET_TEST_LIST picks them; UNET_ALT_TESTS
 #             again under UNET_ALT_ENV),
 #             memcheck + racecheck (under UNET_ALT_ENV) on UNET_SAN_TESTS ("test:filter" pairs; default ops_norm's CUDA
-#             cases and the conv_transpose1d GEMM's) (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
+#             cases and the conv_transpose1d GEMM's; "none": no sanitizer run) (UNET_TESTS=0 skips them); flowedge_cuda_dp_mix
 #             --samples-only / --math-only (UNET_PARTS, default "samples math") of this tree (cur), of this tree under
 #             UNET_ALT_ENV="VAR=value ..." (alt) and of UNET_BASE_SRC's (base: a carried `git archive` of an earlier
 #             commit with its COMMIT file), alternated UNET_ROUNDS (2) times; policy_bench chunk ticks (F32) of each
@@ -732,7 +732,7 @@ stage_unet() {
         diffusion/diffusion_policy diffusion/diffusion_policy_batch cuda/cuda_models}
     if [ "${UNET_TESTS:-1}" = 1 ]; then
         for t in $tests ${UNET_ALT_TESTS:-}; do targets+=" $(basename "$t")"; done
-        for spec in ${UNET_SAN_TESTS:-ops/ops_norm ops/ops_math_mode}; do targets+=" $(basename "${spec%%:*}")"; done  # default: below
+        for spec in ${UNET_SAN_TESTS:-ops/ops_norm ops/ops_math_mode}; do [ "$spec" = none ] && continue; targets+=" $(basename "${spec%%:*}")"; done  # default: below
     fi
     BUILD_TARGETS=$targets stage_build || return $?
     if [ -n "$bpid" ]; then
@@ -761,7 +761,9 @@ stage_unet() {
         # copies it does not follow); excluding them (--kernel-name-exclude kns=nvjet) made it fail with an internal
         # error on an H100, so they stay in and the report names the kernel.
         local san_t san_f
-        for tool in memcheck racecheck; do
+        local san_tools="memcheck racecheck"
+        [ "${UNET_SAN_TESTS:-}" = none ] && san_tools=""
+        for tool in $san_tools; do
             for spec in ${UNET_SAN_TESTS:-"ops/ops_norm:*<flowedge::Cuda>*" "ops/ops_math_mode:conv_transpose1d_gemm*"}; do
                 san_t=${spec%%:*} san_f=${spec#*:}
                 env ${UNET_ALT_ENV:-} timeout "${UNET_SAN_TIMEOUT:-150}" "$san" --tool $tool --error-exitcode 9 \

@@ -243,8 +243,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
 /// per (batch, group) of <= Threads * kRegs elements. The group is read channel-fastest (runs of D's rows), staged
 /// in shared memory in [channel][position] order, and the epilogue runs position-fastest, so y and the residual are
 /// accessed as contiguous [batch, channels, length] runs. Sums as group_norm_kernel's (double, one block reduction).
-/// Threads = 128 (FLOWEDGE_CUDA_GN_LAYOUT_128=1, groups of <= 1024 elements): each thread still holds 8 elements and
-/// twice as many blocks fit an SM, for grids of many small groups (state of the switch: docs/status.md).
+/// Threads = 128 (groups of <= 1024 elements, grids beyond one wave of 256-thread blocks): each thread still holds 8
+/// elements and twice as many blocks fit an SM.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) group_norm_gemm_layout_kernel(GroupNormParams p, const float* __restrict__ d,
                                                                          const float* __restrict__ bias) {
@@ -338,13 +338,35 @@ void group_norm(const GroupNormParams& p, Stream s) {
 
 namespace detail {
 
+/// FLOWEDGE_CUDA_GN_LAYOUT_THREADS = 128 or 256 forces the block size of group_norm_gemm_layout (A/B timing); unset,
+/// 0: the automatic rule. Read once.
+int forced_gemm_layout_threads() {
+    static const int v = [] {
+        const char* e = std::getenv("FLOWEDGE_CUDA_GN_LAYOUT_THREADS");
+        const std::string_view s = e ? e : "";
+        if (s.empty() || s == "0") return 0;
+        if (s == "128" || s == "256") return s == "128" ? 128 : 256;
+        fail("cuda group_norm", "FLOWEDGE_CUDA_GN_LAYOUT_THREADS" + expected_got("128, 256 or unset", std::string(s)));
+    }();
+    return v;
+}
+
 void group_norm_gemm_layout(const GroupNormParams& p, const float* d, const float* bias, cudaStream_t st) {
-    static const bool small_blocks = env_flag("FLOWEDGE_CUDA_GN_LAYOUT_128");
-    const dim3 grid(unsigned(p.batch * p.groups));
-    if (small_blocks && (p.channels / p.groups) * p.length <= kGroupNormBlockElements / 2)
-        launch_pdl(group_norm_gemm_layout_kernel<kThreads / 2>, grid, dim3(kThreads / 2), 0, st, p, d, bias);
-    else
-        launch_pdl(group_norm_gemm_layout_kernel<kThreads>, grid, dim3(kThreads), 0, st, p, d, bias);
+    constexpr auto kWide = group_norm_gemm_layout_kernel<kThreads>;
+    constexpr auto kNarrow = group_norm_gemm_layout_kernel<kThreads / 2>;
+    static const int forced = forced_gemm_layout_threads();
+    static const int wide_per_sm = [] {
+        int n = 0;
+        FLOWEDGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kWide, kThreads, 0));
+        return n > 0 ? n : 1;
+    }();
+    const long long blocks = (long long)p.batch * p.groups;
+    const bool fits_narrow = (p.channels / p.groups) * p.length <= kGroupNormBlockElements / 2;
+    // 128-thread blocks when the 256-thread grid would take more than one wave (H100, PushT batch 64: 512 blocks,
+    // 2 waves -> 1); with fewer blocks the 256-thread block finishes its group sooner.
+    const bool narrow = fits_narrow && (forced == kThreads / 2 || (forced != kThreads && blocks > (long long)wide_per_sm * sm_count()));
+    if (narrow) launch_pdl(kNarrow, dim3(unsigned(blocks)), dim3(kThreads / 2), 0, st, p, d, bias);
+    else launch_pdl(kWide, dim3(unsigned(blocks)), dim3(kThreads), 0, st, p, d, bias);
     FLOWEDGE_CUDA_CHECK_LAUNCH("group_norm_gemm_layout_kernel");
 }
 

@@ -892,5 +892,97 @@ TEST_CASE("linear_gemm (cuBLASLt TF32, and F32 with f32_gemm): many-row linears 
             }
 }
 
+TEST_CASE("linear tiles (many rows the library GEMM declines: 16-bit weights, SiLU/Mish, ReLU with accumulate): "
+          "float-exact operands within the F32 summation bound, deterministic, the same bits as a linear_batch item") {
+    if (!optest::ready<Cuda>()) return;
+    struct L { int rows, in, out; int ld_x, ld_y; };
+    // The U-Net's FiLM linears on 16-bit weights at batch 64 (in 260, out 2*dims), tails in every tile dimension,
+    // strided rows, and rows just at the threshold.
+    const L cases[] = {{64, 260, 1024, 0, 0}, {64, 260, 4096, 0, 0}, {33, 37, 70, 0, 0}, {40, 129, 96, 132, 100}, {32, 8, 65, 0, 0}};
+    struct Variant { DType dt; MathMode math; bool f32_gemm; Activation act; bool accumulate; };
+    const Variant variants[] = {{DType::BF16, MathMode::BF16, false, Activation::None, false},
+                                {DType::F16, MathMode::TF32, false, Activation::None, true},
+                                {DType::BF16, MathMode::F32, true, Activation::Mish, false},
+                                {DType::F32, MathMode::TF32, false, Activation::Silu, false},
+                                {DType::F32, MathMode::BF16, false, Activation::Relu, true}};
+    auto act_ref = [](Activation a, double v) {
+        const double sp = v > 20 ? v : std::log1p(std::exp(v));
+        switch (a) {
+            case Activation::Mish: return v * std::tanh(sp);
+            case Activation::Silu: return v / (1 + std::exp(-v));
+            case Activation::Relu: return std::max(v, 0.0);
+            default: return v;
+        }
+    };
+    std::uint32_t seed = 1700;
+    for (const L& c : cases)
+        for (const Variant& v : variants) {
+            CAPTURE(c.rows); CAPTURE(c.in); CAPTURE(c.out); CAPTURE(c.ld_x); CAPTURE(c.ld_y);
+            CAPTURE(int(v.dt)); CAPTURE(int(v.math)); CAPTURE(int(v.act)); CAPTURE(v.accumulate);
+            const int ldx = c.ld_x ? c.ld_x : c.in, ldy = c.ld_y ? c.ld_y : c.out;
+            const auto x = random_vec(std::size_t(c.rows) * ldx, seed += 3);
+            const Weights w(random_vec(std::size_t(c.out) * c.in, seed + 1, -1.f / std::sqrt(float(c.in)), 1.f / std::sqrt(float(c.in))), v.dt);
+            const auto bias = random_vec(c.out, seed + 2);
+            std::vector<float> y0(std::size_t(c.rows) * ldy, std::numeric_limits<float>::quiet_NaN());
+            if (v.accumulate) y0 = random_vec(y0.size(), seed + 4);
+            DeviceArray<float> dx(x), db(bias);
+            auto run = [&](auto&& launch) {
+                DeviceArray<float> dy(y0);
+                LinearParams p;
+                p.x = dx.get(); p.w = w.gpu(); p.bias = db.get(); p.y = dy.get();
+                p.rows = c.rows; p.in = c.in; p.out = c.out; p.ld_x = c.ld_x; p.ld_y = c.ld_y;
+                p.math = v.math; p.f32_gemm = v.f32_gemm; p.act = v.act; p.accumulate = v.accumulate;
+                REQUIRE_FALSE(cuda::linear_gemm(p, {}));  // the library declines: this is the tiled path's case
+                launch(p);
+                return dy.download();
+            };
+            const auto y = run([](const LinearParams& p) { Ops<Cuda>::linear(p, {}); });
+            // Bound: float products of exact operands (one rounding) and a float sum of in + 1 terms in some order,
+            // then the activation (float, within 2^-21 relative) and the accumulate addition.
+            const double rb = double(c.in + 2) * std::ldexp(1.0, -24);
+            std::size_t n_bad = 0;
+            for (int r = 0; r < c.rows; ++r)
+                for (int o = 0; o < c.out; ++o) {
+                    double acc = bias[o], m = std::fabs(double(bias[o]));
+                    for (int i = 0; i < c.in; ++i) {
+                        const double pr = double(w.widened[std::size_t(o) * c.in + i]) * x[std::size_t(r) * ldx + i];
+                        acc += pr;
+                        m += std::fabs(pr);
+                    }
+                    const double a = act_ref(v.act, acc);
+                    const double old = v.accumulate ? y0[std::size_t(r) * ldy + o] : 0.0;
+                    const double ref = a + old;
+                    const double err = std::fabs(double(y[std::size_t(r) * ldy + o]) - ref);
+                    // The activations' slopes are at most 1.1: the sum's error passes through scaled by <= 1.1.
+                    const double bound = 1.1 * rb * m + std::ldexp(std::fabs(a), -21) + std::ldexp(std::fabs(ref) + std::fabs(old), -23) + 1e-30;
+                    if (!(err <= bound)) ++n_bad;
+                }
+            CHECK(n_bad == 0);
+            if (!v.accumulate)
+                for (int r = 0; r < c.rows; ++r)  // the gaps between strided rows are not written
+                    for (int o = c.out; o < ldy; ++o) CHECK(std::isnan(y[std::size_t(r) * ldy + o]));
+            CHECK(std::memcmp(y.data(), run([](const LinearParams& p) { Ops<Cuda>::linear(p, {}); }).data(), y.size() * 4) == 0);
+            DeviceArray<float> other(std::vector<float>(std::size_t(3) * c.out, 0.f));
+            const auto yb = run([&](const LinearParams& p) {
+                LinearBatchParams lb;  // next to an item on the per-warp path (3 rows), which must not disturb it
+                lb.n_items = 2;
+                lb.items[0] = p;
+                lb.items[1] = p;
+                lb.items[1].rows = 3;
+                lb.items[1].ld_y = 0;
+                lb.items[1].accumulate = false;
+                lb.items[1].y = other.get();
+                Ops<Cuda>::linear_batch(lb, {});
+            });
+            CHECK(std::memcmp(y.data(), yb.data(), y.size() * 4) == 0);
+            const auto y3 = other.download();
+            for (int r = 0; r < 3; ++r)
+                for (int o = 0; o < c.out; ++o) {
+                    const double want = double(y[std::size_t(r) * ldy + o]) - (v.accumulate ? y0[std::size_t(r) * ldy + o] : 0.f);
+                    CHECK(std::fabs(double(y3[std::size_t(r) * c.out + o]) - want) <= 1e-4 * (1 + std::fabs(want)));
+                }
+        }
+}
+
 }  // namespace math_mode_cuda
 #endif  // FLOWEDGE_WITH_CUDA

@@ -15,7 +15,8 @@
 
 namespace flowedge::cuda {
 
-/// p.math TF32/BF16 (or F32 with p.f32_gemm) with F32 weights and >= 32 rows: linear_gemm; otherwise exact kernels.
+/// p.math TF32/BF16 (or F32 with p.f32_gemm) and >= 32 rows: linear_gemm where it takes p, else float tiles (another
+/// summation order, within the F32 tolerance); otherwise the exact kernels.
 void linear(const LinearParams& p, Stream s);
 /// cuBLASLt GEMM for a linear (kernels/cuda/gemm_lt.cu): TF32 under TF32/BF16 math, F32 (CUBLAS_COMPUTE_32F) under
 /// F32 math with p.f32_gemm. Returns false, launching nothing, unless the weights are F32, p.rows >= 32, the activation
