@@ -1,7 +1,9 @@
 // How the CPU kernels share work and scratch: the OpenMP thread helpers, the fork threshold, the per-call stack
 // scratch size, shared by every kernel set.
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,6 +31,25 @@ inline int thread_count() {
 #else
     return 1;
 #endif
+}
+
+/// The pass loop of the packed conv kernels that share one im2col panel per pass, run by every thread of their
+/// parallel region: passes of up to `ns` of the N columns; per pass each thread fills its columns [c0, c1) of the
+/// panel (an even split of nn: fill(n0, nn, c0, c1)), one barrier, then runs its output units [u0, u1) (an even split
+/// of `units`: run(n0, nn, u0, u1)). The barrier before the next fill keeps the panel until every thread is done.
+template <class Fill, class Run>
+inline void panel_passes(int N, int ns, int units, Fill&& fill, Run&& run) {
+    const int tid = thread_index(), nth = thread_count();
+    const int u0 = int(std::int64_t(units) * tid / nth), u1 = int(std::int64_t(units) * (tid + 1) / nth);
+    for (int n0 = 0; n0 < N; n0 += ns) {
+        const int nn = std::min(ns, N - n0);
+        if (n0 > 0) {
+#pragma omp barrier
+        }
+        fill(n0, nn, nn * tid / nth, nn * (tid + 1) / nth);
+#pragma omp barrier
+        run(n0, nn, u0, u1);
+    }
 }
 
 constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }

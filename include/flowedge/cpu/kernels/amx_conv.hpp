@@ -111,19 +111,19 @@ inline BhPlan bh_plan(const Conv1dParams& p) {
 /// shared by the team, and each thread's part (its panel columns, then its output blocks).
 template <class T>
 inline void bh_parallel(const Conv1dParams& p, const T* wp,
-                        void (*part)(const Conv1dParams&, const T*, std::uint32_t*, const BhPlan&, int, int)) {
+                        void (*part)(const Conv1dParams&, const T*, std::uint32_t*, const BhPlan&)) {
     const BhPlan pl = bh_plan(p);
     [[maybe_unused]] const bool par = double(p.batch) * p.out_length * double(p.in_channels) * p.kernel * p.out_channels >= kParallelMacs;
     alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][pair], BF16(x[2i]) | BF16(x[2i + 1]) << 16
 #pragma omp parallel if (par)
-    part(p, wp, panel, pl, thread_index(), thread_count());
+    part(p, wp, panel, pl);
 }
 
-/// This thread's columns (an even split of [0, nn)) of the BF16 pair panel of the pass at column n0: row c is column
-/// n0 + c in reduction order (pair q = elements 2q, 2q + 1), rounded 32 at a time (vcvtne2ps2bf16), zeros after it
-/// up to ld pairs. The A tiles of conv1d_bh_amx and conv1d_int8_bh_amx.
-inline void bh_panel_columns(const Conv1dParams& p, int n0, int nn, std::uint32_t* panel, std::size_t ld, int tid, int nth) {
-    for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
+/// Columns [c0, c1) of the BF16 pair panel of the pass at column n0: row c is column n0 + c in reduction order (pair
+/// q = elements 2q, 2q + 1), rounded 32 at a time (vcvtne2ps2bf16), zeros after it up to ld pairs. The A tiles of
+/// conv1d_bh_amx and conv1d_int8_bh_amx.
+inline void bh_panel_columns(const Conv1dParams& p, int n0, std::uint32_t* panel, std::size_t ld, int c0, int c1) {
+    for (int c = c0; c < c1; ++c) {
         bf16* row = reinterpret_cast<bf16*>(panel + std::size_t(c) * ld);
         alignas(64) float tmp[32];
         int fill = 0;
@@ -142,24 +142,18 @@ inline void bh_panel_columns(const Conv1dParams& p, int n0, int nn, std::uint32_
 }
 
 /// This thread's share of conv1d_bh_amx: its panel columns, then its output blocks. panel: shared, [column][ld pairs].
-inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel, const BhPlan& pl, int tid, int nth) {
+inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel, const BhPlan& pl) {
     constexpr int W = kBhWidth;
     const int Cout = p.out_channels, N = p.batch * p.out_length;
     const std::size_t P = pl.pairs, ld = pl.ld, tiles = ld / kTileRows;
     const std::size_t block_elems = std::size_t(W) * 2 * P;
     const int blocks = (Cout + W - 1) / W;
-    const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
     alignas(64) std::uint32_t blo[2][kTileRows * 16], bhi[2][kTileRows * 8];  // B rows: outputs 0..15, 16..23
     alignas(64) float slice[kMaxCols * W], tot[kMaxCols * W];
     const __m512i idx = bh_pair_index();
-    for (int n0 = 0; n0 < N; n0 += pl.ns) {
-        const int nn = std::min(pl.ns, N - n0);
-        if (n0 > 0) {
-#pragma omp barrier
-        }
-        bh_panel_columns(p, n0, nn, panel, ld, tid, nth);
-#pragma omp barrier
-        if (b0 == b1) continue;
+    auto columns = [&](int n0, int, int c0, int c1) { bh_panel_columns(p, n0, panel, ld, c0, c1); };
+    panel_passes(N, pl.ns, blocks, columns, [&](int n0, int nn, int b0, int b1) {
+        if (b0 == b1) return;
         const int m1 = nn - 16;
         const long lda = long(ld * sizeof(std::uint32_t));
         const TileConfig cfg = pass_config(nn, 8 * 4);
@@ -213,7 +207,7 @@ inline void bh_part(const Conv1dParams& p, const bf16* wp, std::uint32_t* panel,
                 for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(o - o0)], true);
         }
         release_tiles();
-    }
+    });
 }
 
 /// Conv1d under MathMode::BF16 on BF16 blocks, on tdpbf16ps (see the file comment). Needs bh_plan(p).ns > 0.
@@ -240,23 +234,17 @@ inline __m512i int8_half_row(const std::int8_t* w) {
 
 /// This thread's share of conv1d_int8_bh_amx: its panel columns, then its pairs of output blocks (B tiles 5 and 6).
 /// panel: shared, [column][ld pairs].
-inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_t* panel, const BhPlan& pl, int tid, int nth) {
+inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_t* panel, const BhPlan& pl) {
     constexpr int W = 2 * kI8Width;  // outputs per unit: two blocks
     const int Cout = p.out_channels, N = p.batch * p.out_length;
     const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), P = pl.pairs, ld = pl.ld, tiles = ld / kTileRows;
     const std::size_t block_bytes = std::size_t(kI8Width) * avx2::packed_conv_steps<std::int8_t>(R);
     const int blocks = (Cout + kI8Width - 1) / kI8Width, units = (blocks + 1) / 2;
-    const int u0 = int(std::int64_t(units) * tid / nth), u1 = int(std::int64_t(units) * (tid + 1) / nth);
     alignas(64) std::uint32_t bbuf[2][2][kTileRows * 16];  // B rows of the two blocks, double-buffered
     alignas(64) float slice[kMaxCols * W], tot[kMaxCols * W];
-    for (int n0 = 0; n0 < N; n0 += pl.ns) {
-        const int nn = std::min(pl.ns, N - n0);
-        if (n0 > 0) {
-#pragma omp barrier
-        }
-        bh_panel_columns(p, n0, nn, panel, ld, tid, nth);
-#pragma omp barrier
-        if (u0 == u1) continue;
+    auto columns = [&](int n0, int, int c0, int c1) { bh_panel_columns(p, n0, panel, ld, c0, c1); };
+    panel_passes(N, pl.ns, units, columns, [&](int n0, int nn, int u0, int u1) {
+        if (u0 == u1) return;
         const int m1 = nn - 16;
         const long lda = long(ld * sizeof(std::uint32_t));
         const TileConfig cfg = pass_config(nn, 64);
@@ -320,7 +308,7 @@ inline void int8_bh_part(const Conv1dParams& p, const std::int8_t* wp, std::uint
                 }
         }
         release_tiles();
-    }
+    });
 }
 
 /// Conv1d under MathMode::BF16 on INT8 weight-only blocks (LoadOptions::quantize = Int8), on tdpbf16ps: the BF16
@@ -334,23 +322,18 @@ inline void conv1d_int8_bh_amx(const Conv1dParams& p, const std::int8_t* wp) { b
 /// This thread's share of conv1d_w8a8_amx. panel: shared, [column][ld quads] of unsigned bytes; xscale, xmin:
 /// shared, one per column of the pass.
 inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_t* panel, int ns, std::size_t ld,
-                      float* xscale, float* xmin, int tid, int nth) {
+                      float* xscale, float* xmin) {
     constexpr int W = kW8Width;
     const int Cout = p.out_channels, N = p.batch * p.out_length;
     const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), R4 = w8a8_steps(R), Q = R4 / 4;
     const std::size_t tiles = ld / kTileRows;
     const int blocks = (Cout + W - 1) / W;
-    const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
     constexpr long kRowBytes = 4 * W;  // one quad of the block: 32 outputs x 4 bytes
     alignas(64) std::int8_t bbuf[2][2][kTileRows * 64];  // B rows: outputs 0..15, 16..31
     alignas(64) std::int32_t acc[kMaxCols * W];
     auto* bytes = reinterpret_cast<std::uint8_t*>(panel);
-    for (int n0 = 0; n0 < N; n0 += ns) {
-        const int nn = std::min(ns, N - n0);
-        if (n0 > 0) {
-#pragma omp barrier
-        }
-        for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
+    auto columns = [&](int n0, int, int c0, int c1) {
+        for (int c = c0; c < c1; ++c) {
             const ColumnQuant q = column_quant(p, n0 + c);  // conv1d_w8a8's quantisation, value for value
             xscale[c] = q.scale;
             xmin[c] = q.min;
@@ -384,8 +367,9 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
             }
             std::fill(row + at, row + ld * 4, std::uint8_t(0));
         }
-#pragma omp barrier
-        if (b0 == b1) continue;
+    };
+    panel_passes(N, ns, blocks, columns, [&](int n0, int nn, int b0, int b1) {
+        if (b0 == b1) return;
         const int m1 = nn - 16;
         const long lda = long(ld * 4);
         const TileConfig cfg = pass_config(nn, 64);
@@ -443,7 +427,7 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
             }
         }
         release_tiles();
-    }
+    });
 }
 
 /// Conv1d on W8A8 blocks on tdpbusd (see the file comment): bit-identical to conv1d_w8a8. R = in_channels * kernel
@@ -456,7 +440,7 @@ inline void conv1d_w8a8_amx(const Conv1dParams& p, const std::int8_t* wp) {
     alignas(64) std::uint32_t panel[kPanelWords];  // shared: [column][quad], 4 unsigned bytes round((x - m_c) / s_c)
     alignas(64) float xscale[kMaxCols], xmin[kMaxCols];
 #pragma omp parallel if (par)
-    w8a8_part(p, wp, panel, ns, ld, xscale, xmin, thread_index(), thread_count());
+    w8a8_part(p, wp, panel, ns, ld, xscale, xmin);
 }
 
 #undef FLOWEDGE_TILE_LOAD

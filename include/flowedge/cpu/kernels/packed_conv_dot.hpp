@@ -116,46 +116,43 @@ inline void conv1d_bh(const Conv1dParams& p, const bf16* wp) {
     {
         alignas(64) float tot[64 * W];
         const __m512i idx = bh_pair_index();
-        const int tid = thread_index(), nth = thread_count();
-        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; n0 < N; n0 += ns) {
-            const int nn = std::min(ns, N - n0);
-            if (n0 > 0) {
-#pragma omp barrier
-            }
-            for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
-                // An even step sets its slot (an odd R's last pair keeps a zero second half), an odd one adds its half.
-                im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
-                    std::uint32_t& slot = panel[std::size_t(j / 2) * nn + std::size_t(c)];
-                    const std::uint32_t h = to_bf16(v).bits;
-                    slot = j % 2 ? (slot & 0xFFFFu) | (h << 16) : h;
-                });
-            }
-#pragma omp barrier
-            for (int ob = b0; ob < b1; ++ob) {
-                std::fill(tot, tot + std::size_t(nn) * W, 0.f);
-                const bf16* wb = wp + std::size_t(ob) * block_elems;
-                for (std::size_t q0 = 0; q0 < P; q0 += kSlicePairs) {
-                    const int n = int(std::min<std::size_t>(kSlicePairs, P - q0));
-                    column_groups(nn, [&](int c0, int nc) {
-                        with_cols(nc, [&](auto cols) {
-                            constexpr int NC = decltype(cols)::value;
-                            __m512 acc0[NC];
-                            __m256 acc1[NC];
-                            bh_pairs<NC>(wb + q0 * 2 * W, panel + q0 * std::size_t(nn) + std::size_t(c0), nn, n, idx, acc0, acc1);
-                            for (int c = 0; c < NC; ++c) {
-                                float* t = tot + std::size_t(c0 + c) * W;
-                                _mm512_storeu_ps(t, _mm512_add_ps(_mm512_loadu_ps(t), acc0[c]));
-                                _mm256_storeu_ps(t + 16, _mm256_add_ps(_mm256_loadu_ps(t + 16), acc1[c]));
-                            }
-                        });
+        panel_passes(
+            N, ns, blocks,
+            [&](int n0, int nn, int c0, int c1) {
+                for (int c = c0; c < c1; ++c) {
+                    // An even step sets its slot (an odd R's last pair keeps a zero second half), an odd one adds its half.
+                    im2col_column(p, n0 + c, 0, p.in_channels, [&](int j, float v) {
+                        std::uint32_t& slot = panel[std::size_t(j / 2) * nn + std::size_t(c)];
+                        const std::uint32_t h = to_bf16(v).bits;
+                        slot = j % 2 ? (slot & 0xFFFFu) | (h << 16) : h;
                     });
                 }
-                const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
-                for (int c = 0; c < nn; ++c)
-                    for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(o - o0)], true);
-            }
-        }
+            },
+            [&](int n0, int nn, int b0, int b1) {
+                for (int ob = b0; ob < b1; ++ob) {
+                    std::fill(tot, tot + std::size_t(nn) * W, 0.f);
+                    const bf16* wb = wp + std::size_t(ob) * block_elems;
+                    for (std::size_t q0 = 0; q0 < P; q0 += kSlicePairs) {
+                        const int n = int(std::min<std::size_t>(kSlicePairs, P - q0));
+                        column_groups(nn, [&](int c0, int nc) {
+                            with_cols(nc, [&](auto cols) {
+                                constexpr int NC = decltype(cols)::value;
+                                __m512 acc0[NC];
+                                __m256 acc1[NC];
+                                bh_pairs<NC>(wb + q0 * 2 * W, panel + q0 * std::size_t(nn) + std::size_t(c0), nn, n, idx, acc0, acc1);
+                                for (int c = 0; c < NC; ++c) {
+                                    float* t = tot + std::size_t(c0 + c) * W;
+                                    _mm512_storeu_ps(t, _mm512_add_ps(_mm512_loadu_ps(t), acc0[c]));
+                                    _mm256_storeu_ps(t + 16, _mm256_add_ps(_mm256_loadu_ps(t + 16), acc1[c]));
+                                }
+                            });
+                        });
+                    }
+                    const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
+                    for (int c = 0; c < nn; ++c)
+                        for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, tot[std::size_t(c) * W + std::size_t(o - o0)], true);
+                }
+            });
     }
 }
 

@@ -70,14 +70,14 @@ inline ColumnQuant column_quant(const Conv1dParams& p, int col, float levels) {
             finite && hi > lo ? levels / (hi - lo) : 0.f, lo};
 }
 
-/// This thread's share of one pass of the quad panel ([quad][column], 4 unsigned bytes each): columns
-/// [nn * tid / nth, nn * (tid + 1) / nth) of the nn starting at column n0, quantised to `levels` + 1 steps, with
-/// their scales and offsets in xscale / xmin. R padded to whole quads with zeros (their weights are zero too).
-inline void quantise_columns(const Conv1dParams& p, int n0, int nn, int tid, int nth, float levels, std::uint32_t* panel,
+/// Columns [c0, c1) of one pass of the quad panel ([quad][column], 4 unsigned bytes each; nn columns from n0):
+/// quantised to `levels` + 1 steps, with their scales and offsets in xscale / xmin. R padded to whole quads with zeros
+/// (their weights are zero too).
+inline void quantise_columns(const Conv1dParams& p, int n0, int nn, int c0, int c1, float levels, std::uint32_t* panel,
                              float* xscale, float* xmin) {
     const std::size_t R = std::size_t(p.in_channels) * std::size_t(p.kernel), R4 = steps(R);
     auto* ub = reinterpret_cast<std::uint8_t*>(panel);
-    for (int c = nn * tid / nth; c < nn * (tid + 1) / nth; ++c) {
+    for (int c = c0; c < c1; ++c) {
         const ColumnQuant cq = column_quant(p, n0 + c, levels);
         xscale[c] = cq.scale;
         xmin[c] = cq.min;
@@ -115,16 +115,10 @@ inline void conv1d_passes(const Conv1dParams& p, const std::int8_t* wp, float le
     alignas(64) std::uint32_t panel[kScratchFloats];  // shared: [quad][column], 4 unsigned bytes round((x - m_c) / s_c)
     alignas(64) float xscale[64], xmin[64];
 #pragma omp parallel if (par)
-    {
-        const int tid = thread_index(), nth = thread_count();
-        const int b0 = int(std::int64_t(blocks) * tid / nth), b1 = int(std::int64_t(blocks) * (tid + 1) / nth);
-        for (int n0 = 0; n0 < N; n0 += ns) {
-            const int nn = std::min(ns, N - n0);
-            if (n0 > 0) {
-#pragma omp barrier
-            }
-            quantise_columns(p, n0, nn, tid, nth, levels, panel, xscale, xmin);
-#pragma omp barrier
+    panel_passes(
+        N, ns, blocks,
+        [&](int n0, int nn, int c0, int c1) { quantise_columns(p, n0, nn, c0, c1, levels, panel, xscale, xmin); },
+        [&](int n0, int nn, int b0, int b1) {
             for (int ob = b0; ob < b1; ++ob) {
                 const std::int8_t* wb = wp + std::size_t(ob) * block_bytes(R);
                 const auto* wscale = reinterpret_cast<const float*>(wb + R4 * W);
@@ -135,8 +129,7 @@ inline void conv1d_passes(const Conv1dParams& p, const std::int8_t* wp, float le
                     for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, out[o - o0], true);
                 });
             }
-        }
-    }
+        });
 }
 
 /// Columns per micro-kernel call: 4 x NC int32 accumulators, the broadcast, the ones and a product within the 16 ymm
