@@ -15,8 +15,8 @@
 // weights into L2, overlapping the weight fetch with the predecessor's tail.
 //
 // Many rows under TF32/BF16 math (or f32_gemm) that the library GEMM declines (16-bit weights, Mish/SiLU/Softplus,
-// ReLU with accumulate) run as block tiles instead (linear_tiled_outputs): the per-warp kernel re-reads every x row
-// for each output, which at 64 rows made the PushT FiLM linears on BF16 weights cost ~43 us a launch on an H100.
+// ReLU with accumulate) run as block tiles instead (linear_tiled_outputs): the per-warp kernel reads every x row again
+// for each output, so its x traffic grows with rows x outputs (docs/kernels/cuda.md#linear).
 #include "common.cuh"
 #include "flowedge/cuda/launchers.hpp"
 #include "flowedge/op_checks.hpp"

@@ -362,8 +362,8 @@ void group_norm_gemm_layout(const GroupNormParams& p, const float* d, const floa
     }();
     const long long blocks = (long long)p.batch * p.groups;
     const bool fits_narrow = (p.channels / p.groups) * p.length <= kGroupNormBlockElements / 2;
-    // 128-thread blocks when the 256-thread grid would take more than one wave (H100, PushT batch 64: 512 blocks,
-    // 2 waves -> 1); with fewer blocks the 256-thread block finishes its group sooner.
+    // 128-thread blocks when the 256-thread grid would take more than one wave (PushT batch 64: 512 blocks); with
+    // fewer blocks the 256-thread block finishes its group sooner (docs/kernels/cuda.md).
     const bool narrow = fits_narrow && (forced == kThreads / 2 || (forced != kThreads && blocks > (long long)wide_per_sm * sm_count()));
     if (narrow) launch_pdl(kNarrow, dim3(unsigned(blocks)), dim3(kThreads / 2), 0, st, p, d, bias);
     else launch_pdl(kWide, dim3(unsigned(blocks)), dim3(kThreads), 0, st, p, d, bias);
