@@ -103,9 +103,11 @@ static_assert(kWarps * 32 == 256 && kTileOut * kTileK == 8 * 256 && kTileRows * 
 /// Whether linear() and linear_batch() run p as tiles (when the library GEMM has declined it).
 bool use_tiled(const LinearParams& p) { return p.rows >= kTiledMinRows && (p.math != MathMode::F32 || p.f32_gemm); }
 
-std::int64_t tiles_of(const LinearParams& p) {
-    return std::int64_t((p.out + kTileOut - 1) / kTileOut) * ((p.rows + kTileRows - 1) / kTileRows);
-}
+/// Tiles along the outputs; tile t covers outputs [(t % out_tiles) * kTileOut, + kTileOut) and rows
+/// [(t / out_tiles) * kTileRows, + kTileRows).
+__host__ __device__ __forceinline__ int out_tiles(const LinearParams& p) { return (p.out + kTileOut - 1) / kTileOut; }
+
+std::int64_t tiles_of(const LinearParams& p) { return std::int64_t(out_tiles(p)) * ((p.rows + kTileRows - 1) / kTileRows); }
 
 /// The staged tile slices; +1 column: the column reads of 16 outputs fall in 16 banks.
 struct TiledSmem {
@@ -121,7 +123,7 @@ __device__ __forceinline__ void linear_tiled_outputs(const LinearParams& p, int 
     const int ld_x = p.ld_x ? p.ld_x : p.in;
     const int ld_y = p.ld_y ? p.ld_y : p.out;
     const T* w = static_cast<const T*>(p.w.data);
-    const int tiles_o = (p.out + kTileOut - 1) / kTileOut;
+    const int tiles_o = out_tiles(p);
     const int tiles = tiles_o * ((p.rows + kTileRows - 1) / kTileRows);
     for (int tile = block; tile < tiles; tile += n_blocks) {
         const int o0 = (tile % tiles_o) * kTileOut, r0 = (tile / tiles_o) * kTileRows;
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     {
         const std::size_t esz = (kind & 3u) == 0 ? 4 : 2;
         const std::size_t row_bytes = std::size_t(q.in) * esz;
-        const int o0 = (kind & 8u) ? (block % ((q.out + kTileOut - 1) / kTileOut)) * kTileOut : block * kWarps;
+        const int o0 = (kind & 8u) ? (block % out_tiles(q)) * kTileOut : block * kWarps;
         const int o1 = min(q.out, o0 + ((kind & 8u) ? kTileOut : kWarps));
         const char* base = static_cast<const char*>(q.w.data) + std::size_t(o0) * row_bytes;
         const std::size_t bytes = std::size_t(o1 - o0) * row_bytes;
