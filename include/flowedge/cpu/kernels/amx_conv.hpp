@@ -415,14 +415,10 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
             const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
             const std::int32_t* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
             const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
+            const avx2::w8a8::BlockScales scales{wscale, rowsum, xscale, xmin};
             for (int c = 0; c < nn; ++c) {
                 alignas(64) float out[W];
-                for (int v = 0; v < 2; ++v) {  // conv1d_w8a8's epilogue, operation for operation
-                    const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(acc + c * W + 16 * v));
-                    const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(rowsum + 16 * v));
-                    const __m512 x = _mm512_fmadd_ps(dot, _mm512_set1_ps(xscale[c]), _mm512_mul_ps(sums, _mm512_set1_ps(xmin[c])));
-                    _mm512_store_ps(out + 16 * v, _mm512_mul_ps(x, _mm512_loadu_ps(wscale + 16 * v)));
-                }
+                avx2::w8a8::dequantise(acc + c * W, scales, c, out);
                 for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, out[o - o0], true);
             }
         }

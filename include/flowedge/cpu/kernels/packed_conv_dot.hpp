@@ -202,14 +202,10 @@ inline void conv1d_w8a8(const Conv1dParams& p, const std::int8_t* wp) {
                 __m512i acc[2][NC];
                 w8a8_quads<NC>(wb, panel + c0, nn, Q, acc);
                 for (int c = 0; c < NC; ++c) {
+                    alignas(64) std::int32_t dot[kW8Width];
                     alignas(64) float out[kW8Width];
-                    for (int v = 0; v < 2; ++v) {
-                        const __m512 dot = _mm512_cvtepi32_ps(acc[v][c]);
-                        const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(s.rowsum + 16 * v));
-                        const __m512 x = _mm512_fmadd_ps(dot, _mm512_set1_ps(s.xscale[c0 + c]),
-                                                         _mm512_mul_ps(sums, _mm512_set1_ps(s.xmin[c0 + c])));
-                        _mm512_store_ps(out + 16 * v, _mm512_mul_ps(x, _mm512_loadu_ps(s.wscale + 16 * v)));
-                    }
+                    for (int v = 0; v < 2; ++v) _mm512_store_si512(dot + 16 * v, acc[v][c]);
+                    avx2::w8a8::dequantise(dot, s, c0 + c, out);
                     emit(c0 + c, out);
                 }
             });

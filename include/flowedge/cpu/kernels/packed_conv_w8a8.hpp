@@ -98,6 +98,14 @@ struct BlockScales {
     const float* xmin;
 };
 
+/// Column c's kWidth block outputs from its int32 sums: wscale[o] * (xscale[c] * dot[o] + xmin[c] * rowsum[o]), one
+/// fused multiply-add and two products in this order, so that every W8A8 kernel (vpmaddubsw, vpdpbusd, tdpbusd) turns
+/// the same sums into the same bits.
+inline void dequantise(const std::int32_t* dot, const BlockScales& s, int c, float* out) {
+    for (int o = 0; o < kWidth; ++o)
+        out[o] = std::fma(float(dot[o]), s.xscale[c], float(s.rowsum[o]) * s.xmin[c]) * s.wscale[o];
+}
+
 /// The pass and block loops of the W8A8 kernels on the [quad][column] panel (this set's and the AVX-512 set's
 /// vpdpbusd kernel): the threads quantise a pass of up to 64 whole columns to `levels` + 1 steps into a shared panel
 /// (one barrier), then each streams its own output blocks, whole. block(wb, panel, nn, quads, scales, emit) computes
@@ -171,15 +179,10 @@ inline void conv1d(const Conv1dParams& p, const std::int8_t* wp) {
                 __m256i acc[4][NC];
                 quads<NC>(wb, panel + c0, nn, Q, acc);
                 for (int c = 0; c < NC; ++c) {
+                    alignas(32) std::int32_t dot[kWidth];
                     alignas(32) float out[kWidth];
-                    for (int v = 0; v < 4; ++v) {
-                        const __m256 dot = _mm256_cvtepi32_ps(acc[v][c]);
-                        const __m256i rs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.rowsum + 8 * v));
-                        const __m256 sums = _mm256_cvtepi32_ps(rs);
-                        const __m256 xv = _mm256_fmadd_ps(dot, _mm256_set1_ps(s.xscale[c0 + c]),
-                                                          _mm256_mul_ps(sums, _mm256_set1_ps(s.xmin[c0 + c])));
-                        _mm256_store_ps(out + 8 * v, _mm256_mul_ps(xv, _mm256_loadu_ps(s.wscale + 8 * v)));
-                    }
+                    for (int v = 0; v < 4; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(dot + 8 * v), acc[v][c]);
+                    dequantise(dot, s, c0 + c, out);
                     emit(c0 + c, out);
                 }
             };
