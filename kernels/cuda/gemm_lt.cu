@@ -49,6 +49,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -129,8 +130,12 @@ void lt_check(cublasStatus_t st, const char* what) {
         fail(ErrorKind::Device, "cuda gemm_lt", std::string(what) + " failed: cuBLASLt status " + std::to_string(int(st)));
 }
 
-/// Heuristic candidates timed per shape under FLOWEDGE_CUDA_LT_AUTOTUNE=1.
-constexpr int kAutotuneCandidates = 8;
+/// Heuristic candidates timed per shape under FLOWEDGE_CUDA_LT_AUTOTUNE=1, and the split-K variants added to them
+/// (kSplitKs of each of the first kSplitKBases candidates that support split-K, for plans with a workspace).
+constexpr int kHeuristicCandidates = 8;
+constexpr int kSplitKs[] = {2, 4, 8};
+constexpr int kSplitKBases = 2;
+constexpr int kAutotuneCandidates = kHeuristicCandidates + kSplitKBases * int(std::size(kSplitKs));
 
 /// One GEMM shape's descriptors and chosen algorithm (created once, kept for the process). candidates: the
 /// heuristic's algorithms, best first (several only under FLOWEDGE_CUDA_LT_AUTOTUNE=1, see tune()).
@@ -167,6 +172,39 @@ DeviceLt& device_lt() {
     return devices[dev & 63];
 }
 
+/// The split-K variants of the plan's first kSplitKBases candidates: the heuristic seldom offers split-K for the
+/// U-Net's deep convs at batch 64 (M = 2048 or 1024 outputs, N = 256 columns, K up to 10240), whose 128 x 128 tiles
+/// then fill a fraction of the SMs. Only reductions through the workspace (deterministic, no atomics) that
+/// cublasLtMatmulAlgoCheck accepts within `workspace` bytes.
+void add_split_k(DeviceLt& lt, Plan& pl, std::size_t workspace) {
+    const int bases = std::min(pl.n_candidates, kSplitKBases);
+    for (int i = 0; i < bases; ++i) {
+        std::int32_t support = 0;
+        std::uint32_t schemes = 0;
+        std::size_t written = 0;
+        if (cublasLtMatmulAlgoCapGetAttribute(&pl.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support,
+                                              sizeof(support), &written) != CUBLAS_STATUS_SUCCESS || !support)
+            continue;
+        if (cublasLtMatmulAlgoCapGetAttribute(&pl.candidates[i], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                              sizeof(schemes), &written) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        if (!(schemes & scheme)) continue;
+        for (const int splits : kSplitKs) {
+            cublasLtMatmulAlgo_t algo = pl.candidates[i];
+            const std::uint32_t n = std::uint32_t(splits);
+            if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &n, sizeof(n)) != CUBLAS_STATUS_SUCCESS ||
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
+                    CUBLAS_STATUS_SUCCESS)
+                continue;
+            cublasLtMatmulHeuristicResult_t check{};
+            if (cublasLtMatmulAlgoCheck(lt.handle, pl.op, pl.a, pl.b, pl.d, pl.d, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+                check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace)
+                pl.candidates[pl.n_candidates++] = algo;
+        }
+    }
+}
+
 Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
     const PlanKey key{int(g.kind), g.a_mk, g.m, g.n, g.k, g.ldb, g.ldd, g.align_w, g.align_b, g.align_d, g.bias, g.relu, g.workspace};
     auto it = lt.plans.find(key);
@@ -200,14 +238,15 @@ Plan& plan_for(DeviceLt& lt, const GemmShape& g) {
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)), "set align B");
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)), "set align C");
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)), "set align D");
-    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
+    cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates]{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt.handle, pl.op, pl.a, pl.b, pl.d, pl.d, pref,
-                                                             autotune_enabled() ? kAutotuneCandidates : 1, results, &found);
+                                                             autotune_enabled() ? kHeuristicCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (hs == CUBLAS_STATUS_SUCCESS)
         for (int i = 0; i < found; ++i)
             if (results[i].state == CUBLAS_STATUS_SUCCESS) pl.candidates[pl.n_candidates++] = results[i].algo;
+    if (autotune_enabled() && g.workspace > 0) add_split_k(lt, pl, g.workspace);
     if (pl.n_candidates > 0) {
         pl.algo = pl.candidates[0];
         pl.usable = true;
