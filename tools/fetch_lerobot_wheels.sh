@@ -12,11 +12,17 @@
 # 2.14 needs >= 4.16). Not carried: PyAV (40 MB; the bench puts an import-only stand-in in sys.modules when `import av`
 # fails, nothing in select_action decodes video) and gymnasium (only lerobot.policies.factory imports it).
 #
-# Usage: tools/fetch_lerobot_wheels.sh [DEST]   (DEST defaults to .whl; PIP overrides the pip command)
+# --gym: the wheels of gym-pusht, the gymnasium env stack it and LeRobot's env factory import, and termcolor (LeRobot's
+# eval script), into DEST/gym instead, for the soak and eval stages of tools/gpu_run.sh. The GPU image has numpy,
+# cloudpickle and opencv-python-headless: gym-pusht's `import cv2` finds the headless OpenCV (installed --no-deps).
+#
+# Usage: tools/fetch_lerobot_wheels.sh [--gym] [DEST]   (DEST defaults to .whl; PIP overrides the pip command)
 # Install on the box: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #                       --target /tmp/site_lerobot .whl/*.whl && export PYTHONPATH=/tmp/site_lerobot
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GYM=0
+[ "${1:-}" = --gym ] && { GYM=1; shift; }
 DEST=${1:-.whl}
 PIP=${PIP:-python3 -m pip}
 LIMIT_MIB=60
@@ -32,6 +38,15 @@ WHEELS=(
     pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 typing-extensions==4.16.0
     pyserial==3.5
 )
+GYM_WHEELS=(
+    gym-pusht==0.1.8 gymnasium==1.4.0 farama-notifications==0.0.6
+    pygame==2.6.1 pymunk==6.11.1 shapely==2.1.2 cffi==2.0.0 pycparser==2.23
+    termcolor==3.3.0
+)
+if [ "$GYM" = 1 ]; then
+    WHEELS=("${GYM_WHEELS[@]}")
+    DEST=$DEST/gym
+fi
 
 mkdir -p "$DEST"
 for spec in "${WHEELS[@]}"; do

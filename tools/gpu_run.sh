@@ -48,6 +48,13 @@
 #   soak      issue 19: flowedge-lerobot-rollout --backend flowedge-policy --env pusht, 10,000 ticks at 10 ms on the GPU
 #             and SOAK_CPU_TICKS at SOAK_CPU_PERIOD_MS on the CPU (gym-pusht wheels in .whl/gym; BUILD_PYTHON=1)
 #             -> $OUT/soak_{cuda,cpu}.{json,png}
+#   eval      issue 21 item 3 on the GPU: tools/compare_lerobot_eval.py (flowedge-lerobot-eval in its own process vs
+#             LeRobot 0.4.4's eval_policy on the same seeds and initial noise, step for step) on the PushT-size image
+#             policy, --policy.device cuda then cpu (EVAL_DEVICES), EVAL_EPISODES (default 50) episodes in batches of
+#             EVAL_BATCH (50) of EVAL_STEPS (300, gym-pusht's own limit) steps on the GPU, EVAL_CPU_EPISODES (10) /
+#             EVAL_CPU_BATCH (10) / EVAL_CPU_STEPS (100) on this host's cores -> $OUT/lerobot_eval_{cuda,cpu}.{json,md},
+#             eval.txt. Needs BUILD_PYTHON=1 (target _flowedge), .bench-fixtures/dp_pusht_image, LeRobot's wheels in .whl
+#             (tools/fetch_lerobot_wheels.sh) and gym-pusht's in .whl/gym (tools/fetch_lerobot_wheels.sh --gym).
 #   rt        issue 25: builds rt_stress_bench + the real-time tests, runs reliability_realtime_options and
 #             diffusion_policy_realtime (CPU and CUDA instances) -> $OUT/rt_tests.txt, then bench/run_rt_stress.sh on
 #             the PushT-size image policy (.bench-fixtures/dp_pusht_image) quiet vs under stress-ng (or the script's
@@ -507,6 +514,25 @@ stage_soak() {
     return "$rc"
 }
 
+stage_eval() {
+    local rc=0 site=/tmp/site_lerobot gym=/tmp/site_gym fe dev
+    ls .whl/*.whl .whl/gym/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl and .whl/gym/*.whl carried (tools/fetch_lerobot_wheels.sh [--gym])"; return 3; }
+    lerobot_site "$site" || return $?
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$gym" .whl/gym/*.whl || return $?
+    fe=$(python_site) || return $?
+    policy_folder || return $?
+    for dev in ${EVAL_DEVICES:-cuda cpu}; do
+        local size=(--eval.batch_size="${EVAL_BATCH:-50}" --eval.n_episodes="${EVAL_EPISODES:-50}" --env.episode_length="${EVAL_STEPS:-300}")
+        [ "$dev" = cpu ] && size=(--eval.batch_size="${EVAL_CPU_BATCH:-10}" --eval.n_episodes="${EVAL_CPU_EPISODES:-10}" \
+            --env.episode_length="${EVAL_CPU_STEPS:-100}")
+        PYTHONPATH=$fe:$site:$gym python3 tools/compare_lerobot_eval.py --policy.path="$POLICY_FOLDER" --env.type=pusht \
+            "${size[@]}" --policy.device="$dev" --threads "$JOBS" --max-render-videos 0 --no-progress \
+            --report "$OUT/lerobot_eval_$dev" > "$LOGS/eval_$dev.log" 2>&1 || rc=$?
+        grep -v "UserWarning\|logger.warn" "$LOGS/eval_$dev.log" | tail -n 30 | sed "s/^/$dev: /" | tee -a "$OUT/eval.txt"
+    done
+    return "$rc"
+}
+
 stage_rt() {
     local rc=0 fix=${POLICY_FIXTURE:-.bench-fixtures/dp_pusht_image} folder=/tmp/dp_pusht_image
     BUILD_TARGETS="rt_stress_bench diffusion_policy_realtime reliability_realtime_options" stage_build || return $?
@@ -958,8 +984,8 @@ for s in "${STAGES[@]}"; do
     case $s in
         all) EXPANDED+=(info build gputests cputests demo seed mix mamba sanitize pytorch lerobot asan) ;;
         tests) EXPANDED+=(gputests cputests) ;;
-        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|rt|act|prof|encoder|unet|flow|cpudiff|cpuenc|cpumamba|asan) EXPANDED+=("$s") ;;
-        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak rt act prof encoder unet flow cpudiff cpuenc cpumamba asan all)" >&2; exit 2 ;;
+        info|build|gputests|cputests|demo|seed|mix|mamba|sanitize|pytorch|lerobot|policy|batch|soak|eval|rt|act|prof|encoder|unet|flow|cpudiff|cpuenc|cpumamba|asan) EXPANDED+=("$s") ;;
+        *) echo "unknown stage '$s' (expected info build gputests cputests tests demo seed mix mamba sanitize pytorch lerobot policy batch soak eval rt act prof encoder unet flow cpudiff cpuenc cpumamba asan all)" >&2; exit 2 ;;
     esac
 done
 for s in "${EXPANDED[@]}"; do
