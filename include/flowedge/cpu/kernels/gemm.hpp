@@ -54,6 +54,41 @@ constexpr int rows_for_cols(int nc) {
     return r < 1 ? 1 : (r > 8 ? 8 : r);
 }
 
+/// Runtime-column-count front end: f(std::integral_constant<int, nc>) for 1 <= nc <= kMaxCols.
+template <class F>
+inline void with_cols(int nc, F&& f) {
+    switch (nc) {
+        case 1: f(std::integral_constant<int, 1>{}); return;
+        case 2: f(std::integral_constant<int, 2>{}); return;
+        case 3: f(std::integral_constant<int, 3>{}); return;
+        case 4: f(std::integral_constant<int, 4>{}); return;
+        case 5: f(std::integral_constant<int, 5>{}); return;
+        case 6: f(std::integral_constant<int, 6>{}); return;
+        case 7: f(std::integral_constant<int, 7>{}); return;
+        case 8: f(std::integral_constant<int, 8>{}); return;
+        default: break;
+    }
+    __builtin_unreachable();
+}
+
+/// The row loop of the RO x NC kernels: block(o, res) fills res[R][NC] (R = RO for whole blocks, then 1 for each
+/// remaining row) with the dots of rows o .. o + R - 1; f(o, c, dot) per output.
+template <int RO, int NC, class Block, class F>
+inline void for_row_blocks(int o0, int o1, F& f, Block&& block) {
+    int o = o0;
+    for (; o + RO <= o1; o += RO) {
+        float res[RO][NC];
+        block(o, res);
+        for (int r = 0; r < RO; ++r)
+            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
+    }
+    for (; o < o1; ++o) {
+        float res[1][NC];
+        block(o, res);
+        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
+    }
+}
+
 /// res[r][c] = sum_{j < len} w[r*ldw + j] * x[c*ldx + j] for RO weight rows and NC columns.
 /// Vectorised along j; each weight vector is widened once and used for all NC columns.
 template <int RO, int NC, class WT>
@@ -88,19 +123,9 @@ inline void dot_block(const WT* w, std::size_t ldw, const float* x, std::size_t 
 /// For weight rows o in [o0, o1) and NC columns: f(o, c, dot(w row o, x column c)).
 template <int NC, class WT, class F>
 inline void dot_rows_fixed(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-    constexpr int RO = rows_for_cols(NC);
-    int o = o0;
-    for (; o + RO <= o1; o += RO) {
-        float res[RO][NC];
-        dot_block<RO, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
-        for (int r = 0; r < RO; ++r)
-            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
-    }
-    for (; o < o1; ++o) {
-        float res[1][NC];
-        dot_block<1, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
-        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
-    }
+    for_row_blocks<rows_for_cols(NC), NC>(o0, o1, f, [&]<int R>(int o, float (&res)[R][NC]) {
+        dot_block<R, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+    });
 }
 
 #if FLOWEDGE_ISA_AVX512
@@ -193,14 +218,19 @@ inline void dot_rows_len8(const WT* w, std::size_t ldw, const float* x, int len,
     }
 }
 
-/// dot_rows_fixed on the short-row kernel: f(o, c, dot) for rows [o0, o1), NC columns.
-template <int NC, class WT, class F>
-inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-    constexpr int RO = NC == 1 ? 16 : NC == 2 ? 8 : NC == 3 ? 5 : NC == 4 ? 4 : 2;
+/// Rows per short-row block for NC columns (RO * NC <= 16 lanes).
+template <int NC>
+inline constexpr int kShortRows = NC == 1 ? 16 : NC == 2 ? 8 : NC == 3 ? 5 : NC == 4 ? 4 : 2;
+
+/// The row loop and epilogue of the short-row kernels: block(o, nv) returns the dots of rows o .. o + nv - 1
+/// (nv <= kShortRows<NC>) in lanes r * NC + c; f(o, c, dot), or f.vec per column.
+template <int NC, class Block, class F>
+inline void for_short_row_blocks(int o0, int o1, F& f, Block&& block) {
+    constexpr int RO = kShortRows<NC>;
     alignas(64) float res[16];
     for (int o = o0; o < o1; o += RO) {
         const int nv = std::min(RO, o1 - o);
-        const VecF v = dot_block16<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
+        const VecF v = block(o, nv);
         if constexpr (VectorEpilogue<F>) {
             if constexpr (NC == 1) {
                 f.vec(o, 0, v, nv);
@@ -215,6 +245,14 @@ inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t
     }
 }
 
+/// dot_rows_fixed on the short-row kernel: f(o, c, dot) for rows [o0, o1), NC columns.
+template <int NC, class WT, class F>
+inline void dot_rows16(const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
+    for_short_row_blocks<NC>(o0, o1, f, [&](int o, int nv) {
+        return dot_block16<kShortRows<NC>, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
+    });
+}
+
 /// Several columns use the short-row kernel only for rows shorter than this (masked tails instead of scalar
 /// ones); on longer rows RO x NC register blocking with per-accumulator reductions is faster (4 x 128 -> 512),
 /// while one column always takes the short-row kernel (measurements: docs/performance/cpu.md).
@@ -226,31 +264,11 @@ template <class WT, class F>
 inline void dot_rows(int nc, const WT* w, std::size_t ldw, const float* x, std::size_t ldx, int len, int o0, int o1, F& f) {
 #if FLOWEDGE_ISA_AVX512
     if (len < kShortRow || nc == 1) {
-        switch (nc) {
-            case 1:
-                if (len <= 8) dot_rows_len8(w, ldw, x, len, o0, o1, f);
-                else dot_rows16<1>(w, ldw, x, ldx, len, o0, o1, f);
-                return;
-            case 2: dot_rows16<2>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 3: dot_rows16<3>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 4: dot_rows16<4>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 5: dot_rows16<5>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 6: dot_rows16<6>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 7: dot_rows16<7>(w, ldw, x, ldx, len, o0, o1, f); return;
-            default: dot_rows16<8>(w, ldw, x, ldx, len, o0, o1, f); return;
-        }
+        if (nc == 1 && len <= 8) return dot_rows_len8(w, ldw, x, len, o0, o1, f);
+        return with_cols(nc, [&](auto cols) { dot_rows16<decltype(cols)::value>(w, ldw, x, ldx, len, o0, o1, f); });
     }
 #endif
-    switch (nc) {
-        case 1: dot_rows_fixed<1>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 2: dot_rows_fixed<2>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 3: dot_rows_fixed<3>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 4: dot_rows_fixed<4>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 5: dot_rows_fixed<5>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 6: dot_rows_fixed<6>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 7: dot_rows_fixed<7>(w, ldw, x, ldx, len, o0, o1, f); break;
-        default: dot_rows_fixed<8>(w, ldw, x, ldx, len, o0, o1, f); break;
-    }
+    with_cols(nc, [&](auto cols) { dot_rows_fixed<decltype(cols)::value>(w, ldw, x, ldx, len, o0, o1, f); });
 }
 
 /// Walks rows [o0, o1) in blocks small enough (rows of `row_bytes`) to stay in L2 while every column block of
@@ -274,6 +292,7 @@ inline void for_l2_row_blocks(std::size_t row_bytes, int o0, int o1, int ncols, 
 template <class WT, class XT, class F>
 inline void gemm_rows(const WT* w, std::size_t ldw, const XT* x, std::size_t ldx, int len, int o0, int o1,
                       int ncols, F& f) {
+    if (ncols <= 0) return;
     if (ncols <= kMaxCols) {
         dot_rows(ncols, w, ldw, x, ldx, len, o0, o1, f);
         return;
@@ -356,19 +375,9 @@ inline void dot_block_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_
 /// dot_rows_fixed on the BF16 kernel: f(o, c, dot) for rows [o0, o1), NC columns.
 template <int NC, class WT, class F>
 inline void dot_rows_fixed_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-    constexpr int RO = rows_for_cols_bh<WT>(NC);
-    int o = o0;
-    for (; o + RO <= o1; o += RO) {
-        float res[RO][NC];
-        dot_block_bh<RO, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
-        for (int r = 0; r < RO; ++r)
-            for (int c = 0; c < NC; ++c) f(o + r, c, res[r][c]);
-    }
-    for (; o < o1; ++o) {
-        float res[1][NC];
-        dot_block_bh<1, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
-        for (int c = 0; c < NC; ++c) f(o, c, res[0][c]);
-    }
+    for_row_blocks<rows_for_cols_bh<WT>(NC), NC>(o0, o1, f, [&]<int R>(int o, float (&res)[R][NC]) {
+        dot_block_bh<R, NC>(w + std::size_t(o) * ldw, ldw, x, ldx, len, res);
+    });
 }
 
 /// Short-row BF16 kernel (the vdpbf16ps twin of dot_block16): RO weight rows x NC columns (RO * NC <= 16) in
@@ -411,23 +420,9 @@ inline VecF dot_block16_bh(const WT* w, std::size_t ldw, int nrows, const bf16* 
 /// dot_rows16 on the BF16 short-row kernel: f(o, c, dot) (or f.vec) for rows [o0, o1), NC columns.
 template <int NC, class WT, class F>
 inline void dot_rows16_bh(const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-    constexpr int RO = NC == 1 ? 16 : NC == 2 ? 8 : NC == 3 ? 5 : NC == 4 ? 4 : 2;
-    alignas(64) float res[16];
-    for (int o = o0; o < o1; o += RO) {
-        const int nv = std::min(RO, o1 - o);
-        const VecF v = dot_block16_bh<RO, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
-        if constexpr (VectorEpilogue<F>) {
-            if constexpr (NC == 1) {
-                f.vec(o, 0, v, nv);
-            } else {
-                for (int c = 0; c < NC; ++c) f.vec(o, c, _mm512_permutexvar_ps(column_lanes<RO, NC>(c), v), nv);
-            }
-        } else {
-            _mm512_store_ps(res, v);
-            for (int r = 0; r < nv; ++r)
-                for (int c = 0; c < NC; ++c) f(o + r, c, res[r * NC + c]);
-        }
-    }
+    for_short_row_blocks<NC>(o0, o1, f, [&](int o, int nv) {
+        return dot_block16_bh<kShortRows<NC>, NC>(w + std::size_t(o) * ldw, ldw, nv, x, ldx, len);
+    });
 }
 
 /// Runtime-nc front end of the BF16 kernels (1 <= nc <= kMaxCols). Split as in dot_rows, except that up to 3
@@ -435,27 +430,10 @@ inline void dot_rows16_bh(const WT* w, std::size_t ldw, const bf16* x, std::size
 /// or faster (measurements: docs/performance/cpu.md).
 template <class WT, class F>
 inline void dot_rows(int nc, const WT* w, std::size_t ldw, const bf16* x, std::size_t ldx, int len, int o0, int o1, F& f) {
-    if (len < kShortRow || nc <= 3) {
-        switch (nc) {
-            case 1: dot_rows16_bh<1>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 2: dot_rows16_bh<2>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 3: dot_rows16_bh<3>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 4: dot_rows16_bh<4>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 5: dot_rows16_bh<5>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 6: dot_rows16_bh<6>(w, ldw, x, ldx, len, o0, o1, f); return;
-            case 7: dot_rows16_bh<7>(w, ldw, x, ldx, len, o0, o1, f); return;
-            default: dot_rows16_bh<8>(w, ldw, x, ldx, len, o0, o1, f); return;
-        }
-    }
-    switch (nc) {
-        case 2: dot_rows_fixed_bh<2>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 3: dot_rows_fixed_bh<3>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 4: dot_rows_fixed_bh<4>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 5: dot_rows_fixed_bh<5>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 6: dot_rows_fixed_bh<6>(w, ldw, x, ldx, len, o0, o1, f); break;
-        case 7: dot_rows_fixed_bh<7>(w, ldw, x, ldx, len, o0, o1, f); break;
-        default: dot_rows_fixed_bh<8>(w, ldw, x, ldx, len, o0, o1, f); break;
-    }
+    if (len < kShortRow || nc <= 3) return with_cols(nc, [&](auto cols) { dot_rows16_bh<decltype(cols)::value>(w, ldw, x, ldx, len, o0, o1, f); });
+    with_cols(nc, [&](auto cols) {
+        if constexpr (decltype(cols)::value >= 4) dot_rows_fixed_bh<decltype(cols)::value>(w, ldw, x, ldx, len, o0, o1, f);
+    });
 }
 
 #endif

@@ -39,23 +39,6 @@ inline void column_groups(int nn, F&& chunk) {
     }
 }
 
-/// Runtime-NC front end: f(std::integral_constant<int, nc>) for 1 <= nc <= kMaxCols.
-template <class F>
-inline void with_cols(int nc, F&& f) {
-    switch (nc) {
-        case 1: f(std::integral_constant<int, 1>{}); return;
-        case 2: f(std::integral_constant<int, 2>{}); return;
-        case 3: f(std::integral_constant<int, 3>{}); return;
-        case 4: f(std::integral_constant<int, 4>{}); return;
-        case 5: f(std::integral_constant<int, 5>{}); return;
-        case 6: f(std::integral_constant<int, 6>{}); return;
-        case 7: f(std::integral_constant<int, 7>{}); return;
-        case 8: f(std::integral_constant<int, 8>{}); return;
-        default: break;
-    }
-    __builtin_unreachable();
-}
-
 // ---- MathMode::BF16 on the AVX2 set's BF16 blocks ----------------------------------------------------------------
 
 inline constexpr int kBhWidth = avx2::kConvBlockWidth<bf16>;  // 24 outputs per block
