@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flowedge/ops.hpp"
+#include "../support/compare.hpp"
 
 namespace flowedge::test {
 
@@ -87,35 +88,8 @@ inline double max_abs(const std::vector<double>& v) {
     return m;
 }
 
-/// max |a - b| / max |b| (b the reference); NaN anywhere counts as a failure (returns +inf).
-template <class R>
-double max_norm_rel(const std::vector<float>& a, const std::vector<R>& b) {
-    REQUIRE(a.size() == b.size());
-    double err = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        if (std::isnan(a[i]) || std::isnan(double(b[i]))) return INFINITY;
-        err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
-        scale = std::max(scale, std::fabs(double(b[i])));
-    }
-    return scale > 0 ? err / scale : err;
-}
-
-/// Elementwise: every |a - b| <= abs_tol + rel_tol * |b|.
-inline void check_elementwise(const std::vector<float>& a, const std::vector<float>& b, double rel_tol, double abs_tol,
-                              const std::string& what) {
-    REQUIRE(a.size() == b.size());
-    std::size_t bad = 0, first = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        const double d = std::fabs(double(a[i]) - double(b[i]));
-        if (!(d <= abs_tol + rel_tol * std::fabs(double(b[i])))) {
-            if (!bad) first = i;
-            ++bad;
-        }
-    }
-    INFO(what << ": " << bad << " of " << a.size() << " elements out of tolerance; first at " << first << " ("
-              << (bad ? a[first] : 0.f) << " vs " << (bad ? b[first] : 0.f) << ")");
-    CHECK(bad == 0);
-}
+using fe_test::check_elementwise;
+using fe_test::max_norm_rel;
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -15,6 +15,7 @@
 
 #include "flowedge/cpu/memory.hpp"
 #include "flowedge/ops.hpp"
+#include "../support/compare.hpp"
 #ifdef FLOWEDGE_WITH_CUDA
 #include "flowedge/cuda/device.hpp"
 #endif
@@ -174,35 +175,8 @@ inline const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 inline constexpr double kTolRef = 2e-6;
 inline constexpr double kTolCpu = 4e-6;
 
-/// max |a - b| / max |b| (b the reference); NaN anywhere counts as a failure (returns +inf).
-template <class R>
-double max_norm_rel(const std::vector<float>& a, const std::vector<R>& b) {
-    REQUIRE(a.size() == b.size());
-    double err = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        if (std::isnan(a[i]) || std::isnan(double(b[i]))) return INFINITY;
-        err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
-        scale = std::max(scale, std::fabs(double(b[i])));
-    }
-    return scale > 0 ? err / scale : err;
-}
-
-/// Elementwise: every |a - b| <= abs_tol + rel_tol * |b|.
-inline void check_elementwise(const std::vector<float>& a, const std::vector<float>& b, double rel_tol, double abs_tol,
-                              const std::string& what) {
-    REQUIRE(a.size() == b.size());
-    std::size_t bad = 0, first = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        const double d = std::fabs(double(a[i]) - double(b[i]));
-        if (!(d <= abs_tol + rel_tol * std::fabs(double(b[i])))) {
-            if (!bad) first = i;
-            ++bad;
-        }
-    }
-    INFO(what << ": " << bad << " of " << a.size() << " elements out of tolerance; first at " << first << " ("
-              << (bad ? a[first] : 0.f) << " vs " << (bad ? b[first] : 0.f) << ")");
-    CHECK(bad == 0);
-}
+using fe_test::check_elementwise;
+using fe_test::max_norm_rel;
 
 /// Elements whose bits differ between a and b (same size).
 inline int bit_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
