@@ -172,9 +172,9 @@ DeviceLt& device_lt() {
     return devices[dev & 63];
 }
 
-/// The split-K variants of the plan's first kSplitKBases candidates: the heuristic seldom offers split-K for the
-/// U-Net's deep convs at batch 64 (M = 2048 or 1024 outputs, N = 256 columns, K up to 10240), whose 128 x 128 tiles
-/// then fill a fraction of the SMs. Only reductions through the workspace (deterministic, no atomics) that
+/// The split-K variants of the plan's first kSplitKBases candidates, so that autotuning also tries splitting K where
+/// the heuristic's tiles leave SMs idle (the U-Net's deep convs at batch 64: M = 2048 or 1024 outputs, N = 256
+/// columns, K up to 10240). Only reductions through the workspace (deterministic, no atomics) that
 /// cublasLtMatmulAlgoCheck accepts within `workspace` bytes.
 void add_split_k(DeviceLt& lt, Plan& pl, std::size_t workspace) {
     const int bases = std::min(pl.n_candidates, kSplitKBases);

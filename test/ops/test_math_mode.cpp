@@ -898,10 +898,10 @@ TEST_CASE("linear tiles (many rows the library GEMM declines: 16-bit weights, Si
     if (!optest::ready<Cuda>()) return;
     struct TilesOn {  // the path is opt-in (FLOWEDGE_CUDA_LINEAR_TILES, read per call); restored however the case ends
         const char* name = "FLOWEDGE_CUDA_LINEAR_TILES";
-        const char* before = std::getenv(name);
-        std::string saved = before ? before : "";
+        bool had = std::getenv(name) != nullptr;
+        std::string saved = had ? std::getenv(name) : "";
         TilesOn() { setenv(name, "1", 1); }
-        ~TilesOn() { before ? setenv(name, saved.c_str(), 1) : unsetenv(name); }
+        ~TilesOn() { had ? setenv(name, saved.c_str(), 1) : unsetenv(name); }
     } tiles_on;
     struct L { int rows, in, out; int ld_x, ld_y; };
     // The U-Net's FiLM linears on 16-bit weights at batch 64 (in 260, out 2*dims), tails in every tile dimension,
