@@ -385,6 +385,12 @@ PYEOF
     fi
 }
 
+# gym-pusht and its env stack, from the wheels carried in .whl/gym, into SITE.
+gym_site() {
+    ls .whl/gym/*.whl > /dev/null 2>&1 || { echo "no .whl/gym/*.whl (tools/fetch_lerobot_wheels.sh --gym) carried"; return 3; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" .whl/gym/*.whl
+}
+
 stage_lerobot() {
     local site=/tmp/site_lerobot fe=/tmp/site_flowedge rc=0
     ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried (see the lerobot stage comment)"; return 3; }
@@ -501,8 +507,7 @@ stage_batch() {
 # at start, after warm-up and at the end, latency percentiles and a histogram PNG per run.
 stage_soak() {
     local rc=0 gym=/tmp/site_gym fe steps=${SOAK_STEPS:-1000}
-    ls .whl/gym/*.whl > /dev/null 2>&1 || { echo "no .whl/gym/*.whl (gym-pusht and its wheels) carried"; return 3; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$gym" .whl/gym/*.whl || return $?
+    gym_site "$gym" || return $?
     fe=$(python_site) || return $?
     policy_folder || return $?
     PYTHONPATH=$fe:$gym python3 -m flowedge.rollout --backend flowedge-policy --env pusht --policy "$POLICY_FOLDER" \
@@ -519,9 +524,9 @@ stage_soak() {
 
 stage_eval() {
     local rc=0 site=/tmp/site_lerobot gym=/tmp/site_gym fe dev
-    ls .whl/*.whl .whl/gym/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl and .whl/gym/*.whl carried (tools/fetch_lerobot_wheels.sh [--gym])"; return 3; }
+    ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/*.whl carried (tools/fetch_lerobot_wheels.sh)"; return 3; }
     lerobot_site "$site" || return $?
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$gym" .whl/gym/*.whl || return $?
+    gym_site "$gym" || return $?
     fe=$(python_site) || return $?
     policy_folder || return $?
     for dev in ${EVAL_DEVICES:-cuda cpu}; do

@@ -111,7 +111,9 @@ bool use_tiled(const LinearParams& p) {
 /// [(t / out_tiles) * kTileRows, + kTileRows).
 __host__ __device__ __forceinline__ int out_tiles(const LinearParams& p) { return (p.out + kTileOut - 1) / kTileOut; }
 
-std::int64_t tiles_of(const LinearParams& p) { return std::int64_t(out_tiles(p)) * ((p.rows + kTileRows - 1) / kTileRows); }
+__host__ __device__ __forceinline__ std::int64_t tiles_of(const LinearParams& p) {
+    return std::int64_t(out_tiles(p)) * ((p.rows + kTileRows - 1) / kTileRows);
+}
 
 /// The staged tile slices; +1 column: the column reads of 16 outputs fall in 16 banks.
 struct TiledSmem {
@@ -128,7 +130,7 @@ __device__ __forceinline__ void linear_tiled_outputs(const LinearParams& p, int 
     const int ld_y = p.ld_y ? p.ld_y : p.out;
     const T* w = static_cast<const T*>(p.w.data);
     const int tiles_o = out_tiles(p);
-    const int tiles = tiles_o * ((p.rows + kTileRows - 1) / kTileRows);
+    const int tiles = int(tiles_of(p));
     for (int tile = block; tile < tiles; tile += n_blocks) {
         const int o0 = (tile % tiles_o) * kTileOut, r0 = (tile / tiles_o) * kTileRows;
         float acc[2][4] = {};

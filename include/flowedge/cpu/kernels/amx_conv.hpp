@@ -412,10 +412,8 @@ inline void w8a8_part(const Conv1dParams& p, const std::int8_t* wp, std::uint32_
                 }
             }
             store_accumulators(acc, W, m1 > 0);
-            const float* wscale = reinterpret_cast<const float*>(wb + R4 * W);
-            const std::int32_t* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
             const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
-            const avx2::w8a8::BlockScales scales{wscale, rowsum, xscale, xmin};
+            const avx2::w8a8::BlockScales scales = avx2::w8a8::block_scales(wb, R4, xscale, xmin);
             for (int c = 0; c < nn; ++c) {
                 alignas(64) float out[W];
                 avx2::w8a8::dequantise(acc + c * W, scales, c, out);

@@ -98,6 +98,12 @@ struct BlockScales {
     const float* xmin;
 };
 
+/// The operands of block wb (R4 padded steps: its scales and row sums follow the quads) with a pass's column scales.
+inline BlockScales block_scales(const std::int8_t* wb, std::size_t R4, const float* xscale, const float* xmin) {
+    const std::int8_t* tail = wb + R4 * kWidth;
+    return {reinterpret_cast<const float*>(tail), reinterpret_cast<const std::int32_t*>(tail + kWidth * sizeof(float)), xscale, xmin};
+}
+
 /// Column c's kWidth block outputs from its int32 sums: wscale[o] * (xscale[c] * dot[o] + xmin[c] * rowsum[o]), one
 /// fused multiply-add and two products in this order, so that every W8A8 kernel (vpmaddubsw, vpdpbusd, tdpbusd) turns
 /// the same sums into the same bits.
@@ -129,9 +135,7 @@ inline void conv1d_passes(const Conv1dParams& p, const std::int8_t* wp, float le
         [&](int n0, int nn, int b0, int b1) {
             for (int ob = b0; ob < b1; ++ob) {
                 const std::int8_t* wb = wp + std::size_t(ob) * block_bytes(R);
-                const auto* wscale = reinterpret_cast<const float*>(wb + R4 * W);
-                const auto* rowsum = reinterpret_cast<const std::int32_t*>(wb + R4 * W + W * sizeof(float));
-                const BlockScales scales{wscale, rowsum, xscale, xmin};
+                const BlockScales scales = block_scales(wb, R4, xscale, xmin);
                 const int o0 = ob * W, o1 = std::min(Cout, o0 + W);
                 block(wb, panel, nn, Q, scales, [&](int c, const float* out) {
                     for (int o = o0; o < o1; ++o) conv_out(p, n0 + c, o, out[o - o0], true);
