@@ -124,7 +124,7 @@ def build_torch_unet(cfg, model_path: str, torch_dp_unet, flowedge, which: str =
 class TorchCall:
     """One PyTorch variant: numpy (cond, noise) -> numpy normalised actions."""
 
-    def __init__(self, torch, sampler, device, batch: int, cfg, graph: bool):
+    def __init__(self, torch, sampler, device, batch: int, cfg, graph: bool, bf16: bool = False):
         self.torch = torch
         self.sampler = sampler
         self.cond = torch.zeros(batch, cfg.global_cond_dim, device=device)
@@ -132,14 +132,17 @@ class TorchCall:
         self.graph = None
         self.out = None
         if graph:
+            # bf16: convs and linears under autocast (BF16 operands, F32 accumulate), the rest in float32: PyTorch's
+            # usual mixed precision, the counterpart of flowedge's BF16 math.
+            amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s), torch.no_grad():
+            with torch.cuda.stream(s), torch.no_grad(), amp():
                 for _ in range(3):  # warm cuDNN/cuBLAS handles and workspaces outside the capture
                     sampler.run(self.cond, self.noise)
             torch.cuda.current_stream().wait_stream(s)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
+            with torch.cuda.graph(self.graph), torch.no_grad(), amp():
                 self.out = sampler.run(self.cond, self.noise)
 
     def __call__(self, cond_np: np.ndarray, noise_np: np.ndarray) -> np.ndarray:
@@ -152,7 +155,7 @@ class TorchCall:
         else:
             with torch.no_grad():
                 out = self.sampler.run(self.cond, self.noise)
-        return out.cpu().numpy()  # synchronises
+        return out.float().cpu().numpy()  # synchronises
 
 
 def main() -> int:
@@ -167,7 +170,8 @@ def main() -> int:
     ap.add_argument("--maths", nargs="+", default=["f32"], choices=["f32", "tf32", "bf16"],
                     help="flowedge math modes (DiffusionHead.math) timed for every weight dtype; rows 'flowedge <dtype> math=<m>'")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
-    ap.add_argument("--no-tf32", action="store_true", help="skip the 'torch cuda graph tf32' variant (PyTorch default TF32)")
+    ap.add_argument("--no-tf32", action="store_true",
+                    help="skip the 'torch cuda graph tf32' (PyTorch default TF32) and 'torch cuda graph bf16' (autocast) variants")
     ap.add_argument("--compile-budget-s", type=float, default=180.0,
                     help="skip torch.compile for later batches once one compile took longer than this")
     ap.add_argument("--flowedge-path", default=None, help="folder with the flowedge package or the built _flowedge")
@@ -290,12 +294,14 @@ def main() -> int:
         st, out = timed(lambda: eager(cond, noise), args.warmup, args.runs)
         add("torch eager", st, out)
         # The whole loop in one CUDA graph, TF32 off (an F32 parity row) and, unless --no-tf32, with PyTorch's default
-        # TF32 convolutions (TF32 rounds conv inputs to 10 mantissa bits: diff reported only).
-        graph_variants = [("torch cuda graph", False)] + ([] if args.no_tf32 else [("torch cuda graph tf32", True)])
-        for name, tf32 in graph_variants if on_gpu else []:
+        # TF32 convolutions (TF32 rounds conv inputs to 10 mantissa bits) and under BF16 autocast: diffs reported only.
+        graph_variants = [("torch cuda graph", False, False)]
+        if not args.no_tf32:
+            graph_variants += [("torch cuda graph tf32", True, False), ("torch cuda graph bf16", True, True)]
+        for name, tf32, bf16 in graph_variants if on_gpu else []:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             try:
-                g = TorchCall(torch, sampler, dev, B, cfg, graph=True)
+                g = TorchCall(torch, sampler, dev, B, cfg, graph=True, bf16=bf16)
                 st, out = timed(lambda: g(cond, noise), args.warmup, args.runs)
                 add(name, st, out)
                 del g
@@ -368,7 +374,7 @@ def markdown(r: dict) -> str:
         f"- driver {r['driver']}, torch {r['torch']} (CUDA {r['torch_cuda']}, cuDNN {r['cudnn']}), flowedge "
         f"{r['flowedge_version']} commit `{r['flowedge_commit']}`, {r['date']}",
         f"- model `{r['model']}`, {r['unet_parameters']:,} U-Net parameters; PyTorch U-Net: {r['torch_unet']}, float32, "
-        f"**TF32 off** (except the \"torch cuda graph tf32\" row: PyTorch default TF32 convolutions); torch.compile: {r['torch_compile_note']}",
+        f"**TF32 off** (except the \"torch cuda graph tf32\" row: PyTorch default TF32 convolutions, and \"torch cuda graph bf16\": BF16 autocast); torch.compile: {r['torch_compile_note']}",
         f"- DDIM {r['steps']} steps; {r['runs']} timed calls after {r['warmup']} warm-up; {r['timing']}",
         f"- diff: {r['diff_units']}; F32 parity bound (docs/numerics.md#whole-head-tolerances, 10-step DDIM) {r['ddim_bound']:g}",
         "",

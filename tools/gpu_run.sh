@@ -141,9 +141,10 @@ echo "gpu_run.sh $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/n
 # run_stage NAME FUNCTION: runs the stage, logs to $LOGS/NAME.log, records exit code and duration.
 run_stage() {
     local name=$1 fn=$2 t0 rc
+    shift 2
     t0=$(date +%s)
     echo "=== stage $name ($(date -u +%T))"
-    ( set -o pipefail; "$fn" ) > "$LOGS/$name.log" 2>&1
+    ( set -o pipefail; "$fn" "$@" ) > "$LOGS/$name.log" 2>&1
     rc=$?
     printf '%-9s rc=%-3d %4ds\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
     tail -n 5 "$LOGS/$name.log" | sed 's/^/    /'
@@ -170,9 +171,13 @@ stage_build() {
               -DFLOWEDGE_CUDA_ARCHITECTURES=90 -DFLOWEDGE_CUDA_FLOW_BLOCK_SIZES="${FLOW_BLOCK_SIZES:-256;512;1024}" \
               "${py[@]}" || return $?
     fi
-    # BUILD_TARGETS="a b ...": only those targets (a short device call); default: everything.
+    # BUILD_TARGETS="a b ...": only those targets (a short device call); default: everything. Under BUILD_PYTHON=1
+    # _flowedge joins any such list: its bindings are the slowest translation units (~2 min on 16 cores, session 32),
+    # so they compile alongside the kernels instead of after them in a later stage.
+    local targets=${BUILD_TARGETS:-}
+    [ -n "$targets" ] && [ "${BUILD_PYTHON:-0}" = 1 ] && [[ " $targets " != *" _flowedge "* ]] && targets+=" _flowedge"
     # shellcheck disable=SC2086
-    cmake --build "$BUILD" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
+    cmake --build "$BUILD" -j "$JOBS" ${targets:+--target $targets}
 }
 
 stage_gputests() {
@@ -185,11 +190,13 @@ stage_gputests() {
 
 stage_cputests() { ctest --test-dir "$BUILD" -LE gpu --output-on-failure --timeout 300 -j "$JOBS"; }
 
+# stage_demo [diffusion]: the demo checkpoints (only the U-Net's with "diffusion": the pytorch stage needs no other).
 stage_demo() {
     mkdir -p models
     local rc=0
     [ -f models/diffusion_pusht.flowedge.safetensors ] || "$BUILD/flowedge-make-demo-diffusion" models/diffusion_pusht.flowedge.safetensors || rc=$?
-    [ -f models/mamba_flow.safetensors ] || "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
+    [ "${1:-}" = diffusion ] || [ -f models/mamba_flow.safetensors ] ||
+        "$BUILD/flowedge-make-demo-mamba-flow" models/mamba_flow.safetensors || rc=$?
     ls -la models
     return $rc
 }
@@ -997,9 +1004,11 @@ for s in "${STAGES[@]}"; do
     esac
 done
 for s in "${EXPANDED[@]}"; do
-    # seed, mix, mamba and pytorch need the demo checkpoints.
-    if [ "$s" = seed ] || [ "$s" = mix ] || [ "$s" = mamba ] || [ "$s" = pytorch ]; then
+    # seed, mix and mamba need both demo checkpoints, pytorch the U-Net's.
+    if [ "$s" = seed ] || [ "$s" = mix ] || [ "$s" = mamba ]; then
         [ -f models/diffusion_pusht.flowedge.safetensors ] && [ -f models/mamba_flow.safetensors ] || run_stage demo stage_demo
+    elif [ "$s" = pytorch ]; then
+        [ -f models/diffusion_pusht.flowedge.safetensors ] || run_stage demo stage_demo diffusion
     fi
     run_stage "$s" "stage_$s"
 done

@@ -100,12 +100,8 @@ constexpr int kTiledMinRows = 32;
 static_assert(kWarps * 32 == 256 && kTileOut * kTileK == 8 * 256 && kTileRows * kTileK == 4 * 256,
               "flowedge: linear_tiled_outputs' load and thread mapping assume 256 threads");
 
-/// Whether linear() and linear_batch() run p as tiles (when the library GEMM has declined it). Opt-in
-/// (FLOWEDGE_CUDA_LINEAR_TILES=1, read per call) until the path has run on a GPU: it was written and checked on the
-/// host only (docs/kernels/cuda.md#linear).
-bool use_tiled(const LinearParams& p) {
-    return p.rows >= kTiledMinRows && (p.math != MathMode::F32 || p.f32_gemm) && detail::env_flag("FLOWEDGE_CUDA_LINEAR_TILES");
-}
+/// Whether linear() and linear_batch() run p as tiles (when the library GEMM has declined it).
+bool use_tiled(const LinearParams& p) { return p.rows >= kTiledMinRows && (p.math != MathMode::F32 || p.f32_gemm); }
 
 /// Tiles along the outputs; tile t covers outputs [(t % out_tiles) * kTileOut, + kTileOut) and rows
 /// [(t / out_tiles) * kTileRows, + kTileRows).

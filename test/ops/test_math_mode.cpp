@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -896,13 +895,6 @@ TEST_CASE("linear_gemm (cuBLASLt TF32, and F32 with f32_gemm): many-row linears 
 TEST_CASE("linear tiles (many rows the library GEMM declines: 16-bit weights, SiLU/Mish, ReLU with accumulate): "
           "float-exact operands within the F32 summation bound, deterministic, the same bits as a linear_batch item") {
     if (!optest::ready<Cuda>()) return;
-    struct TilesOn {  // the path is opt-in (FLOWEDGE_CUDA_LINEAR_TILES, read per call); restored however the case ends
-        const char* name = "FLOWEDGE_CUDA_LINEAR_TILES";
-        bool had = std::getenv(name) != nullptr;
-        std::string saved = had ? std::getenv(name) : "";
-        TilesOn() { setenv(name, "1", 1); }
-        ~TilesOn() { had ? setenv(name, saved.c_str(), 1) : unsetenv(name); }
-    } tiles_on;
     struct L { int rows, in, out; int ld_x, ld_y; };
     // The U-Net's FiLM linears on 16-bit weights at batch 64 (in 260, out 2*dims), tails in every tile dimension,
     // strided rows, and rows just at the threshold.
