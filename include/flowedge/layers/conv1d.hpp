@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flowedge/layers/conv1d_params.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/workspace.hpp"
@@ -36,7 +37,8 @@ public:
     const Config& config() const { return m_cfg; }
 
     /// Output length for an input of `in_length` columns.
-    int out_length(int in_length) const { return (in_length + 2 * m_cfg.pad - m_cfg.kernel) / m_cfg.stride + 1; }
+    int out_length(int in_length) const { return out_length(m_cfg, in_length); }
+    static int out_length(const Config& c, int in_length) { return (in_length + 2 * c.pad - c.kernel) / c.stride + 1; }
 
     /// Lists ("weight", [out, in, kernel]) and ("bias", [out]) as in the PyTorch state dict.
     template <class F>
@@ -57,19 +59,11 @@ public:
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv1d", "input");
         if (!(out_length(len) > 0)) [[unlikely]] fail("conv1d", "input too short" + expected_got(">= " + std::to_string(m_cfg.kernel - 2 * m_cfg.pad), len));
         check_shape(y, Shape{batch, m_cfg.out, out_length(len)}, "conv1d", "output");
-        Conv1dParams p;
+        auto p = detail::conv1d_geometry<Conv1dParams>(m_cfg, batch, len, out_length(len));
         p.x = x.data;
         p.w = m_weight.ref();
         p.bias = m_cfg.bias ? m_bias.f32() : nullptr;
         p.y = y.data;
-        p.batch = batch;
-        p.in_channels = m_cfg.in;
-        p.out_channels = m_cfg.out;
-        p.in_length = len;
-        p.out_length = out_length(len);
-        p.kernel = m_cfg.kernel;
-        p.stride = m_cfg.stride;
-        p.pad = m_cfg.pad;
         p.math = ctx.math;
         p.f32_gemm = ctx.f32_gemm;
         return p;
@@ -85,15 +79,7 @@ public:
     /// Backend scratch a forward() of config c over `batch` x `in_length` may take for a library GEMM path (non-F32
     /// MathMode or Context::f32_gemm; 0 on the CPU); models add the largest to their workspace at load.
     static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
-        Conv1dParams p;
-        p.batch = batch;
-        p.in_channels = c.in;
-        p.out_channels = c.out;
-        p.in_length = in_length;
-        p.out_length = (in_length + 2 * c.pad - c.kernel) / c.stride + 1;
-        p.kernel = c.kernel;
-        p.stride = c.stride;
-        p.pad = c.pad;
+        const auto p = detail::conv1d_geometry<Conv1dParams>(c, batch, in_length, out_length(c, in_length));
         return p.out_length > 0 ? Ops<B>::conv1d_scratch_bytes(p) : 0;
     }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flowedge/layers/conv1d_params.hpp"
 #include "flowedge/ops.hpp"
 #include "flowedge/parameter.hpp"
 #include "flowedge/workspace.hpp"
@@ -34,7 +35,8 @@ public:
     const Config& config() const { return m_cfg; }
 
     /// Output length for an input of `in_length` columns.
-    int out_length(int in_length) const { return (in_length - 1) * m_cfg.stride - 2 * m_cfg.pad + m_cfg.kernel; }
+    int out_length(int in_length) const { return out_length(m_cfg, in_length); }
+    static int out_length(const Config& c, int in_length) { return (in_length - 1) * c.stride - 2 * c.pad + c.kernel; }
 
     /// Lists ("weight", [in, out, kernel]) and ("bias", [out]) as in the PyTorch state dict.
     template <class F>
@@ -52,19 +54,11 @@ public:
         check_shape(x, Shape{batch, m_cfg.in, len}, "conv_transpose1d", "input");
         if (!(len > 0 && out_length(len) > 0)) [[unlikely]] fail("conv_transpose1d", "empty input or output" + expected_got("> 0", len));
         check_shape(y, Shape{batch, m_cfg.out, out_length(len)}, "conv_transpose1d", "output");
-        ConvTranspose1dParams p;
+        auto p = detail::conv1d_geometry<ConvTranspose1dParams>(m_cfg, batch, len, out_length(len));
         p.x = x.data;
         p.w = m_weight.ref();
         p.bias = m_cfg.bias ? m_bias.f32() : nullptr;
         p.y = y.data;
-        p.batch = batch;
-        p.in_channels = m_cfg.in;
-        p.out_channels = m_cfg.out;
-        p.in_length = len;
-        p.out_length = out_length(len);
-        p.kernel = m_cfg.kernel;
-        p.stride = m_cfg.stride;
-        p.pad = m_cfg.pad;
         p.math = ctx.math;
         p.f32_gemm = ctx.f32_gemm;
         ctx.with_gemm_scratch(p, [&] { return Ops<B>::conv_transpose1d_scratch_bytes(p); },
@@ -74,15 +68,7 @@ public:
     /// Backend scratch a forward() over `batch` x `in_length` may take for a library GEMM path (as
     /// Conv1d::scratch_bytes; 0 on the CPU); models add the largest to their workspace at load.
     static std::size_t scratch_bytes(const Config& c, int batch, int in_length) {
-        ConvTranspose1dParams p;
-        p.batch = batch;
-        p.in_channels = c.in;
-        p.out_channels = c.out;
-        p.in_length = in_length;
-        p.out_length = (in_length - 1) * c.stride - 2 * c.pad + c.kernel;
-        p.kernel = c.kernel;
-        p.stride = c.stride;
-        p.pad = c.pad;
+        const auto p = detail::conv1d_geometry<ConvTranspose1dParams>(c, batch, in_length, out_length(c, in_length));
         return p.out_length > 0 ? Ops<B>::conv_transpose1d_scratch_bytes(p) : 0;
     }
 
