@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "common.cuh"
+#include "gemm_lt.cuh"
 #include "flowedge/cuda/device.hpp"
 
 namespace flowedge::cuda {
@@ -271,6 +272,8 @@ void* graph_begin_capture(void* state, Stream s) {
         ensure_own_stream(g);
         cs = g.own;
     }
+    // Autotuning times a plan's first call beside the capture, on the operands' memory: nothing may still use it.
+    if (lt::autotune_enabled()) FLOWEDGE_CUDA_CHECK(cudaDeviceSynchronize());
     FLOWEDGE_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
     if (!s.handle) {
         g.saved_override = detail::capture_override();

@@ -149,10 +149,6 @@ struct Plan {
     int n_candidates = 0;
 };
 
-bool autotune_enabled() {
-    static const bool on = detail::env_flag("FLOWEDGE_CUDA_LT_AUTOTUNE");
-    return on;
-}
 
 /// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the
 /// alignment the weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace
@@ -163,6 +159,9 @@ struct DeviceLt {
     std::mutex mutex;
     cublasLtHandle_t handle = nullptr;
     std::map<PlanKey, Plan> plans;
+    // Autotuning only: the stream and events tune() times candidates with, made with the handle (outside a capture).
+    cudaStream_t tune_stream = nullptr;
+    cudaEvent_t tune_start = nullptr, tune_stop = nullptr;
 };
 
 DeviceLt& device_lt() {
@@ -260,44 +259,55 @@ bool capturing(cudaStream_t st) {
     return status != cudaStreamCaptureStatusNone;
 }
 
-/// FLOWEDGE_CUDA_LT_AUTOTUNE=1: the plan's first call outside a graph capture times every heuristic candidate on
-/// the call's own operands (2 runs each after a warm-up, events on the call's stream; the caller's D is only
-/// overwritten, beta = 0) and keeps the fastest for the process. Off by default: the choice then depends on timing,
-/// so two processes may pick different algorithms and differ in the last bits (the heuristic's first choice is the
-/// same every run). A plan first called while capturing keeps the heuristic's choice.
+/// FLOWEDGE_CUDA_LT_AUTOTUNE=1: the plan's first call times every candidate on the call's own operands (2 runs each
+/// after a warm-up; the caller's D is only overwritten, beta = 0) and keeps the fastest for the process. Off by
+/// default: the choice then depends on timing, so two processes may pick different algorithms and differ in the last
+/// bits (the heuristic's first choice is the same every run). Models make their first calls inside a graph capture,
+/// so the timing runs on the handle's own stream, outside the capture: the thread's capture mode is relaxed for it
+/// (cudaThreadExchangeStreamCaptureMode), and the capture began on an idle device (graph_begin_capture), so nothing
+/// still in flight uses the operands or the workspace.
 void tune(DeviceLt& lt, Plan& pl, const void* a, const void* b, float* d, void* ws, std::size_t ws_bytes, cudaStream_t st) {
     if (pl.tuned) return;
     pl.tuned = true;
-    if (pl.n_candidates < 2 || capturing(st)) return;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    FLOWEDGE_CUDA_CHECK(cudaEventCreate(&e0));
-    FLOWEDGE_CUDA_CHECK(cudaEventCreate(&e1));
+    if (pl.n_candidates < 2 || !lt.tune_stream) return;
+    const bool in_capture = capturing(st);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (in_capture) FLOWEDGE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    else FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(st));  // the operands are ready, and nothing else uses them
+    const cudaStream_t ts = lt.tune_stream;
     const float alpha = 1.f, beta = 0.f;
     float best = INFINITY;
     for (int i = 0; i < pl.n_candidates; ++i) {
         const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
         auto run = [&] {
-            return cublasLtMatmul(lt.handle, pl.op, &alpha, a, pl.a, b, pl.b, &beta, d, pl.d, d, pl.d, &algo, ws, ws_bytes, st);
+            return cublasLtMatmul(lt.handle, pl.op, &alpha, a, pl.a, b, pl.b, &beta, d, pl.d, d, pl.d, &algo, ws, ws_bytes, ts);
         };
         if (run() != CUBLAS_STATUS_SUCCESS) continue;
-        FLOWEDGE_CUDA_CHECK(cudaEventRecord(e0, st));
+        FLOWEDGE_CUDA_CHECK(cudaEventRecord(lt.tune_start, ts));
         bool ok = run() == CUBLAS_STATUS_SUCCESS && run() == CUBLAS_STATUS_SUCCESS;
-        FLOWEDGE_CUDA_CHECK(cudaEventRecord(e1, st));
-        FLOWEDGE_CUDA_CHECK(cudaEventSynchronize(e1));
+        FLOWEDGE_CUDA_CHECK(cudaEventRecord(lt.tune_stop, ts));
+        FLOWEDGE_CUDA_CHECK(cudaEventSynchronize(lt.tune_stop));
         float ms = 0.f;
-        FLOWEDGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        FLOWEDGE_CUDA_CHECK(cudaEventElapsedTime(&ms, lt.tune_start, lt.tune_stop));
         if (ok && ms < best) {
             best = ms;
             pl.algo = algo;
         }
     }
-    FLOWEDGE_CUDA_CHECK(cudaEventDestroy(e0));
-    FLOWEDGE_CUDA_CHECK(cudaEventDestroy(e1));
+    FLOWEDGE_CUDA_CHECK(cudaStreamSynchronize(ts));
+    if (in_capture) FLOWEDGE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));  // back to the capture's mode
 }
 
 /// The device's handle, created here unless a capture is in progress (cublasLtCreate may allocate); null then.
 cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st) {
-    if (!lt.handle && !capturing(st)) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    if (!lt.handle && !capturing(st)) {
+        lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
+        if (autotune_enabled()) {
+            FLOWEDGE_CUDA_CHECK(cudaStreamCreateWithFlags(&lt.tune_stream, cudaStreamNonBlocking));
+            FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_start));
+            FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_stop));
+        }
+    }
     return lt.handle;
 }
 
@@ -414,6 +424,11 @@ void launch_im2col(const Conv1dParams& q, GemmKind kind, void* panel, std::int64
 }
 
 }  // namespace
+
+bool lt::autotune_enabled() {
+    static const bool on = detail::env_flag("FLOWEDGE_CUDA_LT_AUTOTUNE");
+    return on;
+}
 
 bool lt::gemm(const GemmShape& g, const void* a, const void* b, float* d, void* workspace, cudaStream_t st) {
     DeviceLt& lt = device_lt();

@@ -49,6 +49,11 @@ inline int pointer_alignment(const void* p) {
 /// or the library has no algorithm for the shape. Plans are cached per shape, the handle per device (gemm_lt.cu).
 bool gemm(const GemmShape& g, const void* a, const void* b, float* d, void* workspace, cudaStream_t st);
 
+/// FLOWEDGE_CUDA_LT_AUTOTUNE=1 (read once): plans time their candidate algorithms on their first call (gemm_lt.cu,
+/// tune()). Graph captures then start on an idle device (device.cu), so that a first call made while capturing can
+/// time the candidates on a side stream without racing earlier work on the same buffers.
+bool autotune_enabled();
+
 /// Round to TF32 (10 explicit mantissa bits), nearest, ties away: the value the tensor cores then use exactly.
 __device__ __forceinline__ float round_tf32(float v) {
     std::uint32_t r;
