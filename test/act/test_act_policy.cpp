@@ -171,20 +171,25 @@ TEST_CASE_TEMPLATE("ActPolicy under TF32 / BF16 math stays within its stated bou
                    FLOWEDGE_OPS_TEST_BACKENDS) {
     if (!optest::ready<B>()) return;
     for (const std::string name : {"act_cam1", "act_cam2"}) {
-        // On a CPU where BF16 math has no kernels (no AVX512_BF16) both modes compute exactly: act_cam1 shows it, and
-        // act_cam2's F32 chunk is the parity case's (~30 s of the sanitized suite saved).
-        if (std::is_same_v<B, Cpu> && name == "act_cam2" && !cpu::bf16_math_available()) continue;
         CAPTURE(name);
-        std::vector<float> exact, tf32;
-        const double e_f32 = chunk_error_at<B>(name, MathMode::F32, &exact);
-        const double e_tf32 = chunk_error_at<B>(name, MathMode::TF32, &tf32);
+        // On the CPU TF32 computes exactly (act_cam1 checks it bit for bit) and act_cam2's F32 chunk is the parity
+        // case's, so act_cam2 runs BF16 math only, and only where it has kernels (AVX512_BF16): under the sanitizers
+        // the case took 34 s, now 26.
+        if (!(std::is_same_v<B, Cpu> && name == "act_cam2")) {
+            std::vector<float> exact, tf32;
+            const double e_f32 = chunk_error_at<B>(name, MathMode::F32, &exact);
+            const double e_tf32 = chunk_error_at<B>(name, MathMode::TF32, &tf32);
+            MESSAGE(std::string(backend_name<B>()), " ", name, ": chunk max abs vs LeRobot f32 ", e_f32, ", tf32 ", e_tf32,
+                    " (normalised units)");
+            CHECK(e_f32 <= kBound);
+            CHECK(e_tf32 <= kTf32Bound);
+            if constexpr (std::is_same_v<B, Cpu>) CHECK(tf32 == exact);  // no TF32 path on the CPU
+        } else if (!cpu::bf16_math_available()) {
+            continue;
+        }
         const double e_bf16 = chunk_error_at<B>(name, MathMode::BF16);
-        MESSAGE(std::string(backend_name<B>()), " ", name, ": chunk max abs vs LeRobot f32 ", e_f32, ", tf32 ", e_tf32, ", bf16 ", e_bf16,
-                " (normalised units)");
-        CHECK(e_f32 <= kBound);
-        CHECK(e_tf32 <= kTf32Bound);
+        MESSAGE(std::string(backend_name<B>()), " ", name, ": chunk max abs vs LeRobot, bf16 math ", e_bf16, " (normalised units)");
         CHECK(e_bf16 <= kBf16Bound);
-        if constexpr (std::is_same_v<B, Cpu>) CHECK(tf32 == exact);  // no TF32 path on the CPU
     }
 }
 
