@@ -149,7 +149,6 @@ struct Plan {
     int n_candidates = 0;
 };
 
-
 /// What a plan depends on: operand kind, A's layout, the GEMM's m x n x k, leading dimensions of B and D, the
 /// alignment the weight / B / D pointers are known to have, the bias and ReLU epilogues (linears) and the workspace
 /// the algorithm may use (conv: kLtWorkspaceBytes, linear: none).
@@ -298,16 +297,19 @@ void tune(DeviceLt& lt, Plan& pl, const void* a, const void* b, float* d, void* 
     if (in_capture) FLOWEDGE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));  // back to the capture's mode
 }
 
+/// Creates the device's handle (and, for autotuning, the stream and events tune() times on); never inside a capture.
+void create_handle(DeviceLt& lt) {
+    lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    if (autotune_enabled()) {
+        FLOWEDGE_CUDA_CHECK(cudaStreamCreateWithFlags(&lt.tune_stream, cudaStreamNonBlocking));
+        FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_start));
+        FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_stop));
+    }
+}
+
 /// The device's handle, created here unless a capture is in progress (cublasLtCreate may allocate); null then.
 cublasLtHandle_t handle_outside_capture(DeviceLt& lt, cudaStream_t st) {
-    if (!lt.handle && !capturing(st)) {
-        lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
-        if (autotune_enabled()) {
-            FLOWEDGE_CUDA_CHECK(cudaStreamCreateWithFlags(&lt.tune_stream, cudaStreamNonBlocking));
-            FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_start));
-            FLOWEDGE_CUDA_CHECK(cudaEventCreate(&lt.tune_stop));
-        }
-    }
+    if (!lt.handle && !capturing(st)) create_handle(lt);
     return lt.handle;
 }
 
@@ -448,7 +450,7 @@ void prepare_math(MathMode) {
     if (!device_available() || detail::compute_major() < 8) return;
     DeviceLt& lt = device_lt();
     std::lock_guard<std::mutex> lock(lt.mutex);
-    if (!lt.handle) lt_check(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    if (!lt.handle) create_handle(lt);
 }
 
 bool linear_gemm(const LinearParams& p, Stream s) {
