@@ -138,7 +138,7 @@ SUMMARY=$OUT/summary.txt
 T_START=$(date +%s)
 echo "gpu_run.sh $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') stages: ${*:-all}" >> "$SUMMARY"
 
-# run_stage NAME FUNCTION: runs the stage, logs to $LOGS/NAME.log, records exit code and duration.
+# run_stage NAME FUNCTION [ARG...]: runs FUNCTION ARG..., logs to $LOGS/NAME.log, records exit code and duration.
 run_stage() {
     local name=$1 fn=$2 t0 rc
     shift 2
