@@ -2,10 +2,10 @@
 // as OBS.npz goes through the program; the chunk generated at step n_action_steps matches LeRobot's own
 // observation path (dp_small_ref/obs_*, docs/numerics.md#whole-head-tolerances), the defaults (checkpoint
 // scheduler and steps, seeded noise) give exactly what DiffusionPolicy<Cpu> gives in process, and every bad input
-// is an error naming the key and the expected shape. LeRobot's own image episodes (dp_image_gn: one camera, GroupNorm,
-// crop; dp_image_bn: two cameras, BatchNorm, resize, environment state) go through the program from their recorded
-// arrays and chunk noise within the whole-episode bound. On dp_image_bn's two cameras, uint8 HWC and float CHW frames
-// give exactly the in-process actions. ACT folders (act_cam2: two cameras, state, environment state) give LeRobot's
+// is an error naming the key and the expected shape. LeRobot's own image episode on dp_image_gn (one camera,
+// GroupNorm, crop) goes through the program from its recorded arrays and chunk noise within the whole-episode bound.
+// On dp_image_bn's two cameras (BatchNorm, resize, environment state), uint8 HWC and float CHW frames give exactly the
+// in-process actions. ACT folders (act_cam2: two cameras, state, environment state) give LeRobot's
 // own episodes with the checkpoint's temporal ensembling and with --n-action-steps; the Diffusion Policy flags and
 // --device cuda are errors that say why. pusht_policy (the copyable example) runs on dp_small and dp_image_bn.
 #include <doctest/doctest.h>
@@ -254,7 +254,10 @@ TEST_CASE("bad inputs are errors naming the key and the expected shape") {
 TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler and steps, recorded chunk noise)") {
     // The reference folders hold the episode as flowedge-policy reads it: one .npy per feature key, noise.npy
     // [chunks, horizon, action_dim], actions.npy [T, action_dim] from LeRobot's select_action (tools/make_reference_dp_image.py).
-    for (const std::string name : {"dp_image_gn", "dp_image_bn"}) {
+    // dp_image_bn's two-camera episode (uint8 top, float CHW wrist) is not run here: the next case gives the program
+    // those frames and checks its actions bit for bit against DiffusionPolicy<Cpu>, whose LeRobot parity on that folder
+    // test/diffusion checks (~13 s of the sanitized suite).
+    for (const std::string name : {"dp_image_gn"}) {
         CAPTURE(name);
         const fs::path folder = lerobot_folder(name);
         const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
@@ -262,18 +265,7 @@ TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler an
         io::NpzWriter w;
         for (const auto& cam : policy.cameras()) {
             const io::NpyArrayU8 f = io::read_npy_u8(ref / (cam.key + ".npy"));
-            if (cam.key != "observation.images.wrist") {
-                w.add_u8(cam.key, f.shape, f.data);
-                continue;
-            }
-            // The wrist camera as float [T, 3, H, W] in [0, 1]: the program must hand it over as F32Chw.
-            const std::int64_t T = f.shape[0], H = f.shape[1], W = f.shape[2];
-            std::vector<float> chw(f.data.size());
-            for (std::int64_t t = 0; t < T; ++t)
-                for (std::int64_t c = 0; c < 3; ++c)
-                    for (std::int64_t i = 0; i < H * W; ++i)
-                        chw[std::size_t((t * 3 + c) * H * W + i)] = float(f.data[std::size_t((t * H * W + i) * 3 + c)]) / 255.f;
-            w.add_f32(cam.key, std::vector<std::int64_t>{T, 3, H, W}, chw);
+            w.add_u8(cam.key, f.shape, f.data);
         }
         for (const std::string& key : {policy.state_key(), policy.env_key()})
             if (!key.empty()) {
