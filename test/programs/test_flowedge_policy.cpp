@@ -251,45 +251,43 @@ TEST_CASE("bad inputs are errors naming the key and the expected shape") {
     }
 }
 
-TEST_CASE("LeRobot's image episodes through the program (checkpoint scheduler and steps, recorded chunk noise)") {
-    // The reference folders hold the episode as flowedge-policy reads it: one .npy per feature key, noise.npy
+TEST_CASE("LeRobot's image episode through the program (checkpoint scheduler and steps, recorded chunk noise)") {
+    // The reference folder holds the episode as flowedge-policy reads it: one .npy per feature key, noise.npy
     // [chunks, horizon, action_dim], actions.npy [T, action_dim] from LeRobot's select_action (tools/make_reference_dp_image.py).
     // dp_image_bn's two-camera episode (uint8 top, float CHW wrist) is not run here: the next case gives the program
     // those frames and checks its actions bit for bit against DiffusionPolicy<Cpu>, whose LeRobot parity on that folder
     // test/diffusion checks (~13 s of the sanitized suite).
-    for (const std::string name : {"dp_image_gn"}) {
-        CAPTURE(name);
-        const fs::path folder = lerobot_folder(name);
-        const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
-        auto policy = DiffusionPolicy<Cpu>::load(folder);
-        io::NpzWriter w;
-        for (const auto& cam : policy.cameras()) {
-            const io::NpyArrayU8 f = io::read_npy_u8(ref / (cam.key + ".npy"));
-            w.add_u8(cam.key, f.shape, f.data);
-        }
-        for (const std::string& key : {policy.state_key(), policy.env_key()})
-            if (!key.empty()) {
-                const io::NpyArrayF32 a = io::read_npy_f32(ref / (key + ".npy"));
-                w.add_f32(key, a.shape, a.data);
-            }
-        w.write(tmp(name + "_obs.npz"));
-        const RunResult r = run(FLOWEDGE_POLICY_EXE, "\"" + folder.string() + "\" --obs " + tmp(name + "_obs.npz").string() + " --out " +
-                                                         tmp(name + "_actions.npy").string() + " --noise " + (ref / "noise.npy").string());
-        REQUIRE_MESSAGE(r.rc == 0, r.output);
-        CHECK(has(r, "ddim 10 steps, T=20 observations"));  // the checkpoints' noise_scheduler_type / num_inference_steps
-        CHECK(has(r, "chunks generated: 3 (--noise noise)"));
-        const io::NpyArrayF32 got = io::read_npy_f32(tmp(name + "_actions.npy"));
-        const io::NpyArrayF32 want = io::read_npy_f32(ref / "actions.npy");
-        REQUIRE(got.shape == want.shape);
-        const auto& mn = policy.head().action_min();
-        const auto& mx = policy.head().action_max();
-        const std::size_t A = std::size_t(policy.action_dim());
-        double worst = 0;
-        for (std::size_t i = 0; i < got.data.size(); ++i)
-            worst = std::max(worst, std::fabs(double(got.data[i]) - want.data[i]) / ((double(mx[i % A]) - mn[i % A]) / 2));
-        MESSAGE(name << ": flowedge-policy vs LeRobot select_action episode, max abs " << worst << " (normalised units)");
-        CHECK(worst < 6e-4);  // issue 19 / docs/numerics.md whole-episode bound
+    const std::string name = "dp_image_gn";
+    const fs::path folder = lerobot_folder(name);
+    const fs::path ref = fs::path(FLOWEDGE_FIXTURES_DIR) / (name + "_ref");
+    auto policy = DiffusionPolicy<Cpu>::load(folder);
+    io::NpzWriter w;
+    for (const auto& cam : policy.cameras()) {
+        const io::NpyArrayU8 f = io::read_npy_u8(ref / (cam.key + ".npy"));
+        w.add_u8(cam.key, f.shape, f.data);
     }
+    for (const std::string& key : {policy.state_key(), policy.env_key()})
+        if (!key.empty()) {
+            const io::NpyArrayF32 a = io::read_npy_f32(ref / (key + ".npy"));
+            w.add_f32(key, a.shape, a.data);
+        }
+    w.write(tmp(name + "_obs.npz"));
+    const RunResult r = run(FLOWEDGE_POLICY_EXE, "\"" + folder.string() + "\" --obs " + tmp(name + "_obs.npz").string() + " --out " +
+                                                     tmp(name + "_actions.npy").string() + " --noise " + (ref / "noise.npy").string());
+    REQUIRE_MESSAGE(r.rc == 0, r.output);
+    CHECK(has(r, "ddim 10 steps, T=20 observations"));  // the checkpoints' noise_scheduler_type / num_inference_steps
+    CHECK(has(r, "chunks generated: 3 (--noise noise)"));
+    const io::NpyArrayF32 got = io::read_npy_f32(tmp(name + "_actions.npy"));
+    const io::NpyArrayF32 want = io::read_npy_f32(ref / "actions.npy");
+    REQUIRE(got.shape == want.shape);
+    const auto& mn = policy.head().action_min();
+    const auto& mx = policy.head().action_max();
+    const std::size_t A = std::size_t(policy.action_dim());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.data.size(); ++i)
+        worst = std::max(worst, std::fabs(double(got.data[i]) - want.data[i]) / ((double(mx[i % A]) - mn[i % A]) / 2));
+    MESSAGE(name << ": flowedge-policy vs LeRobot select_action episode, max abs " << worst << " (normalised units)");
+    CHECK(worst < 6e-4);  // issue 19 / docs/numerics.md whole-episode bound
 }
 
 TEST_CASE("two cameras: uint8 HWC and float CHW frames give exactly the in-process actions") {
